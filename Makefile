@@ -1,0 +1,62 @@
+# Relay's interface for humans and CI alike.
+#
+# Tests need a PostgreSQL server: RELAY_TEST_DATABASE_URL, or Docker for
+# testcontainers. The default below is the local server this project's
+# machines run; override it as needed.
+
+RELAY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+export RELAY_TEST_DATABASE_URL
+
+GO ?= go
+SQLC := $(GO) tool sqlc
+
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test test-short build run demo experiment chaos lint-actions clean
+
+all: check
+
+## generate: regenerate db/ from queries/ and migrations/
+generate:
+	$(SQLC) generate
+
+## check: everything CI checks (format, vet, generated code, tests)
+check: fmt-check vet sqlc-diff sqlc-vet test
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+sqlc-diff:
+	$(SQLC) diff
+
+## sqlc-vet: sqlc's checks, including PREPARE of every query, against a freshly migrated database
+sqlc-vet:
+	RELAY_SQLC_DATABASE_URL="$$($(GO) run ./internal/dbtest/cmd/migrateddb)" $(SQLC) vet
+
+## test: the whole test suite, with the race detector, against real PostgreSQL
+test:
+	$(GO) test -race -count=1 ./...
+
+build:
+	$(GO) build -o bin/relay ./cmd/relay
+
+## run: a running Relay with a throwaway database (or DATABASE_URL)
+run:
+	$(GO) run ./cmd/relay dev
+
+## experiment: the crash and burst experiments, with default settings
+experiment: build
+	./bin/relay experiment crash
+	./bin/relay experiment burst
+
+## chaos: the full fault-injection programme
+chaos: build
+	./bin/relay experiment chaos
+
+lint-actions:
+	$(GO) run github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+
+clean:
+	rm -rf bin

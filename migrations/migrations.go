@@ -1,0 +1,117 @@
+// Package migrations holds Relay's schema as goose SQL files, embedded so
+// that the relay binary can apply them, and the functions that do.
+//
+// The same files work with the stock goose command:
+//
+//	goose -dir migrations postgres "$DATABASE_URL" up
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+)
+
+// FS holds the migration files.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// ErrNotMigrated reports a database whose schema is behind the migrations
+// this build of Relay carries.
+var ErrNotMigrated = errors.New("database schema is not up to date: run `relay migrate up`")
+
+// Migrator applies and inspects the embedded migrations on one database.
+type Migrator struct {
+	db       *sql.DB
+	provider *goose.Provider
+}
+
+// NewMigrator returns a Migrator for the database behind pool. Close it when
+// done; it does not close the pool.
+func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("load migrations: %w", err)
+	}
+	return &Migrator{db: db, provider: provider}, nil
+}
+
+// Close releases the Migrator's handle on the pool.
+func (m *Migrator) Close() error { return m.db.Close() }
+
+// Up applies every pending migration and returns the versions applied.
+func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
+	results, err := m.provider.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate up: %w", err)
+	}
+	return versions(results), nil
+}
+
+// Down rolls back the most recent migration and returns its version, or
+// nothing when no migration is applied.
+func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
+	result, err := m.provider.Down(ctx)
+	if errors.Is(err, goose.ErrNoNextVersion) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("migrate down: %w", err)
+	}
+	return versions([]*goose.MigrationResult{result}), nil
+}
+
+// Status describes one migration and whether it is applied.
+type Status struct {
+	Version int64
+	Source  string
+	Applied bool
+}
+
+// Status lists every migration with whether it has been applied.
+func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
+	statuses, err := m.provider.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migration status: %w", err)
+	}
+	out := make([]Status, 0, len(statuses))
+	for _, s := range statuses {
+		out = append(out, Status{
+			Version: s.Source.Version,
+			Source:  s.Source.Path,
+			Applied: s.State == goose.StateApplied,
+		})
+	}
+	return out, nil
+}
+
+// CheckCurrent returns ErrNotMigrated if any migration is pending.
+func (m *Migrator) CheckCurrent(ctx context.Context) error {
+	pending, err := m.provider.HasPending(ctx)
+	if err != nil {
+		return fmt.Errorf("check migrations: %w", err)
+	}
+	if pending {
+		return ErrNotMigrated
+	}
+	return nil
+}
+
+func versions(results []*goose.MigrationResult) []int64 {
+	out := make([]int64, 0, len(results))
+	for _, r := range results {
+		if r != nil && r.Source != nil {
+			out = append(out, r.Source.Version)
+		}
+	}
+	return out
+}

@@ -1,0 +1,185 @@
+-- name: JobCompleteAndClaim :many
+-- Completes the finished jobs given (id, token, result) and claims up to
+-- max_jobs ready jobs of the queue for the worker, in one statement and one
+-- commit, so that a worker with a free slot hands in one job and picks up
+-- the next in a single round trip. Either list may be empty.
+--
+-- The claim takes ready jobs in the order of jobs_claim_idx (priority, then
+-- run_at, then id), skipping rows other claimers hold locked, so concurrent
+-- workers never wait on each other nor claim the same job. Every claim draws
+-- a fresh random lease token, bumps attempt and fence, and sets the lease
+-- expiry in database time. The claim is committed before any handler runs.
+--
+-- The statement always returns at least one row: completed_ids lists the
+-- completions that passed the fence, and each claimed job fills the other
+-- columns of one row (all null when nothing was claimed).
+WITH completed AS (
+    UPDATE jobs AS j
+    SET state            = 'succeeded',
+        result           = c.result,
+        finished_at      = now(),
+        lease_token      = NULL,
+        lease_expires_at = NULL,
+        cancel_requested_at = NULL
+    FROM (SELECT unnest(@complete_ids::bigint[]) AS id,
+          unnest(@complete_tokens::uuid[]) AS token,
+          unnest(@complete_results::jsonb[]) AS result) AS c
+    WHERE j.id = c.id
+      -- The fence: the same claim, still running, lease not yet expired.
+      AND j.lease_token = c.token
+      AND j.state = 'running'
+      AND j.lease_expires_at > now()
+    RETURNING j.id
+),
+ready AS (
+    SELECT r.id
+    FROM jobs AS r
+    WHERE r.state = 'available'
+      AND r.queue = @queue
+      AND r.run_at <= now()
+    ORDER BY r.priority, r.run_at, r.id
+    LIMIT @max_jobs
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE jobs AS j
+    SET state            = 'running',
+        attempt          = j.attempt + 1,
+        fence            = j.fence + 1,
+        lease_token      = gen_random_uuid(),
+        lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint,
+        leased_by        = @worker_id::text,
+        started_at       = now()
+    FROM ready
+    WHERE j.id = ready.id
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
+              j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
+)
+SELECT done.completed_ids::bigint[] AS completed_ids,
+       claimed.id, claimed.queue, claimed.kind, claimed.payload, claimed.priority,
+       claimed.attempt, claimed.max_attempts, claimed.fence, claimed.lease_token,
+       claimed.lease_expires_at, claimed.created_at, claimed.run_at, claimed.started_at
+FROM (SELECT COALESCE(array_agg(completed.id), '{}') AS completed_ids FROM completed) AS done
+LEFT JOIN claimed ON true;
+
+-- name: JobHeartbeatMany :many
+-- Extends the leases of the (id, token) pairs given to lease_ms from the
+-- database clock (now()), but only where the fence still holds: the same claim,
+-- still running, lease not yet expired. A lease that has expired stays
+-- expired even when no one has reclaimed the job yet. Returns the renewed
+-- jobs, and whether someone asked to cancel each.
+UPDATE jobs AS j
+SET lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint
+FROM (SELECT unnest(@ids::bigint[]) AS id,
+          unnest(@tokens::uuid[]) AS token) AS h
+WHERE j.id = h.id
+  AND j.lease_token = h.token
+  AND j.state = 'running'
+  AND j.lease_expires_at > now()
+RETURNING j.id, j.lease_expires_at, (j.cancel_requested_at IS NOT NULL)::boolean AS cancel_requested;
+
+-- name: JobFailMany :many
+-- Records the failure of each (id, token) given, where the fence holds, and
+-- appends it to the error history of the job. The job then ends cancelled if
+-- someone asked to cancel it, dead if the error is permanent or it has used
+-- its last attempt, and otherwise becomes available again retry_in_ms after
+-- now() in the database. Returns the jobs whose failure was recorded, with
+-- the state each went to.
+UPDATE jobs AS j
+SET state = CASE
+        WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
+        WHEN f.permanent OR j.attempt >= j.max_attempts THEN 'dead'::job_state
+        ELSE 'available'::job_state
+    END,
+    run_at = CASE
+        WHEN j.cancel_requested_at IS NULL AND NOT f.permanent AND j.attempt < j.max_attempts
+            THEN now() + interval '1 millisecond' * f.retry_in_ms
+        ELSE j.run_at
+    END,
+    finished_at = CASE
+        WHEN j.cancel_requested_at IS NOT NULL OR f.permanent OR j.attempt >= j.max_attempts THEN now()
+    END,
+    lease_token         = NULL,
+    lease_expires_at    = NULL,
+    cancel_requested_at = NULL,
+    last_error          = f.error,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'worker', j.leased_by, 'error', f.error, 'at', now()))
+FROM (SELECT unnest(@ids::bigint[]) AS id,
+          unnest(@tokens::uuid[]) AS token,
+          unnest(@errors::text[]) AS error,
+          unnest(@permanent::boolean[]) AS permanent,
+          unnest(@retry_in_ms::bigint[]) AS retry_in_ms) AS f
+WHERE j.id = f.id
+  -- The fence: the same claim, still running, lease not yet expired.
+  AND j.lease_token = f.token
+  AND j.state = 'running'
+  AND j.lease_expires_at > now()
+RETURNING j.id, j.state;
+
+-- name: JobReleaseMany :many
+-- Hands jobs back from a worker that is shutting down, so that others can
+-- run them at once instead of waiting for the leases to expire. The
+-- interrupted attempt is given back (the fence still grows at the next
+-- claim), and a job someone asked to cancel ends cancelled. Fenced like an
+-- acknowledgement; returns the jobs released.
+UPDATE jobs AS j
+SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+    attempt     = j.attempt - 1,
+    run_at      = now(),
+    lease_token         = NULL,
+    lease_expires_at    = NULL,
+    cancel_requested_at = NULL,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'worker', j.leased_by, 'error', 'released: worker shutting down', 'at', now()))
+FROM (SELECT unnest(@ids::bigint[]) AS id,
+          unnest(@tokens::uuid[]) AS token) AS r
+WHERE j.id = r.id
+  AND j.lease_token = r.token
+  AND j.state = 'running'
+  AND j.lease_expires_at > now()
+RETURNING j.id;
+
+-- name: JobReclaim :many
+-- Takes back up to max_jobs running jobs whose worker can no longer finish
+-- them: the lease expired by the database clock, or the session of the worker
+-- ended (its advisory lock is gone from pg_locks; see the workers table).
+-- Each goes back to available, or to dead if that was its last attempt (or
+-- to cancelled if someone asked), with the reason and the old worker in its error history. Clearing the
+-- lease token fences the old worker out. Rows another reclaimer holds are
+-- skipped, so any number of workers can run this at once.
+WITH gone_workers AS (
+    SELECT w.id
+    FROM workers AS w
+    WHERE NOT worker_session_alive(w.session_key)
+),
+abandoned AS (
+    SELECT a.id
+    FROM jobs AS a
+    WHERE a.state = 'running'
+      -- Checked again on the newest version of the row once locked, so a lease
+      -- renewed after this statement began is not taken.
+      AND (a.lease_expires_at <= now() OR a.leased_by IN (SELECT g.id FROM gone_workers AS g))
+    LIMIT @max_jobs
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs AS j
+SET state = CASE
+        WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
+        WHEN j.attempt >= j.max_attempts THEN 'dead'::job_state
+        ELSE 'available'::job_state
+    END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
+    run_at      = now(),
+    lease_token         = NULL,
+    lease_expires_at    = NULL,
+    cancel_requested_at = NULL,
+    last_error  = CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'worker', j.leased_by,
+        'error', CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
+        'at', now()))
+FROM abandoned
+WHERE j.id = abandoned.id
+RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error;

@@ -1,0 +1,184 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"time"
+)
+
+// Defaults for every timing knob and limit of a Worker. A zero field in
+// Config takes the default named here.
+const (
+	// DefaultQueue is the queue a worker serves when none is given.
+	DefaultQueue = "default"
+	// DefaultSlots is how many jobs a worker runs at once.
+	DefaultSlots = 10
+	// DefaultLease is how long a claim holds a job without a heartbeat.
+	// A worker that dies is detected through its session well before this;
+	// the lease governs a worker that is alive but stalled or cut off.
+	DefaultLease = 30 * time.Second
+	// DefaultHeartbeatDivisor sets the heartbeat interval to a third of the
+	// lease, so that two heartbeats in a row can fail before a lease lapses.
+	DefaultHeartbeatDivisor = 3
+	// DefaultPollInterval is how often an idle worker looks for work that no
+	// notification announced (jobs scheduled for later, retries after their
+	// backoff, notifications lost with a connection).
+	DefaultPollInterval = time.Second
+	// DefaultReclaimInterval is how often each worker looks for jobs whose
+	// worker died or whose lease expired. It bounds how long a dead
+	// worker's job waits to be taken back.
+	DefaultReclaimInterval = 250 * time.Millisecond
+	// DefaultReclaimBatch is how many jobs one reclaim statement takes back.
+	DefaultReclaimBatch = 1000
+	// DefaultShutdownGrace is how long a stopping worker lets running
+	// handlers finish before it cancels them and releases their jobs.
+	DefaultShutdownGrace = 10 * time.Second
+	// DefaultBackoffBase and DefaultBackoffMax shape the default retry
+	// backoff: BackoffBase·2^(attempt-1), capped at BackoffMax, jittered.
+	DefaultBackoffBase = time.Second
+	DefaultBackoffMax  = time.Hour
+	// MaxErrorLength is how much of an error message is recorded.
+	MaxErrorLength = 4096
+)
+
+// Config configures a Worker. The zero value is usable: every zero field
+// takes its default.
+type Config struct {
+	// Queue is the one queue this worker claims from.
+	Queue string
+	// Slots is how many handlers run at once.
+	Slots int
+	// ID names this worker in leases, logs and error histories. It must be
+	// unique among live workers. Default: host-pid-random.
+	ID string
+	// Lease is how long each claim lasts unless renewed.
+	Lease time.Duration
+	// HeartbeatInterval is how often held leases are renewed, together, in
+	// one statement. It must be shorter than Lease. Default: Lease/3.
+	HeartbeatInterval time.Duration
+	// PollInterval is how often an idle worker checks for ready jobs when no
+	// notification woke it.
+	PollInterval time.Duration
+	// ReclaimInterval is how often this worker takes back jobs of dead
+	// workers and expired leases.
+	ReclaimInterval time.Duration
+	// ShutdownGrace is how long Run lets running handlers finish once its
+	// context is cancelled. Negative means release at once.
+	ShutdownGrace time.Duration
+	// Backoff returns how long to wait before the retry that follows the
+	// given failed attempt (1 for the first). Default: DefaultBackoff.
+	Backoff func(attempt int) time.Duration
+	// Logger receives the worker's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// OnAck, if set, is called after every acknowledgement the worker makes
+	// or drops, from the worker's own goroutine: keep it fast.
+	OnAck func(Ack)
+}
+
+// Ack reports what became of one execution's outcome.
+type Ack struct {
+	Job *Job
+	// Outcome is what the worker tried to record.
+	Outcome Outcome
+	// Accepted is whether the database took it. An outcome that failed the
+	// fence, or that was never sent because the lease was already lost, is
+	// not accepted.
+	Accepted bool
+	// Err is the handler's error, for failures.
+	Err error
+}
+
+// Outcome names what a worker records for an execution.
+type Outcome string
+
+// The outcomes a worker can record.
+const (
+	OutcomeCompleted Outcome = "completed"
+	OutcomeFailed    Outcome = "failed"
+	// OutcomeLeaseLost is an execution whose lease was lost before it
+	// finished: its outcome is dropped, never written.
+	OutcomeLeaseLost Outcome = "lease_lost"
+	// OutcomeReleased is an execution handed back at shutdown.
+	OutcomeReleased Outcome = "released"
+)
+
+// DefaultBackoff waits DefaultBackoffBase·2^(attempt-1), capped at
+// DefaultBackoffMax, with "equal jitter": half the delay fixed, half random,
+// so that jobs that failed together do not all retry at the same instant.
+func DefaultBackoff(attempt int) time.Duration {
+	return ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax)(attempt)
+}
+
+// ExponentialBackoff returns a backoff of base·2^(attempt-1), capped at max,
+// with equal jitter.
+func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration {
+	return func(attempt int) time.Duration {
+		d := base
+		for i := 1; i < attempt && d < max; i++ {
+			d *= 2
+		}
+		d = min(d, max)
+		if d <= 1 {
+			return d
+		}
+		half := d / 2
+		return half + rand.N(d-half)
+	}
+}
+
+// withDefaults returns c with every zero field set to its default, or an
+// error naming the first invalid field.
+func (c Config) withDefaults() (Config, error) {
+	if c.Queue == "" {
+		c.Queue = DefaultQueue
+	}
+	if c.Slots == 0 {
+		c.Slots = DefaultSlots
+	}
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "worker"
+		}
+		c.ID = fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.N(1<<16))
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.Lease / DefaultHeartbeatDivisor
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.ReclaimInterval == 0 {
+		c.ReclaimInterval = DefaultReclaimInterval
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	if c.Backoff == nil {
+		c.Backoff = DefaultBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case len(c.Queue) > 128:
+		return c, errors.New("worker config: queue name longer than 128 bytes")
+	case len(c.ID) > 128:
+		return c, errors.New("worker config: id longer than 128 bytes")
+	case c.Slots < 1:
+		return c, fmt.Errorf("worker config: slots must be at least 1, got %d", c.Slots)
+	case c.Lease < 100*time.Millisecond:
+		return c, fmt.Errorf("worker config: lease must be at least 100ms, got %s", c.Lease)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.Lease:
+		return c, fmt.Errorf("worker config: heartbeat interval %s must be positive and shorter than the lease %s", c.HeartbeatInterval, c.Lease)
+	case c.PollInterval < 0 || c.ReclaimInterval < 0:
+		return c, errors.New("worker config: intervals must be positive")
+	}
+	return c, nil
+}

@@ -1,0 +1,678 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+)
+
+// These tests specify the statements of queries/ directly: the state
+// machine, the fence, and the claim's use of its index.
+
+func TestClaim_ConcurrentClaimersClaimEachJobExactlyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const jobs, claimers = 5000, 32
+
+	params := db.JobInsertManyParams{}
+	for i := range jobs {
+		params.Queues = append(params.Queues, "default")
+		params.Kinds = append(params.Kinds, "noop")
+		params.Payloads = append(params.Payloads, json.RawMessage(fmt.Sprintf(`{"n": %d}`, i)))
+		params.Priorities = append(params.Priorities, int16(i%3))
+		params.MaxAttempts = append(params.MaxAttempts, 1)
+		params.RunAts = append(params.RunAts, time.Time{})
+		params.DelaysMs = append(params.DelaysMs, 0)
+	}
+	ids, err := b.q.JobInsertMany(b.ctx, params)
+	if err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	if len(ids) != jobs {
+		t.Fatalf("inserted %d jobs, want %d", len(ids), jobs)
+	}
+
+	var (
+		mu      sync.Mutex
+		claims  = map[int64]int{}
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		failure error
+	)
+	for c := range claimers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := b.q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+					Queue: "default", MaxJobs: 7, LeaseMs: 60_000, WorkerID: fmt.Sprintf("claimer-%d", c),
+				})
+				if err != nil {
+					errOnce.Do(func() { failure = err })
+					return
+				}
+				got := 0
+				mu.Lock()
+				for _, r := range rows {
+					if r.ID != nil {
+						claims[*r.ID]++
+						got++
+					}
+				}
+				mu.Unlock()
+				if got == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failure != nil {
+		t.Fatalf("claim: %v", failure)
+	}
+
+	for _, id := range ids {
+		if claims[id] != 1 {
+			t.Errorf("job %d claimed %d times, want exactly 1", id, claims[id])
+		}
+	}
+	if len(claims) != jobs {
+		t.Errorf("claimed %d distinct jobs, want %d", len(claims), jobs)
+	}
+	stats, err := b.q.JobQueueStats(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []db.JobQueueStatsRow{{Queue: "default", Running: jobs}}
+	if diff := cmp.Diff(want, stats); diff != "" {
+		t.Errorf("queue stats (-want +got):\n%s", diff)
+	}
+}
+
+func TestClaim_TakesJobsByPriorityThenRunAtThenID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var want []int64
+	base := time.Now().Add(-time.Hour)
+	insert := func(priority int16, delayMs int64) int64 {
+		past := base.Add(time.Duration(delayMs) * time.Millisecond)
+		job, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+			Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), Priority: priority, MaxAttempts: 1, RunAt: &past,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return job.ID
+	}
+	late := insert(1, 10)
+	early := insert(1, 0)
+	urgent := insert(0, 20)
+	tie := insert(1, 10)
+	if _, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+		Queue: "other", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want = []int64{urgent, early, late, tie}
+
+	var got []int64
+	for range 5 {
+		for _, r := range b.claim(t, "w", 1, time.Minute) {
+			got = append(got, *r.ID)
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("claim order (-want +got):\n%s", diff)
+	}
+}
+
+func TestClaim_SkipsJobsScheduledForLater(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+		Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1, DelayMs: 60_000,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.claim(t, "w", 10, time.Minute); len(got) != 0 {
+		t.Errorf("claimed %d jobs scheduled a minute ahead, want 0", len(got))
+	}
+}
+
+func TestClaim_MarksJobRunningUnderFreshLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 3)
+	id, token := b.claimOne(t, "w1", time.Minute)
+	if id != job.ID {
+		t.Fatalf("claimed job %d, want %d", id, job.ID)
+	}
+	got := b.get(t, id)
+	if got.State != db.JobStateRunning || got.Attempt != 1 || got.Fence != 1 || deref(got.LeasedBy) != "w1" || deref(got.LeaseToken) != token {
+		t.Errorf("after claim: state %s attempt %d fence %d leased_by %v token %v; want running 1 1 w1 %v",
+			got.State, got.Attempt, got.Fence, deref(got.LeasedBy), deref(got.LeaseToken), token)
+	}
+	var leaseSeconds float64
+	if err := b.pool.QueryRow(b.ctx, "SELECT extract(epoch FROM lease_expires_at - started_at) FROM jobs WHERE id = $1", id).Scan(&leaseSeconds); err != nil {
+		t.Fatal(err)
+	}
+	if leaseSeconds != 60 {
+		t.Errorf("lease runs %v s from the claim, want 60 (database time)", leaseSeconds)
+	}
+}
+
+// ack is one kind of acknowledgement a worker can make under a lease.
+type ack struct {
+	name string
+	// send makes the acknowledgement and reports whether it was accepted.
+	send func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool
+}
+
+var acks = []ack{
+	{"complete", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+		return b.complete(t, id, token, `{"by": "stale"}`)
+	}},
+	{"fail", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+		rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+			Ids: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"stale failure"},
+			Permanent: []bool{false}, RetryInMs: []int64{0},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(rows) == 1
+	}},
+	{"heartbeat", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+		rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{
+			LeaseMs: 60_000, Ids: []int64{id}, Tokens: []uuid.UUID{token},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(rows) == 1
+	}},
+	{"release", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+		ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{id}, Tokens: []uuid.UUID{token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ids) == 1
+	}},
+}
+
+func TestAcknowledgement_FromStaleClaimIsRejectedAndNewerOutcomeStands(t *testing.T) {
+	t.Parallel()
+	for _, a := range acks {
+		t.Run(a.name, func(t *testing.T) {
+			b := setup(t)
+			job := b.enqueue(t, "noop", `{}`, 5)
+
+			_, oldToken := b.claimOne(t, "zombie", 300*time.Millisecond)
+			b.waitForLeaseExpiry(t, job.ID)
+			reclaimed, err := b.q.JobReclaim(b.ctx, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(reclaimed) != 1 || reclaimed[0].ID != job.ID {
+				t.Fatalf("reclaim took %+v, want job %d", reclaimed, job.ID)
+			}
+			_, newToken := b.claimOne(t, "successor", time.Minute)
+
+			// While the successor holds the job, the zombie's acknowledgement
+			// changes nothing.
+			before := b.get(t, job.ID)
+			if a.send(t, b, job.ID, oldToken) {
+				t.Fatalf("%s with the stale token was accepted", a.name)
+			}
+			if diff := cmp.Diff(before, b.get(t, job.ID)); diff != "" {
+				t.Errorf("stale %s changed the job (-before +after):\n%s", a.name, diff)
+			}
+
+			// After the successor completes, it still changes nothing.
+			if !b.complete(t, job.ID, newToken, `{"by": "successor"}`) {
+				t.Fatal("successor's completion was rejected")
+			}
+			if a.send(t, b, job.ID, oldToken) {
+				t.Fatalf("%s with the stale token was accepted after completion", a.name)
+			}
+			final := b.get(t, job.ID)
+			if final.State != db.JobStateSucceeded || string(final.Result) != `{"by": "successor"}` || final.Attempt != 2 {
+				t.Errorf("final: state %s result %s attempt %d; want succeeded, the successor's result, attempt 2",
+					final.State, final.Result, final.Attempt)
+			}
+		})
+	}
+}
+
+func TestAcknowledgement_AfterLeaseExpiredIsRejectedEvenBeforeReclaim(t *testing.T) {
+	t.Parallel()
+	for _, a := range acks {
+		t.Run(a.name, func(t *testing.T) {
+			b := setup(t)
+			job := b.enqueue(t, "noop", `{}`, 5)
+			_, token := b.claimOne(t, "slow", 200*time.Millisecond)
+			b.waitForLeaseExpiry(t, job.ID)
+			if a.send(t, b, job.ID, token) {
+				t.Fatalf("%s after the lease expired was accepted", a.name)
+			}
+			if got := b.get(t, job.ID); got.State != db.JobStateRunning {
+				t.Errorf("state %s, want running until reclaimed", got.State)
+			}
+		})
+	}
+}
+
+func TestAcknowledgement_WithRandomTokenIsRejected(t *testing.T) {
+	t.Parallel()
+	for _, a := range acks {
+		t.Run(a.name, func(t *testing.T) {
+			b := setup(t)
+			job := b.enqueue(t, "noop", `{}`, 5)
+			b.claimOne(t, "owner", time.Minute)
+			if a.send(t, b, job.ID, uuid.New()) {
+				t.Fatalf("%s with a token that was never issued was accepted", a.name)
+			}
+		})
+	}
+}
+
+func TestHeartbeat_ExtendsLeaseInDatabaseTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	_, token := b.claimOne(t, "w", time.Second)
+	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 120_000, Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("heartbeat: %v rows, err %v", len(rows), err)
+	}
+	var remaining float64
+	if err := b.pool.QueryRow(b.ctx, "SELECT extract(epoch FROM lease_expires_at - now()) FROM jobs WHERE id = $1", job.ID).Scan(&remaining); err != nil {
+		t.Fatal(err)
+	}
+	if remaining < 110 || remaining > 120 {
+		t.Errorf("lease has %.1f s left after a 120 s renewal, want about 120", remaining)
+	}
+}
+
+func TestFail_SchedulesRetryWithBackoffInDatabaseTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 3)
+	_, token := b.claimOne(t, "w", time.Minute)
+	rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+		Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
+		Permanent: []bool{false}, RetryInMs: []int64{90_000},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]db.JobFailManyRow{{ID: job.ID, State: db.JobStateAvailable}}, rows); diff != "" {
+		t.Fatalf("fail (-want +got):\n%s", diff)
+	}
+	var wait float64
+	if err := b.pool.QueryRow(b.ctx, "SELECT extract(epoch FROM run_at - now()) FROM jobs WHERE id = $1", job.ID).Scan(&wait); err != nil {
+		t.Fatal(err)
+	}
+	if wait < 80 || wait > 90 {
+		t.Errorf("retry runs in %.1f s, want about 90 by the database clock", wait)
+	}
+	if got := b.claim(t, "w", 1, time.Minute); len(got) != 0 {
+		t.Errorf("a job backing off was claimed")
+	}
+}
+
+func TestFail_GoesDeadAfterMaxAttemptsWithFullErrorHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 3)
+	for attempt := 1; attempt <= 3; attempt++ {
+		_, token := b.claimOne(t, fmt.Sprintf("w%d", attempt), time.Minute)
+		rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+			Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{fmt.Sprintf("error %d", attempt)},
+			Permanent: []bool{false}, RetryInMs: []int64{0},
+		})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("attempt %d: fail rows %d err %v", attempt, len(rows), err)
+		}
+		want := db.JobStateAvailable
+		if attempt == 3 {
+			want = db.JobStateDead
+		}
+		if rows[0].State != want {
+			t.Fatalf("after attempt %d: %s, want %s", attempt, rows[0].State, want)
+		}
+	}
+	got := b.get(t, job.ID)
+	if got.FinishedAt == nil || deref(got.LastError) != "error 3" {
+		t.Errorf("dead job: finished_at %v last_error %q", got.FinishedAt, deref(got.LastError))
+	}
+	type entry struct {
+		Attempt int    `json:"attempt"`
+		Worker  string `json:"worker"`
+		Error   string `json:"error"`
+		At      string `json:"at"`
+	}
+	var history []entry
+	if err := json.Unmarshal(got.Errors, &history); err != nil {
+		t.Fatal(err)
+	}
+	for i := range history {
+		if history[i].At == "" {
+			t.Errorf("history entry %d has no time", i)
+		}
+		history[i].At = ""
+	}
+	want := []entry{{1, "w1", "error 1", ""}, {2, "w2", "error 2", ""}, {3, "w3", "error 3", ""}}
+	if diff := cmp.Diff(want, history); diff != "" {
+		t.Errorf("error history (-want +got):\n%s", diff)
+	}
+}
+
+func TestFail_PermanentErrorGoesDeadAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 10)
+	_, token := b.claimOne(t, "w", time.Minute)
+	rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+		Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"bad input"},
+		Permanent: []bool{true}, RetryInMs: []int64{0},
+	})
+	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
+		t.Fatalf("permanent failure: rows %+v err %v, want dead", rows, err)
+	}
+}
+
+func TestReclaim_ExpiredLeaseOnLastAttemptGoesDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	b.claimOne(t, "crashy", 100*time.Millisecond)
+	b.waitForLeaseExpiry(t, job.ID)
+	rows, err := b.q.JobReclaim(b.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].State != db.JobStateDead || deref(rows[0].LastError) != "lease expired" || deref(rows[0].LeasedBy) != "crashy" {
+		t.Fatalf("reclaim: %+v, want job dead with 'lease expired' from crashy", rows)
+	}
+}
+
+func TestReclaim_LeavesLiveLeasesAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueue(t, "noop", `{}`, 1)
+	b.claimOne(t, "healthy", time.Minute)
+	rows, err := b.q.JobReclaim(b.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 0 {
+		t.Errorf("reclaimed %+v from a live lease of an unregistered worker", rows)
+	}
+}
+
+func TestReclaim_TakesJobsOfEndedSessionAtOnceButNotOfLiveOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dead := b.enqueue(t, "noop", `{}`, 5)
+	alive := b.enqueue(t, "noop", `{}`, 5)
+
+	register := func(id string) *pgx.Conn {
+		conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		if _, err := db.New(conn).WorkerRegister(b.ctx, db.WorkerRegisterParams{ID: id, Queue: "default", Pid: 1, Host: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		return conn
+	}
+	deadConn := register("doomed")
+	register("stalled")
+	if id, _ := b.claimOne(t, "doomed", time.Hour); id != dead.ID {
+		t.Fatalf("doomed claimed %d, want %d", id, dead.ID)
+	}
+	if id, _ := b.claimOne(t, "stalled", time.Hour); id != alive.ID {
+		t.Fatalf("stalled claimed %d, want %d", id, alive.ID)
+	}
+
+	if err := deadConn.Close(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The server ends the session as soon as it sees the connection close;
+	// give it a moment.
+	var rows []db.JobReclaimRow
+	deadline := time.Now().Add(5 * time.Second)
+	for len(rows) == 0 && time.Now().Before(deadline) {
+		var err error
+		if rows, err = b.q.JobReclaim(b.ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	want := []db.JobReclaimRow{{ID: dead.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("doomed"), LastError: ptr("worker session ended")}}
+	if diff := cmp.Diff(want, rows); diff != "" {
+		t.Errorf("reclaim after the session ended (-want +got):\n%s", diff)
+	}
+	if got := b.get(t, alive.ID); got.State != db.JobStateRunning {
+		t.Errorf("job of the stalled-but-connected worker is %s, want running: it is governed by its lease", got.State)
+	}
+
+	n, err := b.q.WorkerDeleteGone(b.ctx)
+	if err != nil || n != 1 {
+		t.Errorf("forget gone workers: %d rows, err %v; want 1 (doomed)", n, err)
+	}
+}
+
+func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	_, token := b.claimOne(t, "leaving", time.Minute)
+	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("release: %v, %v", ids, err)
+	}
+	got := b.get(t, job.ID)
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 {
+		t.Errorf("released: state %s attempt %d fence %d; want available 0 1", got.State, got.Attempt, got.Fence)
+	}
+	// The single attempt it had is still there to use, and the fence grows.
+	b.claimOne(t, "next", time.Minute)
+	if got := b.get(t, job.ID); got.Attempt != 1 || got.Fence != 2 {
+		t.Errorf("reclaimed: attempt %d fence %d; want 1 2", got.Attempt, got.Fence)
+	}
+}
+
+func TestCancel_AvailableJobEndsAtOnceRunningJobIsMarked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	waiting := b.enqueue(t, "noop", `{}`, 1)
+	got, err := b.q.JobCancel(b.ctx, waiting.ID)
+	if err != nil || got.State != db.JobStateCancelled || got.FinishedAt == nil {
+		t.Fatalf("cancel available: %+v, %v", got, err)
+	}
+
+	running := b.enqueue(t, "noop", `{}`, 1)
+	_, token := b.claimOne(t, "w", time.Minute)
+	got, err = b.q.JobCancel(b.ctx, running.ID)
+	if err != nil || got.State != db.JobStateRunning || got.CancelRequestedAt == nil {
+		t.Fatalf("cancel running: %+v, %v", got, err)
+	}
+	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 60_000, Ids: []int64{running.ID}, Tokens: []uuid.UUID{token}})
+	if err != nil || len(rows) != 1 || !rows[0].CancelRequested {
+		t.Fatalf("heartbeat after cancel: %+v, %v; want renewed with cancel_requested", rows, err)
+	}
+	failed, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+		Ids: []int64{running.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"context canceled"},
+		Permanent: []bool{false}, RetryInMs: []int64{0},
+	})
+	if err != nil || len(failed) != 1 || failed[0].State != db.JobStateCancelled {
+		t.Fatalf("failure of a cancelled job: %+v, %v; want cancelled", failed, err)
+	}
+
+	if _, err := b.q.JobCancel(b.ctx, running.ID); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("cancel of a finished job: err %v, want no rows", err)
+	}
+}
+
+func TestRetry_MakesDeadJobAvailableWithFreshAttemptsAndGrowingFence(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	_, token := b.claimOne(t, "w", time.Minute)
+	if _, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+		Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"x"}, Permanent: []bool{true}, RetryInMs: []int64{0},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.q.JobRetry(b.ctx, job.ID)
+	if err != nil || got.State != db.JobStateAvailable || got.Attempt != 0 || got.FinishedAt != nil {
+		t.Fatalf("retry: %+v, %v", got, err)
+	}
+	b.claimOne(t, "w", time.Minute)
+	if got := b.get(t, job.ID); got.Attempt != 1 || got.Fence != 2 {
+		t.Errorf("after retry and claim: attempt %d fence %d, want 1 2", got.Attempt, got.Fence)
+	}
+	if _, err := b.q.JobRetry(b.ctx, job.ID); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("retry of a running job: err %v, want no rows", err)
+	}
+}
+
+func TestInsert_IdempotencyKeyReturnsExistingJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := "order-42"
+	params := db.JobInsertParams{Queue: "default", Kind: "noop", Payload: json.RawMessage(`{"a": 1}`), MaxAttempts: 3, IdempotencyKey: &key}
+	first, err := b.q.JobInsert(b.ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.q.JobInsert(b.ctx, params); !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("second insert with the same key: err %v, want no rows", err)
+	}
+	existing, err := b.q.JobGetByIdempotencyKey(b.ctx, db.JobGetByIdempotencyKeyParams{Queue: "default", IdempotencyKey: &key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(first, existing); diff != "" {
+		t.Errorf("existing job differs from the first insert (-first +existing):\n%s", diff)
+	}
+	// The key is unique per queue, not across queues.
+	params.Queue = "elsewhere"
+	if _, err := b.q.JobInsert(b.ctx, params); err != nil {
+		t.Errorf("same key on another queue: %v", err)
+	}
+}
+
+func TestSchema_RejectsImpossibleStates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	for _, stmt := range []string{
+		"UPDATE jobs SET state = 'running' WHERE id = $1",               // running without a lease
+		"UPDATE jobs SET lease_token = gen_random_uuid() WHERE id = $1", // lease while available
+		"UPDATE jobs SET state = 'succeeded' WHERE id = $1",             // finished without finished_at
+		"UPDATE jobs SET state = 'bogus' WHERE id = $1",                 // unknown state
+		"UPDATE jobs SET max_attempts = 0 WHERE id = $1",                // no attempts
+		"UPDATE jobs SET queue = '' WHERE id = $1",                      // empty queue
+		"UPDATE jobs SET result = '{}' WHERE id = $1",                   // result before success
+		"UPDATE jobs SET errors = '{}' WHERE id = $1",                   // history not an array
+		"UPDATE jobs SET state = 'dead', finished_at = now(), lease_token = gen_random_uuid(), lease_expires_at = now() WHERE id = $1", // finished with a lease
+	} {
+		if _, err := b.pool.Exec(b.ctx, stmt, job.ID); err == nil {
+			t.Errorf("%s: accepted, want a constraint violation", stmt)
+		}
+	}
+}
+
+func TestClaim_UsesItsIndexAndSortsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const rows = 100_000
+	// A fixture: 100,000 available jobs over several queues, priorities
+	// and times, then fresh statistics.
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO jobs (queue, kind, priority, run_at)
+		SELECT CASE WHEN i % 4 = 0 THEN 'other' ELSE 'default' END, 'noop', (i % 5)::smallint,
+		       now() - (i % 1000) * interval '1 second'
+		FROM generate_series(1, $1) AS i`, rows); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, "ANALYZE jobs"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Capture the exact statement the generated code sends, then explain it
+	// with the same arguments.
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	var sql string
+	var args []any
+	capture := captureQuery(&sql, &args)
+	if _, err := db.New(capture(tx)).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		Queue: "default", MaxJobs: 10, LeaseMs: 30_000, WorkerID: "explain",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lines, err := tx.Query(b.ctx, "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var planText strings.Builder
+	for lines.Next() {
+		var line string
+		if err := lines.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		planText.WriteString(line + "\n")
+	}
+	if err := lines.Err(); err != nil {
+		t.Fatal(err)
+	}
+	got := planText.String()
+	if !strings.Contains(got, "Index Scan using jobs_claim_idx") {
+		t.Errorf("claim does not scan jobs_claim_idx:\n%s", got)
+	}
+	if strings.Contains(got, "Sort") {
+		t.Errorf("claim sorts:\n%s", got)
+	}
+	if strings.Contains(got, "Seq Scan on jobs") {
+		t.Errorf("claim scans the whole table:\n%s", got)
+	}
+}
+
+// captureQuery wraps a db.DBTX so that the SQL and arguments of the
+// statements sent through it are recorded.
+func captureQuery(sql *string, args *[]any) func(db.DBTX) db.DBTX {
+	return func(inner db.DBTX) db.DBTX { return recorder{inner, sql, args} }
+}
+
+type recorder struct {
+	db.DBTX
+	sql  *string
+	args *[]any
+}
+
+func (r recorder) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	*r.sql, *r.args = sql, args
+	return r.DBTX.Query(ctx, sql, args...)
+}
+
+func ptr[T any](v T) *T { return &v }

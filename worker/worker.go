@@ -1,0 +1,690 @@
+// Package worker runs job handlers against Relay's queue in PostgreSQL.
+//
+// A Worker claims ready jobs of one queue, as many as it has free slots, in
+// one statement; runs each claimed job's handler in its own goroutine; renews
+// all the leases it holds in one heartbeat statement; and acknowledges each
+// outcome under the lease token of its claim, so that an acknowledgement from
+// a claim that is no longer current is refused by the database. It also
+// takes back the jobs of workers that died, which it recognises at once by
+// their ended PostgreSQL session, and of leases that expired.
+//
+// Delivery is at least once: a job whose worker dies or stalls past its lease
+// runs again, so handlers must tolerate running more than once for the same
+// job. See docs/failure-semantics.md.
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+)
+
+// Worker runs handlers for the jobs of one queue. Create it with New,
+// register handlers with Handle, then call Run.
+type Worker struct {
+	pool *pgxpool.Pool
+	q    *db.Queries
+	cfg  Config
+	log  *slog.Logger
+
+	handlersMu sync.RWMutex
+	handlers   map[string]Handler
+
+	started   atomic.Bool
+	sessionUp atomic.Bool
+	wake      chan struct{} // a claim may find work
+	beatNow   chan struct{} // renew leases now, without waiting for the ticker
+	outcomes  chan outcome
+	mu        sync.Mutex
+	running   map[int64]*execution
+}
+
+// execution is one claimed job while its handler runs.
+type execution struct {
+	job    Job
+	token  uuid.UUID
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// renewedAt is when the statement behind the latest successful claim or
+	// renewal was sent, by this process's monotonic clock. It never decides
+	// whether an acknowledgement is accepted (the database does); it lets a
+	// worker that cannot reach the database stop handlers whose leases have
+	// surely run out.
+	renewedAt time.Time
+	// lost is set, under Worker.mu, once the lease is known lost or the
+	// job released: the outcome is then dropped, never written.
+	lost bool
+}
+
+type outcome struct {
+	exec   *execution
+	result json.RawMessage
+	err    error
+}
+
+// New returns a Worker that uses pool for its statements, and a connection
+// of its own, opened with pool's settings, for its session and
+// notifications. Give the worker a pool its handlers do not use, so that
+// handlers holding connections can never starve its heartbeats.
+func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
+	if pool == nil {
+		return nil, errors.New("worker: nil pool")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{
+		pool:     pool,
+		q:        db.New(pool),
+		cfg:      cfg,
+		log:      cfg.Logger.With("worker", cfg.ID, "queue", cfg.Queue),
+		handlers: map[string]Handler{},
+		wake:     make(chan struct{}, 1),
+		beatNow:  make(chan struct{}, 1),
+		outcomes: make(chan outcome, cfg.Slots),
+		running:  map[int64]*execution{},
+	}, nil
+}
+
+// ID returns the worker's id, as recorded in leases and error histories.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Config returns the worker's configuration with defaults applied.
+func (w *Worker) Config() Config { return w.cfg }
+
+// Handle registers h for jobs of the given kind, replacing any handler
+// registered for it before. A job whose kind has no handler fails
+// permanently.
+func (w *Worker) Handle(kind string, h Handler) {
+	w.handlersMu.Lock()
+	defer w.handlersMu.Unlock()
+	w.handlers[kind] = h
+}
+
+// HandleFunc registers f for jobs of the given kind.
+func (w *Worker) HandleFunc(kind string, f func(ctx context.Context, job *Job) (any, error)) {
+	w.Handle(kind, HandlerFunc(f))
+}
+
+func (w *Worker) handler(kind string) (Handler, bool) {
+	w.handlersMu.RLock()
+	defer w.handlersMu.RUnlock()
+	h, ok := w.handlers[kind]
+	return h, ok
+}
+
+// Run works until ctx is cancelled, then shuts down gracefully: it stops
+// claiming, lets running handlers finish for up to Config.ShutdownGrace,
+// cancels the rest and releases their jobs at once, and returns nil.
+// Database errors while running are logged and retried, never returned.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return errors.New("worker: Run called more than once")
+	}
+	w.log.Info("worker starting", "slots", w.cfg.Slots, "lease", w.cfg.Lease,
+		"heartbeat", w.cfg.HeartbeatInterval, "reclaim_interval", w.cfg.ReclaimInterval)
+
+	// Background loops outlive ctx until the drain below is done: leases
+	// must still be renewed while running handlers finish.
+	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	for _, loop := range []func(context.Context){w.runSession, w.runHeartbeats, w.runReclaims} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			loop(bg)
+		}()
+	}
+
+	var p pending
+	w.dispatch(ctx, &p)
+	w.drain(bg, &p)
+
+	stopBackground()
+	wg.Wait()
+	w.log.Info("worker stopped")
+	return nil
+}
+
+// pending holds outcomes waiting to be acknowledged. Only the goroutine
+// running Run touches it.
+type pending struct {
+	done, failed []outcome
+}
+
+func (p *pending) empty() bool { return len(p.done) == 0 && len(p.failed) == 0 }
+
+// dispatch claims jobs for free slots, starts their handlers and
+// acknowledges their outcomes, until ctx is cancelled.
+func (w *Worker) dispatch(ctx context.Context, p *pending) {
+	wantClaim := true
+	poll := time.NewTimer(w.cfg.PollInterval)
+	defer poll.Stop()
+	var retry <-chan time.Time
+	retryDelay := minRetryDelay
+
+	for {
+		if retry == nil {
+			claim := 0
+			if wantClaim && w.sessionUp.Load() {
+				claim = w.cfg.Slots - w.numRunning()
+			}
+			if !p.empty() || claim > 0 {
+				claimed, err := w.acknowledge(ctx, p, claim)
+				switch {
+				case err != nil && ctx.Err() != nil:
+					return
+				case err != nil:
+					w.log.Warn("acknowledge or claim failed; will retry", "err", err, "retry_in", retryDelay)
+					retry = time.After(retryDelay)
+					retryDelay = min(2*retryDelay, maxRetryDelay)
+				default:
+					retryDelay = minRetryDelay
+					if claim > 0 {
+						// A short claim means the queue has nothing ready:
+						// wait for a notification, the poll or a free slot.
+						wantClaim = claimed == claim
+					}
+				}
+			}
+		}
+
+		select {
+		case o := <-w.outcomes:
+			w.collect(o, p)
+			wantClaim = true
+		case <-w.wake:
+			wantClaim = true
+		case <-poll.C:
+			wantClaim = true
+			poll.Reset(jitter(w.cfg.PollInterval))
+		case <-retry:
+			retry = nil
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+const (
+	minRetryDelay = 50 * time.Millisecond
+	maxRetryDelay = 2 * time.Second
+)
+
+// collect files o, and every other outcome already waiting, for the next
+// acknowledgement, so that outcomes that arrive together are acknowledged
+// in one statement.
+func (w *Worker) collect(o outcome, p *pending) {
+	for {
+		w.mu.Lock()
+		delete(w.running, o.exec.job.ID)
+		lost := o.exec.lost
+		w.mu.Unlock()
+		o.exec.cancel(nil)
+		switch {
+		case lost:
+			w.log.Warn("lease lost; outcome of this attempt dropped", "job", o.exec.job.ID,
+				"kind", o.exec.job.Kind, "attempt", o.exec.job.Attempt, "handler_err", o.err)
+			w.report(o, OutcomeLeaseLost, false)
+		case o.err == nil:
+			p.done = append(p.done, o)
+		default:
+			p.failed = append(p.failed, o)
+		}
+		select {
+		case o = <-w.outcomes:
+		default:
+			return
+		}
+	}
+}
+
+// acknowledge records the pending outcomes and claims up to claim jobs,
+// starting their handlers. Failures go in one statement, completions and the
+// claim together in another, so that the common case, a job finished and a
+// slot to fill, costs one round trip and one commit. It returns how many
+// jobs it claimed.
+func (w *Worker) acknowledge(ctx context.Context, p *pending, claim int) (int, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
+	defer cancel()
+
+	if len(p.failed) > 0 {
+		if err := w.fail(ctx, p.failed); err != nil {
+			return 0, err
+		}
+		p.failed = p.failed[:0]
+	}
+
+	params := db.JobCompleteAndClaimParams{
+		CompleteIds:     make([]int64, len(p.done)),
+		CompleteTokens:  make([]uuid.UUID, len(p.done)),
+		CompleteResults: make([]json.RawMessage, len(p.done)),
+		Queue:           w.cfg.Queue,
+		MaxJobs:         int32(claim),
+		LeaseMs:         w.cfg.Lease.Milliseconds(),
+		WorkerID:        w.cfg.ID,
+	}
+	for i, o := range p.done {
+		params.CompleteIds[i] = o.exec.job.ID
+		params.CompleteTokens[i] = o.exec.token
+		params.CompleteResults[i] = o.result
+	}
+	sentAt := time.Now()
+	rows, err := w.q.JobCompleteAndClaim(ctx, params)
+	if err != nil {
+		return 0, fmt.Errorf("complete and claim: %w", err)
+	}
+
+	accepted := make(map[int64]bool, len(p.done))
+	if len(rows) > 0 {
+		for _, id := range rows[0].CompletedIds {
+			accepted[id] = true
+		}
+	}
+	for _, o := range p.done {
+		ok := accepted[o.exec.job.ID]
+		if !ok {
+			w.log.Warn("completion rejected: the lease is no longer this worker's", "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+		}
+		w.report(o, OutcomeCompleted, ok)
+	}
+	p.done = p.done[:0]
+
+	claimed := 0
+	for _, r := range rows {
+		if r.ID == nil {
+			continue
+		}
+		w.start(r, sentAt)
+		claimed++
+	}
+	return claimed, nil
+}
+
+// fail records failed outcomes, each with its retry delay.
+func (w *Worker) fail(ctx context.Context, failed []outcome) error {
+	params := db.JobFailManyParams{
+		Ids:       make([]int64, len(failed)),
+		Tokens:    make([]uuid.UUID, len(failed)),
+		Errors:    make([]string, len(failed)),
+		Permanent: make([]bool, len(failed)),
+		RetryInMs: make([]int64, len(failed)),
+	}
+	for i, o := range failed {
+		params.Ids[i] = o.exec.job.ID
+		params.Tokens[i] = o.exec.token
+		params.Errors[i] = errorText(o.err, MaxErrorLength)
+		params.Permanent[i] = IsPermanent(o.err)
+		params.RetryInMs[i] = w.cfg.Backoff(o.exec.job.Attempt).Milliseconds()
+	}
+	rows, err := w.q.JobFailMany(ctx, params)
+	if err != nil {
+		return fmt.Errorf("record failures: %w", err)
+	}
+	states := make(map[int64]db.JobState, len(rows))
+	for _, r := range rows {
+		states[r.ID] = r.State
+	}
+	for _, o := range failed {
+		state, ok := states[o.exec.job.ID]
+		if ok {
+			w.log.Info("job failed", "job", o.exec.job.ID, "kind", o.exec.job.Kind,
+				"attempt", o.exec.job.Attempt, "now", state, "err", o.err)
+		} else {
+			w.log.Warn("failure rejected: the lease is no longer this worker's", "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+		}
+		w.report(o, OutcomeFailed, ok)
+	}
+	return nil
+}
+
+// start runs the handler of a claimed job in its own goroutine.
+func (w *Worker) start(r db.JobCompleteAndClaimRow, sentAt time.Time) {
+	job := Job{
+		ID:          *r.ID,
+		Queue:       deref(r.Queue),
+		Kind:        deref(r.Kind),
+		Payload:     r.Payload,
+		Priority:    deref(r.Priority),
+		Attempt:     int(deref(r.Attempt)),
+		MaxAttempts: int(deref(r.MaxAttempts)),
+		Fence:       deref(r.Fence),
+		WorkerID:    w.cfg.ID,
+	}
+	if r.CreatedAt != nil {
+		job.CreatedAt = *r.CreatedAt
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	e := &execution{job: job, token: deref(r.LeaseToken), ctx: ctx, cancel: cancel, renewedAt: sentAt}
+	w.mu.Lock()
+	w.running[job.ID] = e
+	w.mu.Unlock()
+	go w.execute(e)
+}
+
+// execute runs one handler and hands its outcome to the dispatcher.
+func (w *Worker) execute(e *execution) {
+	result, err := w.call(e)
+	o := outcome{exec: e, err: err}
+	if err == nil && result != nil {
+		b, merr := json.Marshal(result)
+		switch {
+		case merr != nil:
+			o.err = Permanent(fmt.Errorf("encode result: %w", merr))
+		case bytes.Contains(b, []byte(`\u0000`)):
+			// PostgreSQL's jsonb cannot hold a NUL character.
+			o.err = Permanent(errors.New("result contains a NUL character (\\u0000), which PostgreSQL cannot store"))
+		default:
+			o.result = b
+		}
+	}
+	// The channel holds one outcome per slot, so this never blocks.
+	w.outcomes <- o
+}
+
+// call runs the handler, turning a panic or a missing handler into an error.
+func (w *Worker) call(e *execution) (result any, err error) {
+	h, ok := w.handler(e.job.Kind)
+	if !ok {
+		return nil, Permanent(fmt.Errorf("no handler registered for kind %q", e.job.Kind))
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
+			result = nil
+		}
+	}()
+	job := e.job
+	result, err = h.Work(e.ctx, &job)
+	if err == nil && e.ctx.Err() != nil && context.Cause(e.ctx) == ErrJobCancelled {
+		// A handler that swallowed its cancellation still ends cancelled.
+		err = ErrJobCancelled
+	}
+	return result, err
+}
+
+// drain runs after Run's context is cancelled: it acknowledges what
+// finishes within the grace period, then releases the rest.
+func (w *Worker) drain(ctx context.Context, p *pending) {
+	grace := time.NewTimer(max(w.cfg.ShutdownGrace, 0))
+	defer grace.Stop()
+	if w.numRunning() > 0 {
+		w.log.Info("waiting for running jobs", "running", w.numRunning(), "grace", w.cfg.ShutdownGrace)
+	}
+	for w.numRunning() > 0 {
+		select {
+		case o := <-w.outcomes:
+			w.collect(o, p)
+			w.acknowledgeAtShutdown(ctx, p)
+			continue
+		case <-grace.C:
+		}
+		break
+	}
+	w.acknowledgeAtShutdown(ctx, p)
+	w.release(ctx)
+}
+
+func (w *Worker) acknowledgeAtShutdown(ctx context.Context, p *pending) {
+	for attempt := 0; !p.empty() && attempt < 3; attempt++ {
+		if _, err := w.acknowledge(ctx, p, 0); err != nil {
+			w.log.Warn("acknowledge at shutdown failed", "err", err)
+			time.Sleep(minRetryDelay)
+		}
+	}
+}
+
+// release cancels the handlers still running and hands their jobs back.
+func (w *Worker) release(ctx context.Context) {
+	w.mu.Lock()
+	var left []*execution
+	for _, e := range w.running {
+		if !e.lost {
+			e.lost = true
+			left = append(left, e)
+		}
+		e.cancel(ErrShutdown)
+	}
+	w.mu.Unlock()
+	if len(left) == 0 {
+		return
+	}
+	params := db.JobReleaseManyParams{Ids: make([]int64, len(left)), Tokens: make([]uuid.UUID, len(left))}
+	for i, e := range left {
+		params.Ids[i] = e.job.ID
+		params.Tokens[i] = e.token
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	defer cancel()
+	ids, err := w.q.JobReleaseMany(ctx, params)
+	if err != nil {
+		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", params.Ids)
+		return
+	}
+	released := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		released[id] = true
+	}
+	for _, e := range left {
+		w.log.Info("released job", "job", e.job.ID, "accepted", released[e.job.ID])
+		w.report(outcome{exec: e, err: ErrShutdown}, OutcomeReleased, released[e.job.ID])
+	}
+}
+
+// runHeartbeats renews every held lease together, every HeartbeatInterval,
+// and cancels the handlers whose lease was lost or whose job was cancelled.
+func (w *Worker) runHeartbeats(ctx context.Context) {
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-w.beatNow:
+		}
+		w.heartbeat(ctx)
+	}
+}
+
+func (w *Worker) heartbeat(ctx context.Context) {
+	w.mu.Lock()
+	held := make([]*execution, 0, len(w.running))
+	for _, e := range w.running {
+		if !e.lost {
+			held = append(held, e)
+		}
+	}
+	w.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	params := db.JobHeartbeatManyParams{
+		LeaseMs: w.cfg.Lease.Milliseconds(),
+		Ids:     make([]int64, len(held)),
+		Tokens:  make([]uuid.UUID, len(held)),
+	}
+	for i, e := range held {
+		params.Ids[i] = e.job.ID
+		params.Tokens[i] = e.token
+	}
+	sentAt := time.Now()
+	hbCtx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	rows, err := w.q.JobHeartbeatMany(hbCtx, params)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		w.log.Warn("heartbeat failed", "err", err, "jobs", len(held))
+		// The database cannot tell us, but our own clock can: a lease not
+		// renewed for a whole lease period has expired.
+		for _, e := range held {
+			if time.Since(e.renewedAt) >= w.cfg.Lease {
+				w.lose(e, "lease ran out while the database was unreachable")
+			}
+		}
+		return
+	}
+	renewed := make(map[int64]bool, len(rows))
+	cancelled := make(map[int64]bool)
+	for _, r := range rows {
+		renewed[r.ID] = true
+		if r.CancelRequested {
+			cancelled[r.ID] = true
+		}
+	}
+	for _, e := range held {
+		switch {
+		case !renewed[e.job.ID]:
+			w.lose(e, "heartbeat rejected")
+		case cancelled[e.job.ID]:
+			w.mu.Lock()
+			e.renewedAt = sentAt
+			w.mu.Unlock()
+			e.cancel(ErrJobCancelled)
+		default:
+			w.mu.Lock()
+			e.renewedAt = sentAt
+			w.mu.Unlock()
+		}
+	}
+}
+
+// lose marks e's lease lost and cancels its handler; its outcome will be
+// dropped.
+func (w *Worker) lose(e *execution, why string) {
+	w.mu.Lock()
+	_, stillRunning := w.running[e.job.ID]
+	already := e.lost
+	if stillRunning {
+		e.lost = true
+	}
+	w.mu.Unlock()
+	if !stillRunning || already {
+		return
+	}
+	w.log.Warn("lease lost; cancelling handler", "job", e.job.ID, "attempt", e.job.Attempt, "why", why)
+	e.cancel(ErrLeaseLost)
+}
+
+// runReclaims takes back the jobs of dead workers and expired leases every
+// ReclaimInterval, and now and then forgets workers that are gone.
+func (w *Worker) runReclaims(ctx context.Context) {
+	for round := 0; ; round++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(jitter(w.cfg.ReclaimInterval)):
+		}
+		for {
+			n, err := w.reclaim(ctx)
+			if err != nil || n < DefaultReclaimBatch {
+				break
+			}
+		}
+		if round%forgetWorkersEvery == 0 {
+			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+			if _, err := w.q.WorkerDeleteGone(rctx); err != nil && ctx.Err() == nil {
+				w.log.Warn("forget gone workers failed", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// forgetWorkersEvery is how many reclaim rounds pass between two clean-ups
+// of the workers table.
+const forgetWorkersEvery = 40
+
+func (w *Worker) reclaim(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	defer cancel()
+	rows, err := w.q.JobReclaim(ctx, DefaultReclaimBatch)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("reclaim failed", "err", err)
+		}
+		return 0, err
+	}
+	for _, r := range rows {
+		w.log.Info("reclaimed job", "job", r.ID, "reason", deref(r.LastError),
+			"from_worker", deref(r.LeasedBy), "attempt", r.Attempt, "now", r.State)
+	}
+	if len(rows) > 0 {
+		notify(w.wake)
+	}
+	return len(rows), nil
+}
+
+func (w *Worker) numRunning() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.running)
+}
+
+func (w *Worker) report(o outcome, kind Outcome, accepted bool) {
+	if w.cfg.OnAck == nil {
+		return
+	}
+	job := o.exec.job
+	w.cfg.OnAck(Ack{Job: &job, Outcome: kind, Accepted: accepted, Err: o.err})
+}
+
+// notify signals c without blocking; one pending signal is enough.
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// jitter spreads d by ±20% so that many workers do not act in lockstep.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	spread := d / 5
+	if spread <= 0 {
+		return d
+	}
+	return d - spread + rand.N(2*spread)
+}
+
+// errorText makes an error message safe to store: valid UTF-8, no NUL
+// (which PostgreSQL text refuses), at most n bytes, cut at a rune boundary.
+func errorText(err error, n int) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

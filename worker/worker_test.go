@@ -1,0 +1,388 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/worker"
+)
+
+// These tests specify the worker loop: handlers, heartbeats, retries,
+// cancellation and shutdown, against the real database.
+
+func TestWorker_RunsHandlerAndStoresResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "greet", `{"name": "Ada"}`, 3)
+	b.startWorker(t, worker.Config{Slots: 2}, func(w *worker.Worker) {
+		w.HandleFunc("greet", func(ctx context.Context, j *worker.Job) (any, error) {
+			var p struct{ Name string }
+			if err := json.Unmarshal(j.Payload, &p); err != nil {
+				return nil, worker.Permanent(err)
+			}
+			return map[string]any{"greeting": "hello " + p.Name, "attempt": j.Attempt, "fence": j.Fence}, nil
+		})
+	})
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	if string(got.Result) != `{"fence": 1, "attempt": 1, "greeting": "hello Ada"}` {
+		t.Errorf("result %s", got.Result)
+	}
+	if got.LeaseToken != nil || got.LeaseExpiresAt != nil || got.FinishedAt == nil {
+		t.Errorf("succeeded job still holds a lease or has no finish time: %+v", got)
+	}
+}
+
+func TestWorker_HeartbeatsKeepJobPastItsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "slow", `{}`, 1)
+	const lease = 600 * time.Millisecond
+	var cause atomic.Value
+	b.startWorker(t, worker.Config{Slots: 1, Lease: lease, HeartbeatInterval: 150 * time.Millisecond, ReclaimInterval: 50 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("slow", func(ctx context.Context, j *worker.Job) (any, error) {
+			select {
+			case <-time.After(4 * lease):
+				return "done", nil
+			case <-ctx.Done():
+				cause.Store(context.Cause(ctx))
+				return nil, ctx.Err()
+			}
+		})
+	})
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 20*time.Second)
+	if got.Attempt != 1 {
+		t.Errorf("succeeded on attempt %d, want 1: the lease was not kept alive", got.Attempt)
+	}
+	if c := cause.Load(); c != nil {
+		t.Errorf("handler was cancelled: %v", c)
+	}
+}
+
+func TestWorker_ReclaimsJobWhoseHeartbeatsStoppedAndRunsAttemptTwo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "once", `{}`, 3)
+	// A worker that claimed the job and then went silent, without a
+	// registered session: only its lease protects the job.
+	b.claimOne(t, "silent", 300*time.Millisecond)
+
+	b.startWorker(t, worker.Config{Slots: 1, ReclaimInterval: 50 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("once", func(ctx context.Context, j *worker.Job) (any, error) {
+			return map[string]int{"attempt": j.Attempt}, nil
+		})
+	})
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	if got.Attempt != 2 || string(got.Result) != `{"attempt": 2}` {
+		t.Errorf("attempt %d result %s, want attempt 2", got.Attempt, got.Result)
+	}
+	if !strings.Contains(string(got.Errors), `"worker": "silent"`) || !strings.Contains(string(got.Errors), "lease expired") {
+		t.Errorf("history %s does not record the expired lease of the silent worker", got.Errors)
+	}
+}
+
+func TestWorker_RetriesWithBackoffThenDeadAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "flaky", `{}`, 3)
+	var calls atomic.Int32
+	b.startWorker(t, worker.Config{Slots: 1, Backoff: func(int) time.Duration { return 100 * time.Millisecond }}, func(w *worker.Worker) {
+		w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) {
+			calls.Add(1)
+			return nil, errors.New("still broken")
+		})
+	})
+	got := b.waitForState(t, job.ID, db.JobStateDead, 15*time.Second)
+	if calls.Load() != 3 || got.Attempt != 3 {
+		t.Errorf("handler called %d times, attempt %d; want 3 and 3", calls.Load(), got.Attempt)
+	}
+	var history []map[string]any
+	if err := json.Unmarshal(got.Errors, &history); err != nil || len(history) != 3 {
+		t.Fatalf("history %s: %v", got.Errors, err)
+	}
+	// Each retry waited for its backoff, by the database clock.
+	var gaps []float64
+	rows, err := b.pool.Query(b.ctx, `
+		SELECT extract(epoch FROM (e->>'at')::timestamptz - lag((e->>'at')::timestamptz) OVER (ORDER BY (e->>'attempt')::int))
+		FROM jobs, jsonb_array_elements(errors) AS e WHERE id = $1`, job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var gap *float64
+		if err := rows.Scan(&gap); err != nil {
+			t.Fatal(err)
+		}
+		if gap != nil {
+			gaps = append(gaps, *gap)
+		}
+	}
+	for _, g := range gaps {
+		if g < 0.1 {
+			t.Errorf("retry came %.3f s after the previous failure, before its 100ms backoff", g)
+		}
+	}
+}
+
+func TestWorker_PermanentErrorGoesDeadAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "invalid", `{}`, 10)
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("invalid", func(ctx context.Context, j *worker.Job) (any, error) {
+			return nil, worker.Permanent(errors.New("payload makes no sense"))
+		})
+	})
+	got := b.waitForState(t, job.ID, db.JobStateDead, 10*time.Second)
+	if got.Attempt != 1 || deref(got.LastError) != "permanent: payload makes no sense" {
+		t.Errorf("attempt %d last error %q", got.Attempt, deref(got.LastError))
+	}
+}
+
+func TestWorker_RecordsPanicAndUnknownKindAndKeepsWorking(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	panicky := b.enqueue(t, "panic", `{}`, 1)
+	unknown := b.enqueue(t, "no-such-kind", `{}`, 5)
+	fine := b.enqueue(t, "fine", `{}`, 1)
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("panic", func(ctx context.Context, j *worker.Job) (any, error) {
+			var m map[string]int
+			m["boom"]++ // assignment to entry in nil map
+			return nil, nil
+		})
+		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
+	})
+
+	got := b.waitForState(t, panicky.ID, db.JobStateDead, 10*time.Second)
+	if !strings.Contains(deref(got.LastError), "handler panicked: assignment to entry in nil map") ||
+		!strings.Contains(deref(got.LastError), "worker_test.go") {
+		t.Errorf("panic recorded as %q, want the panic value and a stack", deref(got.LastError))
+	}
+	got = b.waitForState(t, unknown.ID, db.JobStateDead, 10*time.Second)
+	if got.Attempt != 1 || !strings.Contains(deref(got.LastError), `no handler registered for kind "no-such-kind"`) {
+		t.Errorf("unknown kind: attempt %d error %q; want dead on attempt 1", got.Attempt, deref(got.LastError))
+	}
+	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
+}
+
+func TestWorker_CancelReachesRunningHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "long", `{}`, 5)
+	started := make(chan struct{})
+	causes := make(chan error, 1)
+	b.startWorker(t, worker.Config{Slots: 1, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("long", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(started)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return nil, ctx.Err()
+		})
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never started")
+	}
+	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, worker.ErrJobCancelled) {
+			t.Errorf("context cause %v, want ErrJobCancelled", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancel never reached the handler")
+	}
+	got := b.waitForState(t, job.ID, db.JobStateCancelled, 10*time.Second)
+	if got.Attempt != 1 {
+		t.Errorf("cancelled job ran %d attempts, want 1", got.Attempt)
+	}
+}
+
+func TestWorker_LostLeaseCancelsHandlerAndDropsItsOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "stuck", `{}`, 5)
+	started := make(chan struct{})
+	causes := make(chan error, 1)
+	var acks sync.Map
+	b.startWorker(t, worker.Config{
+		Slots: 1, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond,
+		OnAck: func(a worker.Ack) { acks.Store(a.Job.Attempt, a) },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("stuck", func(ctx context.Context, j *worker.Job) (any, error) {
+			if j.Attempt > 1 {
+				return "second attempt", nil
+			}
+			close(started)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return "stale result", nil // must never be recorded
+		})
+	})
+	<-started
+	// Someone else takes the job over: here, by ending the lease in the
+	// database as a reclaim would after the lease expired.
+	if _, err := b.pool.Exec(b.ctx, "UPDATE jobs SET lease_expires_at = now() WHERE id = $1", job.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Errorf("cause %v, want ErrLeaseLost", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("lost lease never cancelled the handler")
+	}
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	if string(got.Result) != `"second attempt"` {
+		t.Errorf("result %s, want the second attempt's", got.Result)
+	}
+	if a, ok := acks.Load(1); !ok || a.(worker.Ack).Outcome != worker.OutcomeLeaseLost || a.(worker.Ack).Accepted {
+		t.Errorf("first attempt's ack %+v, want lease_lost, not accepted", a)
+	}
+}
+
+func TestWorker_GracefulShutdownReleasesHeldJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stubborn := b.enqueue(t, "stubborn", `{}`, 1)
+	started := make(chan struct{})
+	causes := make(chan error, 1)
+	_, stop := b.startWorker(t, worker.Config{Slots: 2, ShutdownGrace: 300 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("stubborn", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(started)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return "too late", nil // dropped: the job was released
+		})
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never started")
+	}
+	begun := time.Now()
+	stop()
+	if took := time.Since(begun); took > 5*time.Second {
+		t.Errorf("shutdown took %s", took)
+	}
+	if cause := <-causes; !errors.Is(cause, worker.ErrShutdown) {
+		t.Errorf("handler's context cause %v, want ErrShutdown", cause)
+	}
+	got := b.get(t, stubborn.ID)
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.LeaseToken != nil {
+		t.Errorf("stubborn job after shutdown: state %s attempt %d; want available with its attempt given back", got.State, got.Attempt)
+	}
+	if !strings.Contains(string(got.Errors), "released: worker shutting down") {
+		t.Errorf("history %s does not record the release", got.Errors)
+	}
+	var workers int
+	if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM workers").Scan(&workers); err != nil || workers != 0 {
+		t.Errorf("%d workers registered after shutdown (err %v), want 0", workers, err)
+	}
+}
+
+func TestWorker_ShutdownWaitsForHandlersWithinGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "finishing", `{}`, 1)
+	started := make(chan struct{})
+	_, stop := b.startWorker(t, worker.Config{Slots: 1, ShutdownGrace: 5 * time.Second}, func(w *worker.Worker) {
+		w.HandleFunc("finishing", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(started)
+			time.Sleep(300 * time.Millisecond) // ignores ctx: it is not cancelled during grace
+			return "done", ctx.Err()
+		})
+	})
+	<-started
+	stop()
+	if got := b.get(t, job.ID); got.State != db.JobStateSucceeded {
+		t.Errorf("state %s after graceful shutdown, want succeeded", got.State)
+	}
+}
+
+func TestWorker_NewJobWakesIdleWorkerWithoutPolling(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	done := make(chan time.Time, 1)
+	b.startWorker(t, worker.Config{Slots: 1, PollInterval: time.Hour}, func(w *worker.Worker) {
+		w.HandleFunc("ping", func(ctx context.Context, j *worker.Job) (any, error) {
+			done <- time.Now()
+			return nil, nil
+		})
+	})
+	// Let the worker register, claim nothing, and go idle.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM workers").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	enqueued := time.Now()
+	b.enqueue(t, "ping", `{}`, 1)
+	select {
+	case at := <-done:
+		if wait := at.Sub(enqueued); wait > 5*time.Second {
+			t.Errorf("worker took %s to notice a new job", wait)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an idle worker with an hour-long poll never ran a new job: notifications do not wake it")
+	}
+}
+
+func TestNew_RejectsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct {
+		name string
+		cfg  worker.Config
+	}{
+		{"negative slots", worker.Config{Slots: -1}},
+		{"tiny lease", worker.Config{Lease: time.Millisecond}},
+		{"heartbeat not shorter than lease", worker.Config{Lease: time.Second, HeartbeatInterval: time.Second}},
+		{"long queue name", worker.Config{Queue: strings.Repeat("q", 129)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := worker.New(b.pool, tc.cfg); err == nil {
+				t.Errorf("New accepted %+v", tc.cfg)
+			}
+		})
+	}
+}
+
+func TestExponentialBackoff_GrowsAndStaysWithinCap(t *testing.T) {
+	t.Parallel()
+	backoff := worker.ExponentialBackoff(time.Second, 10*time.Second)
+	for _, tc := range []struct {
+		attempt  int
+		min, max time.Duration
+	}{
+		{1, 500 * time.Millisecond, time.Second},
+		{2, time.Second, 2 * time.Second},
+		{3, 2 * time.Second, 4 * time.Second},
+		{10, 5 * time.Second, 10 * time.Second},
+		{1000, 5 * time.Second, 10 * time.Second},
+	} {
+		for range 100 {
+			if d := backoff(tc.attempt); d < tc.min || d > tc.max {
+				t.Fatalf("backoff(%d) = %s, want within [%s, %s]", tc.attempt, d, tc.min, tc.max)
+			}
+		}
+	}
+}
