@@ -1,0 +1,572 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/relayq/relay/db"
+)
+
+// jsonValues compares JSON documents by value rather than by spelling.
+var jsonValues = cmp.Transformer("jsonValue", func(m json.RawMessage) any {
+	var v any
+	if len(m) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(m, &v); err != nil {
+		return fmt.Sprintf("invalid JSON %q: %v", m, err)
+	}
+	return v
+})
+
+// ignoreTimes leaves out of a comparison the fields the database fills with
+// its clock.
+var ignoreTimes = cmpopts.IgnoreFields(jobResponse{}, "ID", "RunAt", "CreatedAt")
+
+func TestEnqueue_CreatesJobWithDefaults(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	before := time.Now()
+	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"email.send"}`)
+	wantStatus(t, rec, http.StatusCreated)
+	got := decode[jobResponse](t, rec)
+
+	want := jobResponse{
+		Queue:       "default",
+		Kind:        "email.send",
+		Payload:     json.RawMessage(`{}`),
+		State:       db.JobStateAvailable,
+		MaxAttempts: 25,
+		Errors:      json.RawMessage(`[]`),
+	}
+	if diff := cmp.Diff(want, got, ignoreTimes, jsonValues); diff != "" {
+		t.Errorf("job (-want +got):\n%s", diff)
+	}
+	if got.ID <= 0 {
+		t.Errorf("id = %d", got.ID)
+	}
+	if d := got.RunAt.Sub(before); d < -time.Minute || d > time.Minute {
+		t.Errorf("run_at = %v, want about now (%v)", got.RunAt, before)
+	}
+	if loc := rec.Header().Get("Location"); loc != fmt.Sprintf("/v1/jobs/%d", got.ID) {
+		t.Errorf("Location = %q", loc)
+	}
+	stored, err := e.q.JobGet(context.Background(), got.ID)
+	if err != nil {
+		t.Fatalf("job not stored: %v", err)
+	}
+	if diff := cmp.Diff(got, newJobResponse(stored), jsonValues); diff != "" {
+		t.Errorf("response differs from the stored job (-response +stored):\n%s", diff)
+	}
+}
+
+func TestEnqueue_StoresEveryField(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	runAt := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	body := fmt.Sprintf(`{
+		"kind": "report.build",
+		"queue": "reports",
+		"payload": {"user": 42, "tags": ["a", "b"], "nested": {"deep": [null, true, 1.5]}},
+		"priority": -7,
+		"max_attempts": 3,
+		"run_at": %q
+	}`, runAt.Format(time.RFC3339Nano))
+	got := e.enqueue(t, body)
+
+	want := jobResponse{
+		ID:          got.ID,
+		Queue:       "reports",
+		Kind:        "report.build",
+		Payload:     json.RawMessage(`{"user": 42, "tags": ["a", "b"], "nested": {"deep": [null, true, 1.5]}}`),
+		Priority:    -7,
+		State:       db.JobStateAvailable,
+		MaxAttempts: 3,
+		RunAt:       runAt,
+		Errors:      json.RawMessage(`[]`),
+	}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(jobResponse{}, "CreatedAt"), jsonValues, cmpopts.EquateApproxTime(0)); diff != "" {
+		t.Errorf("job (-want +got):\n%s", diff)
+	}
+}
+
+func TestEnqueue_AcceptsAnyJSONPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, payload := range []string{`null`, `"text"`, `12.50`, `[1,"two",{"3":[]}]`, `true`, `{"emoji":"\ud83d\ude00 é","esc":"a\\u0000b"}`} {
+		t.Run(payload, func(t *testing.T) {
+			got := e.enqueue(t, `{"kind":"k","payload":`+payload+`}`)
+			if diff := cmp.Diff(json.RawMessage(payload), got.Payload, jsonValues); diff != "" {
+				t.Errorf("payload (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestEnqueue_DelaySchedulesRelativeToDatabaseClock(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	got := e.enqueue(t, `{"kind":"k","delay":"1h30m"}`)
+	if d := got.RunAt.Sub(got.CreatedAt); d < 90*time.Minute || d > 90*time.Minute+time.Second {
+		t.Errorf("run_at - created_at = %v, want 1h30m", d)
+	}
+	got = e.enqueue(t, `{"kind":"k","delay":"0s"}`)
+	if d := got.RunAt.Sub(got.CreatedAt); d < 0 || d > time.Second {
+		t.Errorf("run_at - created_at = %v, want 0", d)
+	}
+}
+
+func TestEnqueue_AcceptsJSONContentTypeWithCharset(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"k"}`, "Content-Type", "application/json; charset=UTF-8")
+	wantStatus(t, rec, http.StatusCreated)
+}
+
+func TestEnqueue_AcceptsJSONSentAsCurlsDefaultFormContentType(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"k"}`, "Content-Type", "application/x-www-form-urlencoded")
+	wantStatus(t, rec, http.StatusCreated)
+}
+
+func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 129)
+	tests := []struct {
+		name   string
+		body   string
+		header []string
+		status int
+		field  string
+	}{
+		{name: "empty body", body: "", status: 400},
+		{name: "whitespace body", body: " \n ", status: 400},
+		{name: "malformed JSON", body: `{"kind":`, status: 400},
+		{name: "not JSON", body: `kind=a`, status: 400},
+		{name: "array instead of object", body: `[{"kind":"a"}]`, status: 400},
+		{name: "string instead of object", body: `"a"`, status: 400},
+		{name: "null instead of object", body: `null`, status: 400},
+		{name: "trailing object", body: `{"kind":"a"} {"kind":"b"}`, status: 400},
+		{name: "trailing garbage", body: `{"kind":"a"}x`, status: 400},
+		{name: "trailing brace", body: `{"kind":"a"}}`, status: 400},
+		{name: "unknown field", body: `{"kind":"a","bogus":1}`, status: 400, field: "bogus"},
+		{name: "field in wrong case", body: `{"Kind":"a"}`, status: 400, field: "Kind"},
+		{name: "field given twice", body: `{"kind":"a","kind":"b"}`, status: 400, field: "kind"},
+		{name: "raw NUL byte", body: "{\"kind\":\"a\x00\"}", status: 400},
+		{name: "invalid UTF-8", body: "{\"kind\":\"a\xff\"}", status: 400},
+		{name: "invalid UTF-8 in payload", body: "{\"kind\":\"a\",\"payload\":\"\xc3\x28\"}", status: 400},
+		{name: "missing kind", body: `{"queue":"q"}`, status: 400, field: "kind"},
+		{name: "null kind", body: `{"kind":null}`, status: 400, field: "kind"},
+		{name: "empty kind", body: `{"kind":""}`, status: 400, field: "kind"},
+		{name: "kind too long", body: `{"kind":"` + long + `"}`, status: 400, field: "kind"},
+		{name: "kind too long in bytes", body: `{"kind":"` + strings.Repeat("é", 65) + `"}`, status: 400, field: "kind"},
+		{name: "kind not a string", body: `{"kind":5}`, status: 400, field: "kind"},
+		{name: "NUL in kind", body: `{"kind":"a\u0000b"}`, status: 400, field: "kind"},
+		{name: "empty queue", body: `{"kind":"a","queue":""}`, status: 400, field: "queue"},
+		{name: "queue too long", body: `{"kind":"a","queue":"` + long + `"}`, status: 400, field: "queue"},
+		{name: "NUL in queue", body: `{"kind":"a","queue":"\u0000"}`, status: 400, field: "queue"},
+		{name: "queue not a string", body: `{"kind":"a","queue":["q"]}`, status: 400, field: "queue"},
+		{name: "NUL in payload string", body: `{"kind":"a","payload":"\u0000"}`, status: 400, field: "payload"},
+		{name: "NUL in nested payload string", body: `{"kind":"a","payload":{"a":[1,{"b":"x\u0000y"}]}}`, status: 400, field: "payload"},
+		{name: "NUL in payload key", body: `{"kind":"a","payload":{"a\u0000":1}}`, status: 400, field: "payload"},
+		{name: "NUL in nested payload key", body: `{"kind":"a","payload":[{"ok":{"\u0000":1}}]}`, status: 400, field: "payload"},
+		{name: "lone high surrogate in payload", body: `{"kind":"a","payload":"\ud800"}`, status: 400, field: "payload"},
+		{name: "lone low surrogate in payload", body: `{"kind":"a","payload":{"\udc00":1}}`, status: 400, field: "payload"},
+		{name: "reversed surrogates in payload", body: `{"kind":"a","payload":"\ude00\ud83d"}`, status: 400, field: "payload"},
+		{name: "payload number too large for numeric", body: `{"kind":"a","payload":1e131072}`, status: 400, field: "payload"},
+		{name: "payload number too precise for numeric", body: `{"kind":"a","payload":[1e-16384]}`, status: 400, field: "payload"},
+		{name: "payload number with huge exponent", body: `{"kind":"a","payload":{"n":1e99999999999999999999}}`, status: 400, field: "payload"},
+		{name: "payload too deeply nested", body: `{"kind":"a","payload":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, status: 400},
+		{name: "priority above int16", body: `{"kind":"a","priority":32768}`, status: 400, field: "priority"},
+		{name: "priority below int16", body: `{"kind":"a","priority":-32769}`, status: 400, field: "priority"},
+		{name: "priority fractional", body: `{"kind":"a","priority":1.5}`, status: 400, field: "priority"},
+		{name: "priority as string", body: `{"kind":"a","priority":"1"}`, status: 400, field: "priority"},
+		{name: "priority huge", body: `{"kind":"a","priority":1e999}`, status: 400, field: "priority"},
+		{name: "priority beyond int64", body: `{"kind":"a","priority":99999999999999999999}`, status: 400, field: "priority"},
+		{name: "max_attempts zero", body: `{"kind":"a","max_attempts":0}`, status: 400, field: "max_attempts"},
+		{name: "max_attempts negative", body: `{"kind":"a","max_attempts":-1}`, status: 400, field: "max_attempts"},
+		{name: "max_attempts above 1000", body: `{"kind":"a","max_attempts":1001}`, status: 400, field: "max_attempts"},
+		{name: "run_at not RFC 3339", body: `{"kind":"a","run_at":"tomorrow"}`, status: 400, field: "run_at"},
+		{name: "run_at without zone", body: `{"kind":"a","run_at":"2030-01-01T00:00:00"}`, status: 400, field: "run_at"},
+		{name: "run_at as number", body: `{"kind":"a","run_at":1700000000}`, status: 400, field: "run_at"},
+		{name: "run_at before 1970", body: `{"kind":"a","run_at":"1969-12-31T23:59:59Z"}`, status: 400, field: "run_at"},
+		{name: "run_at over a year ahead", body: fmt.Sprintf(`{"kind":"a","run_at":%q}`, time.Now().AddDate(1, 1, 0).Format(time.RFC3339)), status: 400, field: "run_at"},
+		{name: "run_at and delay", body: `{"kind":"a","run_at":"2030-01-01T00:00:00Z","delay":"5s"}`, status: 400, field: "delay"},
+		{name: "delay negative", body: `{"kind":"a","delay":"-1s"}`, status: 400, field: "delay"},
+		{name: "delay without unit", body: `{"kind":"a","delay":"5"}`, status: 400, field: "delay"},
+		{name: "delay as number", body: `{"kind":"a","delay":5000}`, status: 400, field: "delay"},
+		{name: "delay over a year", body: `{"kind":"a","delay":"8761h"}`, status: 400, field: "delay"},
+		{name: "delay overflowing", body: `{"kind":"a","delay":"9999999999h"}`, status: 400, field: "delay"},
+		{name: "empty Idempotency-Key", body: `{"kind":"a"}`, header: []string{"Idempotency-Key", ""}, status: 400, field: "Idempotency-Key"},
+		{name: "Idempotency-Key too long", body: `{"kind":"a"}`, header: []string{"Idempotency-Key", strings.Repeat("k", 256)}, status: 400, field: "Idempotency-Key"},
+		{name: "NUL in Idempotency-Key", body: `{"kind":"a"}`, header: []string{"Idempotency-Key", "a\x00b"}, status: 400, field: "Idempotency-Key"},
+		{name: "invalid UTF-8 in Idempotency-Key", body: `{"kind":"a"}`, header: []string{"Idempotency-Key", "a\xffb"}, status: 400, field: "Idempotency-Key"},
+		{name: "Idempotency-Key twice", body: `{"kind":"a"}`, header: []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, status: 400, field: "Idempotency-Key"},
+		{name: "text/plain Content-Type", body: `{"kind":"a"}`, header: []string{"Content-Type", "text/plain"}, status: 415, field: "Content-Type"},
+		{name: "JSON in another charset", body: `{"kind":"a"}`, header: []string{"Content-Type", "application/json; charset=latin1"}, status: 415, field: "Content-Type"},
+	}
+	e := setup(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := e.do(t, "POST", "/v1/jobs", tt.body, tt.header...)
+			wantError(t, rec, tt.status, tt.field)
+			if n := countJobs(t, e.pool); n != 0 {
+				t.Errorf("%d jobs written", n)
+			}
+		})
+	}
+}
+
+func TestEnqueue_RejectsNULInPayload(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	got := wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"a","payload":{"deep":["\u0000"]}}`), http.StatusBadRequest, "payload")
+	if !strings.Contains(got.Error, "NUL") {
+		t.Errorf("error %q does not say what is wrong", got.Error)
+	}
+	if n := countJobs(t, e.pool); n != 0 {
+		t.Errorf("%d jobs written", n)
+	}
+}
+
+func TestEnqueue_AcceptsEscapedBackslashBeforeU0000(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// The text \u0000 after an escaped backslash is not a NUL.
+	got := e.enqueue(t, `{"kind":"a","payload":"\\u0000"}`)
+	if diff := cmp.Diff(json.RawMessage(`"\\u0000"`), got.Payload, jsonValues); diff != "" {
+		t.Errorf("payload (-want +got):\n%s", diff)
+	}
+}
+
+func TestEnqueue_AcceptsBoundaryValues(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	tests := []string{
+		`{"kind":"` + strings.Repeat("k", 128) + `","queue":"` + strings.Repeat("q", 128) + `"}`,
+		`{"kind":"a","priority":-32768,"max_attempts":1}`,
+		`{"kind":"a","priority":32767,"max_attempts":1000}`,
+		`{"kind":"a","delay":"8760h"}`,
+		`{"kind":"a","run_at":"1970-01-01T00:00:00Z"}`,
+		`{"kind":"a","payload":[1e131071, 1e-16383, -0, 0e999999]}`,
+		`{"kind":"a","queue":null,"run_at":null,"delay":null,"priority":null,"max_attempts":null}`,
+	}
+	for _, body := range tests {
+		t.Run(body[:min(len(body), 60)], func(t *testing.T) {
+			e.enqueue(t, body)
+		})
+	}
+	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", strings.Repeat("k", 255))
+	wantStatus(t, rec, http.StatusCreated)
+}
+
+func TestEnqueue_BodyOverLimitIs413(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{MaxBodyBytes: 64})
+	small := `{"kind":"a"}`
+	wantStatus(t, e.do(t, "POST", "/v1/jobs", small), http.StatusCreated)
+	big := `{"kind":"a","payload":"` + strings.Repeat("x", 64) + `"}`
+	wantError(t, e.do(t, "POST", "/v1/jobs", big), http.StatusRequestEntityTooLarge, "")
+	wantError(t, e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[`+big+`]}`), http.StatusRequestEntityTooLarge, "")
+	if n := countJobs(t, e.pool); n != 1 {
+		t.Errorf("%d jobs stored, want 1", n)
+	}
+}
+
+func TestEnqueue_DefaultBodyLimitIsOneMiB(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pad := func(total int) string {
+		head, tail := `{"kind":"a","payload":"`, `"}`
+		return head + strings.Repeat("x", total-len(head)-len(tail)) + tail
+	}
+	wantStatus(t, e.do(t, "POST", "/v1/jobs", pad(DefaultMaxBodyBytes)), http.StatusCreated)
+	wantError(t, e.do(t, "POST", "/v1/jobs", pad(DefaultMaxBodyBytes+1)), http.StatusRequestEntityTooLarge, "")
+	if n := countJobs(t, e.pool); n != 1 {
+		t.Errorf("%d jobs stored, want 1", n)
+	}
+}
+
+func TestEnqueue_ReplayWithSameKeyReturnsOriginal(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	first := e.do(t, "POST", "/v1/jobs", `{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2,"max_attempts":5}`, "Idempotency-Key", "order-17")
+	wantStatus(t, first, http.StatusCreated)
+	original := decode[jobResponse](t, first)
+
+	// The same request spelled differently: key order, whitespace, number
+	// spelling, duplicate keys (the last wins, as in jsonb), and a delay,
+	// which is not compared.
+	replays := []string{
+		`{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2,"max_attempts":5}`,
+		`{"max_attempts":5, "priority":2, "payload":{ "y":[1.0, 2e0], "x":10e-1 }, "queue":"q", "kind":"a"}`,
+		`{"kind":"a","queue":"q","payload":{"x":7,"y":[1,2],"x":1},"priority":2,"max_attempts":5,"delay":"1h"}`,
+	}
+	for _, body := range replays {
+		rec := e.do(t, "POST", "/v1/jobs", body, "Idempotency-Key", "order-17")
+		wantStatus(t, rec, http.StatusOK)
+		if diff := cmp.Diff(original, decode[jobResponse](t, rec), jsonValues); diff != "" {
+			t.Errorf("replay of %s (-original +replay):\n%s", body, diff)
+		}
+	}
+	if n := countJobs(t, e.pool); n != 1 {
+		t.Errorf("%d jobs stored, want 1", n)
+	}
+}
+
+func TestEnqueue_ReplayWithDefaultsMatchesExplicitValues(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	wantStatus(t, e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "k"), http.StatusCreated)
+	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a","queue":"default","payload":{},"priority":0,"max_attempts":25}`, "Idempotency-Key", "k")
+	wantStatus(t, rec, http.StatusOK)
+}
+
+func TestEnqueue_SameKeyWithDifferentBodyIs409(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	original := `{"kind":"a","payload":{"x":1},"priority":2,"max_attempts":5}`
+	wantStatus(t, e.do(t, "POST", "/v1/jobs", original, "Idempotency-Key", "k"), http.StatusCreated)
+	tests := map[string]string{
+		"kind":            `{"kind":"b","payload":{"x":1},"priority":2,"max_attempts":5}`,
+		"payload value":   `{"kind":"a","payload":{"x":2},"priority":2,"max_attempts":5}`,
+		"payload type":    `{"kind":"a","payload":{"x":"1"},"priority":2,"max_attempts":5}`,
+		"payload extra":   `{"kind":"a","payload":{"x":1,"y":null},"priority":2,"max_attempts":5}`,
+		"payload missing": `{"kind":"a","priority":2,"max_attempts":5}`,
+		"priority":        `{"kind":"a","payload":{"x":1},"priority":3,"max_attempts":5}`,
+		"max_attempts":    `{"kind":"a","payload":{"x":1},"priority":2}`,
+	}
+	for name, body := range tests {
+		t.Run(name, func(t *testing.T) {
+			wantError(t, e.do(t, "POST", "/v1/jobs", body, "Idempotency-Key", "k"), http.StatusConflict, "Idempotency-Key")
+		})
+	}
+	if n := countJobs(t, e.pool); n != 1 {
+		t.Errorf("%d jobs stored, want 1", n)
+	}
+}
+
+func TestEnqueue_SameKeyInAnotherQueueIsAnotherJob(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	a := e.do(t, "POST", "/v1/jobs", `{"kind":"a","queue":"one"}`, "Idempotency-Key", "k")
+	b := e.do(t, "POST", "/v1/jobs", `{"kind":"a","queue":"two"}`, "Idempotency-Key", "k")
+	wantStatus(t, a, http.StatusCreated)
+	wantStatus(t, b, http.StatusCreated)
+	if decode[jobResponse](t, a).ID == decode[jobResponse](t, b).ID {
+		t.Error("both queues got the same job")
+	}
+}
+
+func TestEnqueue_ConcurrentRequestsWithSameKeyCreateOneJob(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 16
+	codes := make([]int, n)
+	ids := make([]int64, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a","payload":{"i":1}}`, "Idempotency-Key", "same")
+			codes[i] = rec.Code
+			var j jobResponse
+			_ = json.Unmarshal(rec.Body.Bytes(), &j)
+			ids[i] = j.ID
+		})
+	}
+	wg.Wait()
+	created := 0
+	for i, c := range codes {
+		switch c {
+		case http.StatusCreated:
+			created++
+		case http.StatusOK:
+		default:
+			t.Errorf("request %d: status %d", i, c)
+		}
+		if ids[i] != ids[0] {
+			t.Errorf("request %d got job %d, request 0 got %d", i, ids[i], ids[0])
+		}
+	}
+	if created != 1 {
+		t.Errorf("%d requests created a job, want 1", created)
+	}
+	if got := countJobs(t, e.pool); got != 1 {
+		t.Errorf("%d jobs stored, want 1", got)
+	}
+}
+
+// TestEnqueue_RetriesWhenKeyedJobVanishes covers the race where the insert
+// finds the key taken but the job holding it is gone when read. A trigger
+// stands in for the job that vanished: it drops the first insert(s) with
+// the key 'ghost' silently, as ON CONFLICT DO NOTHING would.
+func TestEnqueue_RetriesWhenKeyedJobVanishes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `
+		CREATE TABLE ghost_drops (n int NOT NULL);
+		INSERT INTO ghost_drops VALUES (1);
+		CREATE FUNCTION drop_ghost() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.idempotency_key = 'ghost' THEN
+				UPDATE ghost_drops SET n = n - 1 WHERE n > 0;
+				IF FOUND THEN RETURN NULL; END IF;
+			END IF;
+			IF NEW.idempotency_key = 'ghost-forever' THEN RETURN NULL; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER drop_ghost BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION drop_ghost();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "ghost")
+	wantStatus(t, rec, http.StatusCreated)
+	if n := countJobs(t, e.pool); n != 1 {
+		t.Errorf("%d jobs stored, want 1", n)
+	}
+
+	rec = e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "ghost-forever")
+	wantError(t, rec, http.StatusServiceUnavailable, "")
+	if n := countJobs(t, e.pool); n != 1 {
+		t.Errorf("%d jobs stored, want 1", n)
+	}
+}
+
+func TestEnqueue_ConstraintViolationFromDatabaseIs400(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// A rule the API does not know about, standing in for any constraint
+	// that validation misses.
+	if _, err := e.pool.Exec(context.Background(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind <> 'forbidden')`); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"forbidden"}`), http.StatusBadRequest, "")
+	wantError(t, e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"ok"},{"kind":"forbidden"}]}`), http.StatusBadRequest, "")
+	if n := countJobs(t, e.pool); n != 0 {
+		t.Errorf("%d jobs written", n)
+	}
+	if !strings.Contains(e.logs.String(), "no_forbidden") {
+		t.Errorf("the database error was not logged:\n%s", e.logs)
+	}
+}
+
+func TestEnqueueBatch_InsertsAllInRequestOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	body := `{"jobs":[
+		{"kind":"first","payload":{"n":1}},
+		{"kind":"second","queue":"other","priority":-1,"max_attempts":2,"delay":"1h"},
+		{"kind":"third","run_at":"2020-01-01T00:00:00Z","payload":[1,"\ud83d\ude00"]}
+	]}`
+	rec := e.do(t, "POST", "/v1/jobs/batch", body)
+	wantStatus(t, rec, http.StatusCreated)
+	got := decode[batchResponse](t, rec)
+	if len(got.IDs) != 3 {
+		t.Fatalf("ids = %v, want 3", got.IDs)
+	}
+	want := []jobResponse{
+		{Queue: "default", Kind: "first", Payload: json.RawMessage(`{"n":1}`), MaxAttempts: 25},
+		{Queue: "other", Kind: "second", Payload: json.RawMessage(`{}`), Priority: -1, MaxAttempts: 2},
+		{Queue: "default", Kind: "third", Payload: json.RawMessage(`[1,"😀"]`), MaxAttempts: 25},
+	}
+	for i, id := range got.IDs {
+		job, err := e.q.JobGet(context.Background(), id)
+		if err != nil {
+			t.Fatalf("job %d not stored: %v", id, err)
+		}
+		want[i].State, want[i].Errors = db.JobStateAvailable, json.RawMessage(`[]`)
+		if diff := cmp.Diff(want[i], newJobResponse(job), ignoreTimes, jsonValues); diff != "" {
+			t.Errorf("jobs[%d] (-want +got):\n%s", i, diff)
+		}
+		switch i {
+		case 1:
+			if d := job.RunAt.Sub(job.CreatedAt); d < time.Hour || d > time.Hour+time.Second {
+				t.Errorf("delayed job runs %v after creation, want 1h", d)
+			}
+		case 2:
+			if !job.RunAt.Equal(time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)) {
+				t.Errorf("run_at = %v", job.RunAt)
+			}
+		}
+	}
+	if !(got.IDs[0] < got.IDs[1] && got.IDs[1] < got.IDs[2]) {
+		t.Errorf("ids not in request order: %v", got.IDs)
+	}
+}
+
+func TestEnqueueBatch_AcceptsUpTo1000Jobs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	jobs := func(n int) string {
+		return `{"jobs":[` + strings.TrimSuffix(strings.Repeat(`{"kind":"k"},`, n), ",") + `]}`
+	}
+	rec := e.do(t, "POST", "/v1/jobs/batch", jobs(MaxBatchJobs))
+	wantStatus(t, rec, http.StatusCreated)
+	if got := decode[batchResponse](t, rec); len(got.IDs) != MaxBatchJobs {
+		t.Errorf("%d ids", len(got.IDs))
+	}
+	wantError(t, e.do(t, "POST", "/v1/jobs/batch", jobs(MaxBatchJobs+1)), http.StatusBadRequest, "jobs")
+	if n := countJobs(t, e.pool); n != MaxBatchJobs {
+		t.Errorf("%d jobs stored, want %d", n, MaxBatchJobs)
+	}
+}
+
+func TestEnqueueBatch_RejectsWholeBatchNamingFirstBadJob(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		body   string
+		header []string
+		status int
+		field  string
+	}{
+		{name: "missing kind", body: `{"jobs":[{"kind":"a"},{"kind":"b"},{"kind":"c"},{"queue":"q"},{"kind":""}]}`, status: 400, field: "jobs[3].kind"},
+		{name: "NUL in payload", body: `{"jobs":[{"kind":"a"},{"kind":"b","payload":{"k":"\u0000"}}]}`, status: 400, field: "jobs[1].payload"},
+		{name: "unknown field", body: `{"jobs":[{"kind":"a","extra":true}]}`, status: 400, field: "jobs[0].extra"},
+		{name: "field in wrong case", body: `{"jobs":[{"kind":"a"},{"KIND":"a"}]}`, status: 400, field: "jobs[1].KIND"},
+		{name: "wrong type", body: `{"jobs":[{"kind":"a"},{"kind":"a","priority":"high"}]}`, status: 400, field: "jobs[1].priority"},
+		{name: "job not an object", body: `{"jobs":[{"kind":"a"},{"kind":"b"},"c"]}`, status: 400, field: "jobs[2]"},
+		{name: "job null", body: `{"jobs":[null]}`, status: 400, field: "jobs[0]"},
+		{name: "bad delay", body: `{"jobs":[{"kind":"a","delay":"soon"}]}`, status: 400, field: "jobs[0].delay"},
+		{name: "priority out of range", body: `{"jobs":[{"kind":"a","priority":40000}]}`, status: 400, field: "jobs[0].priority"},
+		{name: "empty batch", body: `{"jobs":[]}`, status: 400, field: "jobs"},
+		{name: "null jobs", body: `{"jobs":null}`, status: 400, field: "jobs"},
+		{name: "no jobs field", body: `{}`, status: 400, field: "jobs"},
+		{name: "jobs not an array", body: `{"jobs":{"kind":"a"}}`, status: 400, field: "jobs"},
+		{name: "unknown top-level field", body: `{"jobs":[{"kind":"a"}],"queue":"q"}`, status: 400, field: "queue"},
+		{name: "trailing data", body: `{"jobs":[{"kind":"a"}]}]`, status: 400},
+		{name: "malformed", body: `{"jobs":[{"kind":"a"}`, status: 400},
+		{name: "invalid UTF-8", body: "{\"jobs\":[{\"kind\":\"\xfe\"}]}", status: 400},
+		{name: "Idempotency-Key", body: `{"jobs":[{"kind":"a"}]}`, header: []string{"Idempotency-Key", "k"}, status: 400, field: "Idempotency-Key"},
+		{name: "wrong Content-Type", body: `{"jobs":[{"kind":"a"}]}`, header: []string{"Content-Type", "text/json"}, status: 415, field: "Content-Type"},
+	}
+	e := setup(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantError(t, e.do(t, "POST", "/v1/jobs/batch", tt.body, tt.header...), tt.status, tt.field)
+			if n := countJobs(t, e.pool); n != 0 {
+				t.Errorf("%d jobs written", n)
+			}
+		})
+	}
+}
+
+func TestEnqueueBatch_ErrorMessageNamesTheJob(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	got := wantError(t, e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"a"},{"kind":"a"},{"kind":"a"},{}]}`), http.StatusBadRequest, "jobs[3].kind")
+	if !strings.HasPrefix(got.Error, "jobs[3]: ") {
+		t.Errorf("error = %q, want it to name jobs[3]", got.Error)
+	}
+}

@@ -1,0 +1,468 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+)
+
+// jobResponse is a job as the API shows it. It leaves out the lease token,
+// which only the worker holding the lease may know, and the idempotency key.
+type jobResponse struct {
+	ID                int64           `json:"id"`
+	Queue             string          `json:"queue"`
+	Kind              string          `json:"kind"`
+	Payload           json.RawMessage `json:"payload"`
+	Priority          int16           `json:"priority"`
+	State             db.JobState     `json:"state"`
+	Attempt           int32           `json:"attempt"`
+	MaxAttempts       int32           `json:"max_attempts"`
+	Fence             int64           `json:"fence"`
+	RunAt             time.Time       `json:"run_at"`
+	CreatedAt         time.Time       `json:"created_at"`
+	StartedAt         *time.Time      `json:"started_at"`
+	FinishedAt        *time.Time      `json:"finished_at"`
+	LeasedBy          *string         `json:"leased_by"`
+	LeaseExpiresAt    *time.Time      `json:"lease_expires_at"`
+	CancelRequestedAt *time.Time      `json:"cancel_requested_at"`
+	LastError         *string         `json:"last_error"`
+	Errors            json.RawMessage `json:"errors"`
+	Result            json.RawMessage `json:"result"`
+}
+
+func newJobResponse(j db.Job) jobResponse {
+	payload := j.Payload
+	if len(payload) == 0 {
+		payload = json.RawMessage("null")
+	}
+	errs := j.Errors
+	if len(errs) == 0 {
+		errs = json.RawMessage("[]")
+	}
+	return jobResponse{
+		ID:                j.ID,
+		Queue:             j.Queue,
+		Kind:              j.Kind,
+		Payload:           payload,
+		Priority:          j.Priority,
+		State:             j.State,
+		Attempt:           j.Attempt,
+		MaxAttempts:       j.MaxAttempts,
+		Fence:             j.Fence,
+		RunAt:             j.RunAt,
+		CreatedAt:         j.CreatedAt,
+		StartedAt:         j.StartedAt,
+		FinishedAt:        j.FinishedAt,
+		LeasedBy:          j.LeasedBy,
+		LeaseExpiresAt:    j.LeaseExpiresAt,
+		CancelRequestedAt: j.CancelRequestedAt,
+		LastError:         j.LastError,
+		Errors:            errs,
+		Result:            j.Result,
+	}
+}
+
+// handlerFunc is an http.HandlerFunc that returns its error for
+// handleErrors to write.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// handleErrors adapts fn to an http.Handler that writes fn's error, if any,
+// with respondError.
+func handleErrors(logger *slog.Logger, fn handlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := fn(w, r); err != nil {
+			respondError(logger, w, r, err)
+		}
+	})
+}
+
+// dbContext bounds the database work of a request.
+func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), dbTimeout)
+}
+
+// idempotencyAttempts bounds how often an enqueue with an idempotency key
+// retries when its insert found the key taken but the job holding it was
+// gone by the time it was read (deleted in between).
+const idempotencyAttempts = 3
+
+// handleEnqueue serves POST /v1/jobs: 201 with the new job. With an
+// Idempotency-Key header, a repeat of the same request (same kind, queue,
+// payload as JSON values, priority and max_attempts; run_at and delay are
+// not compared, since a delay is relative to the time of each request)
+// returns the original job with 200, and a different request under the same
+// key in the same queue is a 409.
+func handleEnqueue(logger *slog.Logger, queries *db.Queries, maxBody int64) http.Handler {
+	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
+		key, err := idempotencyKey(r)
+		if err != nil {
+			return err
+		}
+		body, err := readBody(w, r, maxBody)
+		if err != nil {
+			return err
+		}
+		req, err := decodeJob(body)
+		if err != nil {
+			return err
+		}
+		spec, err := validateJob(req, key, time.Now())
+		if err != nil {
+			return err
+		}
+
+		ctx, cancel := dbContext(r)
+		defer cancel()
+		params := db.JobInsertParams{
+			Queue:          spec.Queue,
+			Kind:           spec.Kind,
+			Payload:        spec.Payload,
+			Priority:       spec.Priority,
+			MaxAttempts:    spec.MaxAttempts,
+			RunAt:          spec.RunAt,
+			DelayMs:        spec.DelayMs,
+			IdempotencyKey: spec.IdempotencyKey,
+		}
+		for range idempotencyAttempts {
+			job, err := queries.JobInsert(ctx, params)
+			if err == nil {
+				w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(job.ID, 10))
+				writeJSON(w, http.StatusCreated, newJobResponse(job))
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) || spec.IdempotencyKey == nil {
+				return fmt.Errorf("insert job: %w", err)
+			}
+			existing, err := queries.JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{
+				Queue:          spec.Queue,
+				IdempotencyKey: spec.IdempotencyKey,
+			})
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // deleted between the two statements: try again
+			}
+			if err != nil {
+				return fmt.Errorf("get job by idempotency key: %w", err)
+			}
+			if !sameJob(existing, spec) {
+				return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")
+			}
+			w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(existing.ID, 10))
+			writeJSON(w, http.StatusOK, newJobResponse(existing))
+			return nil
+		}
+		return &apiError{
+			status: http.StatusServiceUnavailable,
+			msg:    "the job holding this Idempotency-Key changed while the request ran; try again",
+			cause:  fmt.Errorf("insert job: key %q taken but no job found after %d attempts", *spec.IdempotencyKey, idempotencyAttempts),
+		}
+	})
+}
+
+// sameJob reports whether j is what spec would have enqueued, for an
+// idempotent replay. The queue matched already, by the lookup.
+func sameJob(j db.Job, spec jobSpec) bool {
+	return j.Kind == spec.Kind &&
+		j.Queue == spec.Queue &&
+		j.Priority == spec.Priority &&
+		j.MaxAttempts == spec.MaxAttempts &&
+		jsonEqual(j.Payload, spec.Payload)
+}
+
+// idempotencyKey returns the Idempotency-Key header, or nil without one.
+// It is validated with the rest of the request, by validateJob.
+func idempotencyKey(r *http.Request) (*string, error) {
+	values, ok := r.Header["Idempotency-Key"]
+	if !ok {
+		return nil, nil
+	}
+	if len(values) != 1 {
+		return nil, badRequest("Idempotency-Key", "Idempotency-Key must be given once")
+	}
+	key := values[0]
+	return &key, nil
+}
+
+// batchRequest is the body of POST /v1/jobs/batch.
+type batchRequest struct {
+	Jobs []json.RawMessage `json:"jobs"`
+}
+
+type batchResponse struct {
+	IDs []int64 `json:"ids"`
+}
+
+// handleEnqueueBatch serves POST /v1/jobs/batch: up to MaxBatchJobs jobs,
+// each as in POST /v1/jobs, inserted in one statement, all or none. It
+// answers 201 with their ids in request order. If any job is invalid the
+// whole batch is rejected, naming the first bad one (field "jobs[3].kind").
+// Batches take no Idempotency-Key.
+func handleEnqueueBatch(logger *slog.Logger, queries *db.Queries, maxBody int64) http.Handler {
+	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
+		if _, ok := r.Header["Idempotency-Key"]; ok {
+			return badRequest("Idempotency-Key", "batch requests do not support Idempotency-Key")
+		}
+		body, err := readBody(w, r, maxBody)
+		if err != nil {
+			return err
+		}
+		var batch batchRequest
+		if err := decodeStrict(body, &batch, []string{"jobs"}); err != nil {
+			return err
+		}
+		switch n := len(batch.Jobs); {
+		case n == 0:
+			return badRequest("jobs", "jobs must hold at least one job")
+		case n > MaxBatchJobs:
+			return badRequest("jobs", "jobs must hold at most %d jobs, not %d", MaxBatchJobs, n)
+		}
+
+		now := time.Now()
+		n := len(batch.Jobs)
+		params := db.JobInsertManyParams{
+			Queues:      make([]string, 0, n),
+			Kinds:       make([]string, 0, n),
+			Payloads:    make([]json.RawMessage, 0, n),
+			Priorities:  make([]int16, 0, n),
+			MaxAttempts: make([]int32, 0, n),
+			RunAts:      make([]time.Time, 0, n),
+			DelaysMs:    make([]int64, 0, n),
+		}
+		for i, raw := range batch.Jobs {
+			spec, err := batchJob(raw, now)
+			if err != nil {
+				return inBatch(i, err)
+			}
+			var runAt time.Time // zero: DelayMs after now() in the database
+			if spec.RunAt != nil {
+				runAt = *spec.RunAt
+			}
+			params.Queues = append(params.Queues, spec.Queue)
+			params.Kinds = append(params.Kinds, spec.Kind)
+			params.Payloads = append(params.Payloads, spec.Payload)
+			params.Priorities = append(params.Priorities, spec.Priority)
+			params.MaxAttempts = append(params.MaxAttempts, spec.MaxAttempts)
+			params.RunAts = append(params.RunAts, runAt)
+			params.DelaysMs = append(params.DelaysMs, spec.DelayMs)
+		}
+
+		ctx, cancel := dbContext(r)
+		defer cancel()
+		ids, err := queries.JobInsertMany(ctx, params)
+		if err != nil {
+			return fmt.Errorf("insert %d jobs: %w", n, err)
+		}
+		writeJSON(w, http.StatusCreated, batchResponse{IDs: ids})
+		return nil
+	})
+}
+
+func batchJob(raw json.RawMessage, now time.Time) (jobSpec, error) {
+	if len(raw) == 0 || raw[0] != '{' {
+		return jobSpec{}, badRequest("", "each job must be a JSON object")
+	}
+	req, err := decodeJob(raw)
+	if err != nil {
+		return jobSpec{}, err
+	}
+	return validateJob(req, nil, now)
+}
+
+// inBatch places the error of the i-th job of a batch.
+func inBatch(i int, err error) error {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		return err
+	}
+	prefix := fmt.Sprintf("jobs[%d]", i)
+	out := *ae
+	out.msg = prefix + ": " + ae.msg
+	if ae.field == "" {
+		out.field = prefix
+	} else {
+		out.field = prefix + "." + ae.field
+	}
+	return &out
+}
+
+// jobID parses the {id} of the path: a positive int64 in decimal digits.
+func jobID(r *http.Request) (int64, error) {
+	s := r.PathValue("id")
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, badRequest("id", "job id must be a positive integer")
+	}
+	return id, nil
+}
+
+// handleGetJob serves GET /v1/jobs/{id}.
+func handleGetJob(logger *slog.Logger, queries *db.Queries) http.Handler {
+	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
+		id, err := jobID(r)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := dbContext(r)
+		defer cancel()
+		job, err := queries.JobGet(ctx, id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return notFound("job not found")
+		}
+		if err != nil {
+			return fmt.Errorf("get job %d: %w", id, err)
+		}
+		writeJSON(w, http.StatusOK, newJobResponse(job))
+		return nil
+	})
+}
+
+type listResponse struct {
+	Jobs []jobResponse `json:"jobs"`
+	// Next is the cursor of the next page, to pass as after, or null on the
+	// last page.
+	Next *string `json:"next"`
+}
+
+// handleListJobs serves GET /v1/jobs?queue=&state=&kind=&limit=&after=,
+// jobs in id order a page at a time. Empty parameters are ignored. limit
+// defaults to DefaultListLimit; above MaxListLimit it is a 400. after is
+// the next cursor of the previous page.
+func handleListJobs(logger *slog.Logger, queries *db.Queries) http.Handler {
+	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
+		params, limit, err := listParams(r)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := dbContext(r)
+		defer cancel()
+		jobs, err := queries.JobList(ctx, params)
+		if err != nil {
+			return fmt.Errorf("list jobs: %w", err)
+		}
+		resp := listResponse{Jobs: make([]jobResponse, 0, min(len(jobs), limit))}
+		if len(jobs) > limit {
+			jobs = jobs[:limit]
+			next := strconv.FormatInt(jobs[limit-1].ID, 10)
+			resp.Next = &next
+		}
+		for _, j := range jobs {
+			resp.Jobs = append(resp.Jobs, newJobResponse(j))
+		}
+		writeJSON(w, http.StatusOK, resp)
+		return nil
+	})
+}
+
+// listParams parses the query of a job listing. It asks for one job more
+// than the limit, to know whether there is a next page.
+func listParams(r *http.Request) (db.JobListParams, int, error) {
+	query := r.URL.Query()
+	get := func(name string) (string, error) {
+		if len(query[name]) > 1 {
+			return "", badRequest(name, "%s must be given at most once", name)
+		}
+		return query.Get(name), nil
+	}
+	var p db.JobListParams
+	limit := DefaultListLimit
+
+	if s, err := get("limit"); err != nil {
+		return p, 0, err
+	} else if s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxListLimit {
+			return p, 0, badRequest("limit", "limit must be an integer from 1 to %d", MaxListLimit)
+		}
+		limit = n
+	}
+	if s, err := get("after"); err != nil {
+		return p, 0, err
+	} else if s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 || strings.TrimLeft(s, "0123456789") != "" {
+			return p, 0, badRequest("after", "after must be the next cursor of a previous page")
+		}
+		p.AfterID = n
+	}
+	if s, err := get("state"); err != nil {
+		return p, 0, err
+	} else if s != "" {
+		state := db.JobState(s)
+		if !state.Valid() {
+			return p, 0, badRequest("state", "state must be one of available, running, succeeded, dead, cancelled")
+		}
+		p.State = &state
+	}
+	for _, f := range []struct {
+		name string
+		dst  **string
+	}{{"queue", &p.Queue}, {"kind", &p.Kind}} {
+		s, err := get(f.name)
+		if err != nil {
+			return p, 0, err
+		}
+		if s == "" {
+			continue
+		}
+		if err := checkName(f.name, s, MaxNameBytes); err != nil {
+			return p, 0, err
+		}
+		*f.dst = &s
+	}
+	p.MaxJobs = int32(limit + 1)
+	return p, limit, nil
+}
+
+// handleCancelJob serves POST /v1/jobs/{id}/cancel: an available job is
+// cancelled at once; a running one is marked, and its worker cancels it at
+// its next heartbeat (the job stays running until then, with
+// cancel_requested_at set). 409 for a job that has already finished.
+func handleCancelJob(logger *slog.Logger, queries *db.Queries) http.Handler {
+	return handleTransition(logger, queries, "cancel", queries.JobCancel)
+}
+
+// handleRetryJob serves POST /v1/jobs/{id}/retry: a dead or cancelled job
+// becomes available again at once with a fresh set of attempts. 409 for a
+// job in any other state.
+func handleRetryJob(logger *slog.Logger, queries *db.Queries) http.Handler {
+	return handleTransition(logger, queries, "retry", queries.JobRetry)
+}
+
+// handleTransition runs a state change that returns no row both when the job
+// is missing and when its state does not allow the change, and tells the
+// two apart by reading the job.
+func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, change func(context.Context, int64) (db.Job, error)) http.Handler {
+	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
+		id, err := jobID(r)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := dbContext(r)
+		defer cancel()
+		job, err := change(ctx, id)
+		if err == nil {
+			writeJSON(w, http.StatusOK, newJobResponse(job))
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%s job %d: %w", verb, id, err)
+		}
+		current, err := queries.JobGet(ctx, id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return notFound("job not found")
+		}
+		if err != nil {
+			return fmt.Errorf("%s job %d: get job: %w", verb, id, err)
+		}
+		return conflict("", fmt.Sprintf("cannot %s a job that is %s", verb, current.State))
+	})
+}

@@ -1,0 +1,345 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/relayq/relay/db"
+)
+
+func TestGetJob_ReturnsTheJob(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	created := e.enqueue(t, `{"kind":"a","payload":{"x":[1,2]},"priority":3}`)
+	rec := e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", created.ID), "")
+	wantStatus(t, rec, http.StatusOK)
+	if diff := cmp.Diff(created, decode[jobResponse](t, rec), jsonValues); diff != "" {
+		t.Errorf("job (-created +got):\n%s", diff)
+	}
+}
+
+func TestGetJob_ShowsEveryFieldButNeverTheLeaseToken(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	created := e.enqueue(t, `{"kind":"a","queue":"q"}`)
+	tokens := e.claim(t, "q")
+	token, ok := tokens[created.ID]
+	if !ok {
+		t.Fatal("job not claimed")
+	}
+	rec := e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", created.ID), "")
+	wantStatus(t, rec, http.StatusOK)
+	if strings.Contains(rec.Body.String(), token.String()) {
+		t.Fatalf("response carries the lease token: %s", rec.Body)
+	}
+	fields := decode[map[string]json.RawMessage](t, rec)
+	want := []string{
+		"id", "queue", "kind", "payload", "priority", "state", "attempt", "max_attempts", "fence",
+		"run_at", "created_at", "started_at", "finished_at", "leased_by", "lease_expires_at",
+		"cancel_requested_at", "last_error", "errors", "result",
+	}
+	if diff := cmp.Diff(slices.Sorted(slices.Values(want)), slices.Sorted(maps.Keys(fields))); diff != "" {
+		t.Errorf("fields (-want +got):\n%s", diff)
+	}
+	got := decode[jobResponse](t, rec)
+	if got.State != db.JobStateRunning || got.Attempt != 1 || got.Fence != 1 ||
+		got.LeasedBy == nil || *got.LeasedBy != "test-worker" || got.LeaseExpiresAt == nil || got.StartedAt == nil {
+		t.Errorf("running job shown as %+v", got)
+	}
+}
+
+func TestGetJob_BadIDIs400(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue(t, `{"kind":"a"}`)
+	for _, id := range []string{"abc", "0", "-1", "+1", "1.5", "1e3", "0x10", "9223372036854775808", "%201", "batch"} {
+		t.Run(id, func(t *testing.T) {
+			wantError(t, e.do(t, "GET", "/v1/jobs/"+id, ""), http.StatusBadRequest, "id")
+			wantError(t, e.do(t, "POST", "/v1/jobs/"+id+"/cancel", ""), http.StatusBadRequest, "id")
+			wantError(t, e.do(t, "POST", "/v1/jobs/"+id+"/retry", ""), http.StatusBadRequest, "id")
+		})
+	}
+}
+
+func TestGetJob_MissingIs404(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, id := range []string{"1", "9223372036854775807"} {
+		wantError(t, e.do(t, "GET", "/v1/jobs/"+id, ""), http.StatusNotFound, "")
+	}
+}
+
+func TestListJobs_PagesThroughJobsInIDOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var ids []int64
+	for i := range 5 {
+		ids = append(ids, e.enqueue(t, fmt.Sprintf(`{"kind":"k%d"}`, i)).ID)
+	}
+	var got []int64
+	after := ""
+	for page := 0; ; page++ {
+		if page > 5 {
+			t.Fatal("pagination does not end")
+		}
+		rec := e.do(t, "GET", "/v1/jobs?limit=2&after="+after, "")
+		wantStatus(t, rec, http.StatusOK)
+		resp := decode[listResponse](t, rec)
+		if len(resp.Jobs) > 2 {
+			t.Fatalf("page of %d jobs with limit 2", len(resp.Jobs))
+		}
+		for _, j := range resp.Jobs {
+			got = append(got, j.ID)
+		}
+		if resp.Next == nil {
+			break
+		}
+		after = *resp.Next
+	}
+	if diff := cmp.Diff(ids, got); diff != "" {
+		t.Errorf("ids (-want +got):\n%s", diff)
+	}
+}
+
+func TestListJobs_LastPageHasNullNext(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.enqueue(t, `{"kind":"a"}`)
+	e.enqueue(t, `{"kind":"a"}`)
+	rec := e.do(t, "GET", "/v1/jobs?limit=2", "")
+	wantStatus(t, rec, http.StatusOK)
+	if !strings.Contains(rec.Body.String(), `"next":null`) {
+		t.Errorf("full last page should end the listing: %s", rec.Body)
+	}
+	rec = e.do(t, "GET", "/v1/jobs?queue=none", "")
+	wantStatus(t, rec, http.StatusOK)
+	if got := strings.TrimSpace(rec.Body.String()); got != `{"jobs":[],"next":null}` {
+		t.Errorf("empty listing = %s", got)
+	}
+}
+
+func TestListJobs_DefaultLimitIs100(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	body := `{"jobs":[` + strings.TrimSuffix(strings.Repeat(`{"kind":"k"},`, 101), ",") + `]}`
+	wantStatus(t, e.do(t, "POST", "/v1/jobs/batch", body), http.StatusCreated)
+	resp := decode[listResponse](t, e.do(t, "GET", "/v1/jobs", ""))
+	if len(resp.Jobs) != DefaultListLimit || resp.Next == nil {
+		t.Errorf("%d jobs, next %v; want %d and a next cursor", len(resp.Jobs), resp.Next, DefaultListLimit)
+	}
+	resp = decode[listResponse](t, e.do(t, "GET", "/v1/jobs?limit=1000", ""))
+	if len(resp.Jobs) != 101 || resp.Next != nil {
+		t.Errorf("%d jobs, next %v; want 101 and no next cursor", len(resp.Jobs), resp.Next)
+	}
+}
+
+func TestListJobs_FiltersByQueueStateAndKind(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	a := e.enqueue(t, `{"kind":"x","queue":"one"}`)
+	b := e.enqueue(t, `{"kind":"y","queue":"one"}`)
+	c := e.enqueue(t, `{"kind":"x","queue":"two"}`)
+	wantStatus(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", b.ID), ""), http.StatusOK)
+
+	tests := []struct {
+		query string
+		want  []int64
+	}{
+		{"", []int64{a.ID, b.ID, c.ID}},
+		{"queue=one", []int64{a.ID, b.ID}},
+		{"kind=x", []int64{a.ID, c.ID}},
+		{"state=cancelled", []int64{b.ID}},
+		{"state=available&queue=one", []int64{a.ID}},
+		{"queue=one&kind=x&state=available", []int64{a.ID}},
+		{"queue=&state=&kind=&limit=&after=", []int64{a.ID, b.ID, c.ID}},
+		{"queue=three", []int64{}},
+		{fmt.Sprintf("after=%d", a.ID), []int64{b.ID, c.ID}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.query, func(t *testing.T) {
+			rec := e.do(t, "GET", "/v1/jobs?"+tt.query, "")
+			wantStatus(t, rec, http.StatusOK)
+			got := []int64{}
+			for _, j := range decode[listResponse](t, rec).Jobs {
+				got = append(got, j.ID)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("ids (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestListJobs_RejectsBadParameters(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	tests := []struct{ query, field string }{
+		{"limit=0", "limit"},
+		{"limit=-1", "limit"},
+		{"limit=1001", "limit"},
+		{"limit=ten", "limit"},
+		{"limit=1&limit=2", "limit"},
+		{"after=-1", "after"},
+		{"after=abc", "after"},
+		{"after=%2B1", "after"},
+		{"after=9223372036854775808", "after"},
+		{"state=done", "state"},
+		{"state=AVAILABLE", "state"},
+		{"state=available&state=dead", "state"},
+		{"queue=a%00b", "queue"},
+		{"queue=%FF", "queue"},
+		{"queue=" + strings.Repeat("q", 129), "queue"},
+		{"kind=%00", "kind"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.query, func(t *testing.T) {
+			wantError(t, e.do(t, "GET", "/v1/jobs?"+tt.query, ""), http.StatusBadRequest, tt.field)
+		})
+	}
+}
+
+func TestCancelJob_CancelsAvailableJobAtOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	job := e.enqueue(t, `{"kind":"a"}`)
+	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID), "")
+	wantStatus(t, rec, http.StatusOK)
+	got := decode[jobResponse](t, rec)
+	if got.State != db.JobStateCancelled || got.FinishedAt == nil {
+		t.Errorf("cancelled job = %+v", got)
+	}
+	stored, err := e.q.JobGet(context.Background(), job.ID)
+	if err != nil || stored.State != db.JobStateCancelled {
+		t.Errorf("stored job: %v %v", stored.State, err)
+	}
+}
+
+func TestCancelJob_MarksRunningJob(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	job := e.enqueue(t, `{"kind":"a","queue":"q"}`)
+	e.claim(t, "q")
+	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID), "")
+	wantStatus(t, rec, http.StatusOK)
+	got := decode[jobResponse](t, rec)
+	if got.State != db.JobStateRunning || got.CancelRequestedAt == nil {
+		t.Errorf("job = state %s, cancel_requested_at %v; want running and marked", got.State, got.CancelRequestedAt)
+	}
+	wantNoLeak(t, rec.Body.String())
+}
+
+func TestCancelJob_FinishedJobIs409(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	job := e.enqueue(t, `{"kind":"a"}`)
+	path := fmt.Sprintf("/v1/jobs/%d/cancel", job.ID)
+	wantStatus(t, e.do(t, "POST", path, ""), http.StatusOK)
+	got := wantError(t, e.do(t, "POST", path, ""), http.StatusConflict, "")
+	if !strings.Contains(got.Error, "cancelled") {
+		t.Errorf("error %q does not name the state", got.Error)
+	}
+}
+
+func TestCancelJob_MissingIs404(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	wantError(t, e.do(t, "POST", "/v1/jobs/12345/cancel", ""), http.StatusNotFound, "")
+}
+
+func TestRetryJob_MakesDeadJobAvailable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	job := e.enqueue(t, `{"kind":"a","queue":"q"}`)
+	e.kill(t, "q", job.ID)
+	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/retry", job.ID), "")
+	wantStatus(t, rec, http.StatusOK)
+	got := decode[jobResponse](t, rec)
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.FinishedAt != nil || got.Fence != 1 {
+		t.Errorf("retried job = %+v", got)
+	}
+	if got.LastError == nil || *got.LastError != "boom" {
+		t.Errorf("last_error = %v, want the history kept", got.LastError)
+	}
+}
+
+func TestRetryJob_MakesCancelledJobAvailable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	job := e.enqueue(t, `{"kind":"a"}`)
+	wantStatus(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID), ""), http.StatusOK)
+	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/retry", job.ID), "")
+	wantStatus(t, rec, http.StatusOK)
+	if got := decode[jobResponse](t, rec); got.State != db.JobStateAvailable {
+		t.Errorf("state = %s", got.State)
+	}
+}
+
+func TestRetryJob_JobInOtherStateIs409(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	available := e.enqueue(t, `{"kind":"a"}`)
+	running := e.enqueue(t, `{"kind":"a","queue":"q"}`)
+	e.claim(t, "q")
+	for _, id := range []int64{available.ID, running.ID} {
+		wantError(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/retry", id), ""), http.StatusConflict, "")
+	}
+}
+
+func TestRetryJob_MissingIs404(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	wantError(t, e.do(t, "POST", "/v1/jobs/12345/retry", ""), http.StatusNotFound, "")
+}
+
+func TestListQueues_CountsByStateWithOldestReadyAge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	old := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	e.enqueue(t, `{"kind":"a","queue":"alpha","run_at":"`+old+`"}`)
+	e.enqueue(t, `{"kind":"a","queue":"alpha"}`)
+	e.enqueue(t, `{"kind":"a","queue":"alpha","delay":"1h"}`)
+	cancelled := e.enqueue(t, `{"kind":"a","queue":"beta"}`)
+	wantStatus(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", cancelled.ID), ""), http.StatusOK)
+	dead := e.enqueue(t, `{"kind":"a","queue":"gamma"}`)
+	e.kill(t, "gamma", dead.ID)
+	e.enqueue(t, `{"kind":"a","queue":"gamma"}`)
+	e.claim(t, "gamma")
+
+	rec := e.do(t, "GET", "/v1/queues", "")
+	wantStatus(t, rec, http.StatusOK)
+	got := decode[queuesResponse](t, rec)
+	want := queuesResponse{Queues: []queueStats{
+		{Queue: "alpha", Counts: queueCounts{Available: 3}},
+		{Queue: "beta", Counts: queueCounts{Cancelled: 1}},
+		{Queue: "gamma", Counts: queueCounts{Running: 1, Dead: 1}},
+	}}
+	if len(got.Queues) == 3 {
+		age := got.Queues[0].OldestReadyAgeSeconds
+		if age < 59 || age > 120 {
+			t.Errorf("alpha's oldest ready job is %vs old, want about 60", age)
+		}
+		want.Queues[0].OldestReadyAgeSeconds = age
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("queues (-want +got):\n%s", diff)
+	}
+}
+
+func TestListQueues_EmptyDatabaseHasNoQueues(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := e.do(t, "GET", "/v1/queues", "")
+	wantStatus(t, rec, http.StatusOK)
+	if got := strings.TrimSpace(rec.Body.String()); got != `{"queues":[]}` {
+		t.Errorf("body = %s", got)
+	}
+}

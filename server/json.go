@@ -1,0 +1,156 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// This file holds all JSON encoding and decoding of the API.
+
+// errorBody is the body of every error response.
+type errorBody struct {
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+// writeJSON writes v as the JSON body of a response with the given status.
+// The value is encoded before anything is written, so an encoding failure
+// can still become a clean 500.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(errorBody{Error: "internal server error"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Del("Content-Length")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// readBody reads a JSON request body of at most limit bytes and checks what
+// can be checked before parsing: the Content-Type (if set), the size, that
+// it is not empty, and that it is valid UTF-8. The body is always parsed as
+// JSON; application/x-www-form-urlencoded is accepted too because it is
+// what a plain `curl -d '{...}'` sends, and curl is a first-class client.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, params, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && mt != "application/x-www-form-urlencoded") ||
+			(params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8")) {
+			return nil, &apiError{status: http.StatusUnsupportedMediaType, msg: "Content-Type must be application/json", field: "Content-Type"}
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body is larger than %d bytes", limit)}
+		}
+		return nil, badRequest("", "could not read the request body")
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, badRequest("", "request body is empty")
+	}
+	if !utf8.Valid(body) {
+		return nil, badRequest("", "request body is not valid UTF-8")
+	}
+	return body, nil
+}
+
+// decodeStrict decodes data, which must be exactly one JSON object, into v.
+// It rejects fields v does not have, keys that match a field only when case
+// is ignored (which encoding/json would accept), keys given twice, and any
+// data after the object. fields lists the JSON names v accepts.
+func decodeStrict(data []byte, v any, fields []string) error {
+	if trimmed := bytes.TrimLeft(data, " \t\r\n"); len(trimmed) > 0 && trimmed[0] != '{' {
+		return badRequest("", "request body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return badRequest("", "unexpected data after the JSON object")
+	}
+	return checkKeys(data, fields)
+}
+
+// checkKeys rejects keys of the JSON object in data (already known to be a
+// valid object) that are not exactly in fields, or that appear twice.
+func checkKeys(data []byte, fields []string) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if _, err := dec.Token(); err != nil { // {
+		return decodeError(err)
+	}
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return decodeError(err)
+		}
+		key, _ := tok.(string)
+		if !slices.Contains(fields, key) {
+			return badRequest(key, "unknown field %q", key)
+		}
+		if seen[key] {
+			return badRequest(key, "field %q is given more than once", key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return decodeError(err)
+		}
+	}
+	return nil
+}
+
+// fieldTypes describes, for type errors, what each field must be.
+var fieldTypes = map[string]string{
+	"kind":         "a string",
+	"queue":        "a string",
+	"run_at":       "an RFC 3339 timestamp string",
+	"delay":        `a duration string such as "5s" or "1h30m"`,
+	"priority":     "an integer from -32768 to 32767",
+	"max_attempts": fmt.Sprintf("an integer from 1 to %d", MaxMaxAttempts),
+	"jobs":         "an array of job objects",
+}
+
+// decodeError turns an encoding/json error into a 400 that names the field
+// when it can.
+func decodeError(err error) error {
+	var syntaxErr *json.SyntaxError
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syntaxErr):
+		return badRequest("", "request body is not valid JSON: %s (at byte %d)", strings.TrimPrefix(syntaxErr.Error(), "json: "), syntaxErr.Offset)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequest("", "request body is not valid JSON: unexpected end of input")
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return badRequest("", "request body must be a JSON object")
+		}
+		want, ok := fieldTypes[typeErr.Field]
+		if !ok {
+			want = "of another type"
+		}
+		return badRequest(typeErr.Field, "%s must be %s", typeErr.Field, want)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		if unq, uerr := strconv.Unquote(name); uerr == nil {
+			name = unq
+		}
+		return badRequest(name, "unknown field %q", name)
+	}
+	return badRequest("", "request body is not valid JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+}

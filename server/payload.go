@@ -1,0 +1,260 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"strings"
+)
+
+// PostgreSQL's jsonb accepts less than JSON allows. checkPayload finds, in a
+// payload already known to be valid JSON, what jsonb would reject, so that
+// the request fails with a 400 naming the payload before anything is sent
+// to the database:
+//
+//   - the escape \u0000, in any string or object key (jsonb cannot hold NUL);
+//   - an unpaired UTF-16 surrogate escape such as "\ud800";
+//   - a number outside PostgreSQL's numeric type: more than 131072 digits
+//     before the decimal point, or more than 16383 after it (counting the
+//     digits as written, so 0.10 has two).
+//
+// Invalid UTF-8 and raw control characters are rejected earlier, for the
+// whole body.
+func checkPayload(b []byte) error {
+	for i := 0; i < len(b); {
+		switch c := b[i]; {
+		case c == '"':
+			end, err := checkString(b, i+1)
+			if err != nil {
+				return err
+			}
+			i = end
+		case c == '-' || isDigit(c):
+			j := i + 1
+			for j < len(b) && isNumberByte(b[j]) {
+				j++
+			}
+			if !numericFits(b[i:j]) {
+				return badRequest("payload", "payload has a number PostgreSQL cannot store: at most 131072 digits before the decimal point and 16383 after it")
+			}
+			i = j
+		default:
+			i++
+		}
+	}
+	return nil
+}
+
+// checkString checks the JSON string whose contents start at b[i] and
+// returns the index just after its closing quote.
+func checkString(b []byte, i int) (int, error) {
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			return i + 1, nil
+		case '\\':
+			if i+1 < len(b) && b[i+1] == 'u' {
+				r, ok := hex4(b, i+2)
+				if !ok {
+					return 0, badRequest("payload", "payload has an invalid \\u escape")
+				}
+				switch {
+				case r == 0:
+					return 0, badRequest("payload", `payload must not contain NUL characters (\u0000)`)
+				case r >= 0xD800 && r <= 0xDBFF:
+					// A high surrogate must be followed by a low one.
+					var lo rune
+					if i+7 < len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+						lo, ok = hex4(b, i+8)
+					} else {
+						ok = false
+					}
+					if !ok || lo < 0xDC00 || lo > 0xDFFF {
+						return 0, badRequest("payload", "payload has an unpaired UTF-16 surrogate escape")
+					}
+					i += 12
+					continue
+				case r >= 0xDC00 && r <= 0xDFFF:
+					return 0, badRequest("payload", "payload has an unpaired UTF-16 surrogate escape")
+				}
+				i += 6
+				continue
+			}
+			i += 2
+		default:
+			i++
+		}
+	}
+	return 0, badRequest("payload", "payload has an unterminated string")
+}
+
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[i:i+4]), 16, 32)
+	if err != nil {
+		return 0, false
+	}
+	return rune(v), true
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func isNumberByte(c byte) bool {
+	return isDigit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'
+}
+
+// PostgreSQL's numeric limits: its weight (in base-10000 digits) and
+// display scale are stored in 16 and 14 bits.
+const (
+	numericMaxWeight = 131071 // highest power of ten of a leading digit
+	numericMaxScale  = 16383  // digits after the decimal point
+	numericMaxExp    = 1<<30 - 1
+)
+
+// numericFits reports whether PostgreSQL's numeric accepts the JSON number
+// s, following its input function: the scale is the number of digits
+// written after the point minus the exponent, and the leading significant
+// digit may be at most 10^131071.
+func numericFits(s []byte) bool {
+	n, ok := parseNumber(s)
+	if !ok {
+		return false
+	}
+	if n.exp >= numericMaxExp || n.exp <= -numericMaxExp {
+		return false
+	}
+	if scale := int64(len(n.frac)) - n.exp; scale > numericMaxScale {
+		return false
+	}
+	digits := n.intPart + n.frac
+	lead := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
+	if lead < 0 {
+		return true // zero
+	}
+	weight := int64(len(n.intPart)-1-lead) + n.exp
+	return weight <= numericMaxWeight
+}
+
+// number is a JSON number split into its parts.
+type number struct {
+	neg     bool
+	intPart string
+	frac    string
+	exp     int64
+}
+
+func parseNumber(s []byte) (number, bool) {
+	var n number
+	str := string(s)
+	if strings.HasPrefix(str, "-") {
+		n.neg = true
+		str = str[1:]
+	}
+	mant, expStr, hasExp := strings.Cut(strings.ToLower(str), "e")
+	n.intPart, n.frac, _ = strings.Cut(mant, ".")
+	if hasExp {
+		expStr = strings.TrimPrefix(expStr, "+")
+		neg := strings.HasPrefix(expStr, "-")
+		digits := strings.TrimLeft(strings.TrimPrefix(expStr, "-"), "0")
+		if len(digits) > 12 {
+			return n, false
+		}
+		if digits != "" {
+			e, err := strconv.ParseInt(digits, 10, 64)
+			if err != nil {
+				return n, false
+			}
+			n.exp = e
+		}
+		if neg {
+			n.exp = -n.exp
+		}
+	}
+	return n, true
+}
+
+// canonicalNumber returns a form of the JSON number s that is equal for
+// numbers of equal value, as jsonb compares them: 1, 1.0 and 0.1e1 are all
+// "1e0"; 0 and -0 are "0".
+func canonicalNumber(s string) (string, bool) {
+	n, ok := parseNumber([]byte(s))
+	if !ok {
+		return "", false
+	}
+	digits := n.intPart + n.frac
+	exp := n.exp - int64(len(n.frac))
+	digits = strings.TrimLeft(digits, "0")
+	if digits == "" {
+		return "0", true
+	}
+	trimmed := strings.TrimRight(digits, "0")
+	exp += int64(len(digits) - len(trimmed))
+	sign := ""
+	if n.neg {
+		sign = "-"
+	}
+	return sign + trimmed + "e" + strconv.FormatInt(exp, 10), true
+}
+
+// jsonEqual reports whether two JSON documents are equal as jsonb values:
+// object key order, whitespace and the spelling of numbers do not matter,
+// and of keys given twice the last counts. An empty document counts as
+// null, which is how a jsonb null comes back from the database.
+func jsonEqual(a, b []byte) bool {
+	va, okA := decodeAny(a)
+	vb, okB := decodeAny(b)
+	return okA && okB && equalValues(va, vb)
+}
+
+func decodeAny(b []byte) (any, bool) {
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil, true
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, false
+	}
+	return v, true
+}
+
+func equalValues(a, b any) bool {
+	switch a := a.(type) {
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, va := range a {
+			vb, ok := b[k]
+			if !ok || !equalValues(va, vb) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !equalValues(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	case json.Number:
+		b, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		ca, okA := canonicalNumber(string(a))
+		cb, okB := canonicalNumber(string(b))
+		return okA && okB && ca == cb
+	default: // string, bool, nil
+		return a == b
+	}
+}

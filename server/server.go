@@ -1,0 +1,116 @@
+// Package server is Relay's HTTP API: enqueueing jobs one at a time or in
+// batches, reading, listing, cancelling and retrying them, per-queue
+// statistics, and health probes for a load balancer or orchestrator.
+//
+//	POST /v1/jobs              enqueue one job: 201 (200 for an idempotent replay)
+//	POST /v1/jobs/batch        enqueue up to 1000 jobs, all or none: 201 {"ids": [...]}
+//	GET  /v1/jobs              list jobs: ?queue=&state=&kind=&limit=&after=
+//	GET  /v1/jobs/{id}         one job (never its lease token)
+//	POST /v1/jobs/{id}/cancel  cancel an available job, or ask a running one to stop
+//	POST /v1/jobs/{id}/retry   make a dead or cancelled job available again
+//	GET  /v1/queues            per queue: job counts by state, age of the oldest ready job
+//	GET  /healthz              200 while the process serves
+//	GET  /readyz               200 when the database answers and is migrated, else 503
+//
+// A job to enqueue is a JSON object with "kind" (required), "queue",
+// "payload", "priority", "max_attempts", and either "run_at" (RFC 3339) or
+// "delay" (a Go duration string such as "5s" or "1h30m"); see jobRequest.
+// POST /v1/jobs takes an optional Idempotency-Key header. Listing pages are
+// DefaultListLimit jobs unless limit says otherwise; a limit above
+// MaxListLimit is a 400. When Config.APIToken is set, every /v1 route needs
+// "Authorization: Bearer <token>".
+//
+// Every response body is JSON. Errors have the shape
+//
+//	{"error": "a message for people", "field": "the offending input, when there is one"}
+//
+// and never carry SQL, SQLSTATE codes or stack traces: the real cause is
+// logged. Rejected requests (4xx) write nothing to the database.
+package server
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultMaxBodyBytes is the request body limit when Config.MaxBodyBytes is
+// not set.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Limits and defaults of the API, shared by single and batch enqueueing.
+const (
+	// DefaultQueue is the queue of a job enqueued without one.
+	DefaultQueue = "default"
+	// MaxNameBytes bounds the length of a queue or kind name, in bytes.
+	MaxNameBytes = 128
+	// MaxIdempotencyKeyBytes bounds the length of an Idempotency-Key header.
+	MaxIdempotencyKeyBytes = 255
+	// DefaultMaxAttempts is the max_attempts of a job enqueued without one.
+	DefaultMaxAttempts = 25
+	// MaxMaxAttempts is the largest max_attempts a job may have.
+	MaxMaxAttempts = 1000
+	// MaxDelay is how far ahead a job may be scheduled, by delay or run_at.
+	MaxDelay = 365 * 24 * time.Hour
+	// MaxBatchJobs is how many jobs one batch request may enqueue.
+	MaxBatchJobs = 1000
+	// DefaultListLimit is the page size of a job listing without a limit.
+	DefaultListLimit = 100
+	// MaxListLimit is the largest page size of a job listing; a larger
+	// limit is rejected with 400 rather than silently reduced.
+	MaxListLimit = 1000
+)
+
+// dbTimeout bounds the database work of one request, so that a database
+// that hangs turns into a 503 well before the server's WriteTimeout.
+const dbTimeout = 10 * time.Second
+
+// Config configures the API. The zero value is usable: no authentication
+// and a body limit of DefaultMaxBodyBytes.
+type Config struct {
+	// APIToken, when not empty, is the bearer token every /v1 request must
+	// present in its Authorization header. The health routes stay open.
+	APIToken string
+	// MaxBodyBytes limits the size of a request body; larger bodies get
+	// 413. Zero or less means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+}
+
+func (c Config) maxBodyBytes() int64 {
+	if c.MaxBodyBytes <= 0 {
+		return DefaultMaxBodyBytes
+	}
+	return c.MaxBodyBytes
+}
+
+// NewServer returns the HTTP handler of the whole API, on its own mux, with
+// request logging and panic recovery around it. A nil logger discards logs.
+func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) http.Handler {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	addRoutes(mux, logger, pool, cfg)
+	var h http.Handler = jsonMuxErrors(mux)
+	h = recoverPanics(logger)(h)
+	h = logRequests(logger)(h)
+	return h
+}
+
+// NewHTTPServer returns an http.Server for h on addr with timeouts and a
+// header size limit set, so that slow or oversized clients cannot hold
+// connections or memory indefinitely. Its WriteTimeout leaves room for the
+// per-request database timeout.
+func NewHTTPServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
+}

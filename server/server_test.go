@@ -1,0 +1,355 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/migrations"
+)
+
+// testEnv is what most tests need: the API handler, the database behind it,
+// and the log it writes.
+type testEnv struct {
+	h    http.Handler
+	pool *pgxpool.Pool
+	q    *db.Queries
+	logs *syncBuffer
+}
+
+// setup returns the API on a fresh migrated database, with cfg if given.
+func setup(t testing.TB, cfg ...Config) *testEnv {
+	t.Helper()
+	pool := dbtest.New(t)
+	return setupWithPool(t, pool, cfg...)
+}
+
+func setupWithPool(t testing.TB, pool *pgxpool.Pool, cfg ...Config) *testEnv {
+	t.Helper()
+	var c Config
+	if len(cfg) > 0 {
+		c = cfg[0]
+	}
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server log:\n%s", logs.String())
+		}
+	})
+	return &testEnv{h: NewServer(logger, pool, c), pool: pool, q: db.New(pool), logs: logs}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// do sends a request to the handler. headers are name, value pairs.
+func (e *testEnv) do(t testing.TB, method, path, body string, headers ...string) *httptest.ResponseRecorder {
+	t.Helper()
+	return serve(t, e.h, method, path, body, headers...)
+}
+
+func serve(t testing.TB, h http.Handler, method, path, body string, headers ...string) *httptest.ResponseRecorder {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, path, r)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// decode decodes the JSON body of rec into a T, failing the test if it is
+// not JSON.
+func decode[T any](t testing.TB, rec *httptest.ResponseRecorder) T {
+	t.Helper()
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type = %q, want application/json; body: %s", ct, rec.Body)
+	}
+	var v T
+	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+		t.Fatalf("response body is not JSON: %v: %s", err, rec.Body)
+	}
+	return v
+}
+
+// wantStatus fails the test unless rec has the status.
+func wantStatus(t testing.TB, rec *httptest.ResponseRecorder, status int) {
+	t.Helper()
+	if rec.Code != status {
+		t.Fatalf("status = %d, want %d; body: %s", rec.Code, status, rec.Body)
+	}
+}
+
+// wantError checks that rec is a JSON error with the status and field, and
+// that it gives away nothing of the database.
+func wantError(t testing.TB, rec *httptest.ResponseRecorder, status int, field string) errorBody {
+	t.Helper()
+	wantStatus(t, rec, status)
+	got := decode[errorBody](t, rec)
+	if got.Error == "" {
+		t.Errorf("error message is empty: %s", rec.Body)
+	}
+	if got.Field != field {
+		t.Errorf("field = %q, want %q (error %q)", got.Field, field, got.Error)
+	}
+	wantNoLeak(t, rec.Body.String())
+	return got
+}
+
+// wantNoLeak fails if body looks like it carries database internals.
+func wantNoLeak(t testing.TB, body string) {
+	t.Helper()
+	for _, s := range []string{"SQLSTATE", "ERROR:", "violates", "constraint", "relation", "pgx", "pgconn", "goroutine", "dial", "127.0.0.1", "lease_token"} {
+		if strings.Contains(body, s) {
+			t.Errorf("response body contains %q: %s", s, body)
+		}
+	}
+}
+
+// countJobs returns how many jobs the database holds.
+func countJobs(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM jobs").Scan(&n); err != nil {
+		t.Fatalf("count jobs: %v", err)
+	}
+	return n
+}
+
+// enqueue creates a job through the API and returns it.
+func (e *testEnv) enqueue(t testing.TB, body string) jobResponse {
+	t.Helper()
+	rec := e.do(t, "POST", "/v1/jobs", body)
+	wantStatus(t, rec, http.StatusCreated)
+	return decode[jobResponse](t, rec)
+}
+
+// claim makes every ready job of queue running, as a worker would, and
+// returns their lease tokens by id.
+func (e *testEnv) claim(t testing.TB, queue string) map[int64]uuid.UUID {
+	t.Helper()
+	rows, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
+		CompleteIds:     []int64{},
+		CompleteTokens:  []uuid.UUID{},
+		CompleteResults: []json.RawMessage{},
+		Queue:           queue,
+		MaxJobs:         1000,
+		LeaseMs:         time.Minute.Milliseconds(),
+		WorkerID:        "test-worker",
+	})
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	out := map[int64]uuid.UUID{}
+	for _, r := range rows {
+		if r.ID != nil {
+			out[*r.ID] = *r.LeaseToken
+		}
+	}
+	return out
+}
+
+// kill claims the job with id (which must be the only ready job of its
+// queue) and fails it permanently, leaving it dead.
+func (e *testEnv) kill(t testing.TB, queue string, id int64) {
+	t.Helper()
+	tokens := e.claim(t, queue)
+	token, ok := tokens[id]
+	if !ok {
+		t.Fatalf("job %d was not claimed (claimed %v)", id, tokens)
+	}
+	rows, err := e.q.JobFailMany(context.Background(), db.JobFailManyParams{
+		Ids: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
+		Permanent: []bool{true}, RetryInMs: []int64{0},
+	})
+	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
+		t.Fatalf("fail job %d: %v %+v", id, err, rows)
+	}
+}
+
+func TestNewHTTPServer_SetsTimeoutsAndHeaderLimit(t *testing.T) {
+	t.Parallel()
+	h := http.NotFoundHandler()
+	srv := NewHTTPServer(":8080", h)
+	if srv.Addr != ":8080" || srv.Handler == nil {
+		t.Errorf("Addr/Handler not set: %q %v", srv.Addr, srv.Handler)
+	}
+	for name, d := range map[string]time.Duration{
+		"ReadHeaderTimeout": srv.ReadHeaderTimeout,
+		"ReadTimeout":       srv.ReadTimeout,
+		"WriteTimeout":      srv.WriteTimeout,
+		"IdleTimeout":       srv.IdleTimeout,
+	} {
+		if d <= 0 {
+			t.Errorf("%s is not set", name)
+		}
+	}
+	if srv.WriteTimeout <= dbTimeout {
+		t.Errorf("WriteTimeout %v leaves no room for the database timeout %v", srv.WriteTimeout, dbTimeout)
+	}
+	if srv.MaxHeaderBytes <= 0 {
+		t.Error("MaxHeaderBytes is not set")
+	}
+}
+
+func TestRoutes_UnknownRouteIs404JSON(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, path := range []string{"/", "/nope", "/v1", "/v1/", "/v1/jobs/", "/v1/jobs/1/nope", "/v2/jobs"} {
+		t.Run(path, func(t *testing.T) {
+			wantError(t, e.do(t, "GET", path, ""), http.StatusNotFound, "")
+		})
+	}
+}
+
+func TestRoutes_WrongMethodIs405JSONWithAllow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	tests := []struct {
+		method, path, allow string
+	}{
+		{"DELETE", "/v1/jobs/1", "GET, HEAD"},
+		{"PUT", "/v1/jobs", "GET, HEAD, POST"},
+		{"GET", "/v1/jobs/1/cancel", "POST"},
+		{"GET", "/v1/jobs/1/retry", "POST"},
+		{"POST", "/v1/queues", "GET, HEAD"},
+		{"POST", "/healthz", "GET, HEAD"},
+		{"DELETE", "/readyz", "GET, HEAD"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			rec := e.do(t, tt.method, tt.path, "")
+			wantError(t, rec, http.StatusMethodNotAllowed, "")
+			if got := rec.Header().Get("Allow"); got != tt.allow {
+				t.Errorf("Allow = %q, want %q", got, tt.allow)
+			}
+		})
+	}
+}
+
+func TestHealthz_IsOKWithoutDatabase(t *testing.T) {
+	t.Parallel()
+	e := setupWithPool(t, unreachablePool(t))
+	rec := e.do(t, "GET", "/healthz", "")
+	wantStatus(t, rec, http.StatusOK)
+	if diff := cmp.Diff(statusBody{Status: "ok"}, decode[statusBody](t, rec)); diff != "" {
+		t.Errorf("body (-want +got):\n%s", diff)
+	}
+}
+
+func TestReadyz_IsOKWhenDatabaseIsMigrated(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := e.do(t, "GET", "/readyz", "")
+	wantStatus(t, rec, http.StatusOK)
+	if diff := cmp.Diff(statusBody{Status: "ready"}, decode[statusBody](t, rec)); diff != "" {
+		t.Errorf("body (-want +got):\n%s", diff)
+	}
+}
+
+func TestReadyz_Is503WhenMigrationsArePending(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rollBackOneMigration(t, e.pool)
+	got := wantError(t, e.do(t, "GET", "/readyz", ""), http.StatusServiceUnavailable, "")
+	if got.Error != "database migrations are pending" {
+		t.Errorf("error = %q", got.Error)
+	}
+}
+
+func TestReadyz_Is503WhenDatabaseIsUnreachable(t *testing.T) {
+	t.Parallel()
+	e := setupWithPool(t, unreachablePool(t))
+	got := wantError(t, e.do(t, "GET", "/readyz", ""), http.StatusServiceUnavailable, "")
+	if got.Error != "database unavailable" {
+		t.Errorf("error = %q", got.Error)
+	}
+}
+
+func TestRoutes_DatabaseUnreachableIs503WithGenericMessage(t *testing.T) {
+	t.Parallel()
+	e := setupWithPool(t, unreachablePool(t))
+	tests := []struct{ method, path, body string }{
+		{"POST", "/v1/jobs", `{"kind":"k"}`},
+		{"POST", "/v1/jobs/batch", `{"jobs":[{"kind":"k"}]}`},
+		{"GET", "/v1/jobs/1", ""},
+		{"GET", "/v1/jobs", ""},
+		{"POST", "/v1/jobs/1/cancel", ""},
+		{"POST", "/v1/jobs/1/retry", ""},
+		{"GET", "/v1/queues", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			rec := e.do(t, tt.method, tt.path, tt.body)
+			got := wantError(t, rec, http.StatusServiceUnavailable, "")
+			if got.Error != "database unavailable" {
+				t.Errorf("error = %q, want the generic message", got.Error)
+			}
+			if rec.Header().Get("Retry-After") == "" {
+				t.Error("no Retry-After header")
+			}
+		})
+	}
+	if !strings.Contains(e.logs.String(), "request failed") {
+		t.Errorf("the real error was not logged:\n%s", e.logs)
+	}
+}
+
+// unreachablePool returns a pool whose every connection attempt fails fast.
+func unreachablePool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/relay?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// rollBackOneMigration undoes the latest migration, leaving one pending.
+func rollBackOneMigration(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatalf("migrator: %v", err)
+	}
+	defer m.Close()
+	if _, err := m.Down(context.Background()); err != nil {
+		t.Fatalf("migrate down: %v", err)
+	}
+}
