@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/relayq/relay/internal/devdb"
+	"github.com/relayq/relay/migrations"
+)
+
+// devSlots is how many worker slots `relay dev` runs by default.
+const devSlots = 4
+
+// devStopTimeout bounds removing the throwaway database at exit.
+const devStopTimeout = 30 * time.Second
+
+func runDev(ctx context.Context, env *environment, args []string) (err error) {
+	var opts serveFlags
+	fs := newFlagSet("dev", "relay dev [flags]",
+		`Runs a zero-configuration playground: the HTTP API with worker slots for the
+built-in job kinds, on a database migrated to the current schema.
+
+The database is --database-url or DATABASE_URL when given (it is migrated
+up). Otherwise relay starts a throwaway PostgreSQL of its own: a temporary
+cluster made with initdb and pg_ctl (found on PATH or in
+/usr/lib/postgresql/*/bin), or failing that a container through Docker. It is
+removed, with all its data, when relay stops (Ctrl-C or SIGTERM).`)
+	opts.register(fs, devSlots)
+	pos, err := fs.parse(args, env.stderr)
+	if err != nil {
+		return helped(err)
+	}
+	if len(pos) > 0 {
+		return usageErrorf("dev: unexpected argument %q", pos[0])
+	}
+	logger, err := opts.logs.logger(env.stderr)
+	if err != nil {
+		return err
+	}
+	if err := opts.resolve(env.getenv); err != nil {
+		return err
+	}
+
+	dsn, _ := opts.db.resolve(env.getenv)
+	where := "the database at " + redact(dsn)
+	if dsn == "" {
+		cluster, err := devdb.Start(ctx, logger)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), devStopTimeout)
+			defer cancel()
+			if stopErr := cluster.Stop(stopCtx); stopErr != nil && err == nil {
+				err = fmt.Errorf("remove the throwaway database: %w", stopErr)
+			}
+		}()
+		dsn = cluster.URL()
+		where = "a throwaway PostgreSQL at " + redact(dsn)
+		if dir := cluster.Dir(); dir != "" {
+			where += " (in " + dir + ")"
+		}
+		where += ", removed when relay stops"
+	}
+	if err := migrateUp(ctx, logger, dsn); err != nil {
+		return err
+	}
+	return serve(ctx, logger, dsn, &opts, func(addr net.Addr) {
+		printDevBanner(env, addr, opts.apiToken, opts.worker.slots, where)
+	})
+}
+
+// migrateUp applies every pending migration.
+func migrateUp(ctx context.Context, logger *slog.Logger, dsn string) error {
+	pool, err := connect(ctx, dsn, "relay dev")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	applied, err := m.Up(ctx)
+	if err != nil {
+		return err
+	}
+	if len(applied) > 0 {
+		logger.Info("applied migrations", "versions", applied)
+	}
+	return nil
+}
+
+// printDevBanner tells how to try the playground.
+func printDevBanner(env *environment, addr net.Addr, token string, slots int, where string) {
+	host := addr.String()
+	if tcp, ok := addr.(*net.TCPAddr); ok && (tcp.IP.IsUnspecified() || tcp.IP.IsLoopback()) {
+		host = fmt.Sprintf("localhost:%d", tcp.Port)
+	}
+	auth := ""
+	if token != "" {
+		auth = ` -H "Authorization: Bearer $RELAY_API_TOKEN"`
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nRelay is running: the API on http://%s with %d worker slots,\non %s.\n\n", host, slots, where)
+	fmt.Fprintf(&b, "Try:\n  curl -s%s %s/v1/jobs -d '{\"kind\":\"hash\",\"payload\":{\"iterations\":1000}}'\n", auth, host)
+	fmt.Fprintf(&b, "  curl -s%s %s/v1/jobs/1    # 1: the id the first command printed\n\n", auth, host)
+	fmt.Fprintf(&b, "Built-in kinds: hash, sleep, fail, noop. Press Ctrl-C to stop.\n\n")
+	fmt.Fprint(env.stdout, b.String())
+}

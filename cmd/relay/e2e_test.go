@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The relay binary, built once for the tests that run it as a process.
+var (
+	binaryDir  string
+	binaryOnce sync.Once
+	binaryPath string
+	binaryErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
+
+// relayBinary builds this package into a binary, once per test process.
+func relayBinary(t *testing.T) string {
+	t.Helper()
+	binaryOnce.Do(func() {
+		binaryDir, binaryErr = os.MkdirTemp("", "relay-test-bin-")
+		if binaryErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		path := filepath.Join(binaryDir, "relay")
+		out, err := exec.CommandContext(ctx, "go", "build", "-o", path, ".").CombinedOutput()
+		if err != nil {
+			binaryErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		binaryPath = path
+	})
+	if binaryErr != nil {
+		t.Fatalf("build relay: %v", binaryErr)
+	}
+	return binaryPath
+}
+
+// proc is a relay process.
+type proc struct {
+	name           string
+	cmd            *exec.Cmd
+	stdout, stderr syncBuffer
+	done           chan struct{}
+	err            error // set when done is closed
+}
+
+func startProc(t *testing.T, ctx context.Context, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, done: make(chan struct{})}
+	p.cmd = exec.CommandContext(ctx, relayBinary(t), args...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	p.cmd.WaitDelay = 5 * time.Second
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s (pid %d) stderr:\n%s", p.name, p.cmd.Process.Pid, p.stderr.String())
+		}
+	})
+	return p
+}
+
+// terminate sends SIGTERM and checks that the process exits 0 in time.
+func (p *proc) terminate(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Errorf("signal %s: %v", p.name, err)
+		return
+	}
+	select {
+	case <-p.done:
+		if p.err != nil {
+			t.Errorf("%s exited with %v after SIGTERM, want status 0", p.name, p.err)
+		}
+	case <-time.After(timeout):
+		t.Errorf("%s still running %s after SIGTERM", p.name, timeout)
+	}
+}
+
+// runBinary runs relay to completion and returns its output and exit code.
+func runBinary(t *testing.T, ctx context.Context, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, relayBinary(t), args...)
+	var out, errOut syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	default:
+		t.Fatalf("run relay %s: %v", strings.Join(args, " "), err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func TestBinary_FailuresAreOneLineOnStderrWithANonZeroStatus(t *testing.T) {
+	unmigrated := emptyDatabaseURL(t)
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantLine string // stderr, exactly
+	}{
+		{"unknown command", []string{"frobnicate"}, 2,
+			`relay: unknown command "frobnicate" (run "relay -h" for the list)`},
+		{"bad flag", []string{"serve", "--bogus"}, 2,
+			`relay: serve: flag provided but not defined: -bogus (run "relay serve -h" for usage)`},
+		{"invalid payload", []string{"enqueue", "hash", "--payload", "{x"}, 2,
+			`relay: --payload is not valid JSON: invalid character 'x' looking for beginning of object key string`},
+		{"unreachable database", []string{"work", "--database-url", "postgres://127.0.0.1:1/x"}, 1,
+			`relay: cannot reach the database postgres://127.0.0.1:1/x: 127.0.0.1:1 (127.0.0.1): dial error: dial tcp 127.0.0.1:1: connect: connection refused`},
+		{"unmigrated database", []string{"serve", "--addr", "127.0.0.1:0", "--database-url", unmigrated}, 1,
+			`relay: database not migrated: run "relay migrate up"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, stderr, code := runBinary(t, testContext(t, 30*time.Second), tt.args...)
+			if code != tt.wantCode {
+				t.Errorf("exit status %d, want %d", code, tt.wantCode)
+			}
+			if stderr != tt.wantLine+"\n" {
+				t.Errorf("stderr = %q, want the one line %q", stderr, tt.wantLine)
+			}
+			if stdout != "" {
+				t.Errorf("stdout = %q, want nothing", stdout)
+			}
+		})
+	}
+}
+
+// TestEndToEnd_ServeAndWorkersRunJobs runs relay as separate processes, as
+// in production: a migration, the API, and two workers, then stops them.
+func TestEndToEnd_ServeAndWorkersRunJobs(t *testing.T) {
+	relayBinary(t) // build before the clock starts
+	ctx := testContext(t, 90*time.Second)
+	dsn := emptyDatabaseURL(t)
+
+	stdout, stderr, code := runBinary(t, ctx, "migrate", "--database-url", dsn)
+	if code != 0 || !strings.Contains(stdout, "applied migration 2") {
+		t.Fatalf("relay migrate: status %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+
+	const token = "e2e-secret"
+	addr := freeAddr(t)
+	base := "http://" + addr
+	serve := startProc(t, ctx, "serve", "serve", "--addr", addr, "--database-url", dsn, "--api-token", token)
+	workers := map[string]*proc{}
+	for i := 1; i <= 2; i++ {
+		id := fmt.Sprintf("e2e-worker-%d", i)
+		workers[id] = startProc(t, ctx, id, "work", "--database-url", dsn, "--id", id, "--slots", "4",
+			"--backoff-base", "50ms", "--poll", "100ms", "--log-format", "json")
+	}
+
+	// The API answers once it is up.
+	up, cancelUp := context.WithTimeout(ctx, 15*time.Second)
+	defer cancelUp()
+	for {
+		resp, _, err := apiRequest(up, http.MethodGet, base+"/healthz", "", "")
+		if err == nil && resp.StatusCode == http.StatusOK {
+			break
+		}
+		select {
+		case <-serve.done:
+			t.Fatalf("relay serve exited: %v", serve.err)
+		case <-up.Done():
+			t.Fatalf("relay serve not healthy after 15s: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if resp, _, err := apiRequest(ctx, http.MethodGet, base+"/v1/jobs/1", "", ""); err != nil {
+		t.Errorf("request without the API token: %v", err)
+	} else if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("request without the API token: %s, want 401", resp.Status)
+	}
+
+	// Jobs over HTTP, and one through relay enqueue.
+	type tc struct {
+		name        string
+		id          int64
+		wantAttempt int
+	}
+	var jobs []tc
+	for i := range 6 {
+		j := postJob(t, ctx, base, token, `{"kind":"hash","payload":{"iterations":1000,"sleep_ms":5}}`)
+		jobs = append(jobs, tc{fmt.Sprintf("hash %d", i), j.ID, 1})
+	}
+	j := postJob(t, ctx, base, token, `{"kind":"fail","payload":{"times":2},"max_attempts":5}`)
+	jobs = append(jobs, tc{"fail times 2", j.ID, 3})
+	out, errOut, code := runBinary(t, ctx, "enqueue", "noop", "--database-url", dsn)
+	var enq struct{ ID int64 }
+	if err := json.Unmarshal([]byte(out), &enq); code != 0 || err != nil {
+		t.Fatalf("relay enqueue: status %d, %v\nstdout:\n%s\nstderr:\n%s", code, err, out, errOut)
+	}
+	jobs = append(jobs, tc{"noop from relay enqueue", enq.ID, 1})
+
+	waitCtx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelWait()
+	for _, want := range jobs {
+		job := waitForState(t, waitCtx, base, token, want.id, "succeeded")
+		if job.Attempt != want.wantAttempt {
+			t.Errorf("%s: succeeded on attempt %d, want %d", want.name, job.Attempt, want.wantAttempt)
+		}
+		// The result says which process ran the job.
+		wid, _ := job.Result["worker"].(string)
+		w, ok := workers[wid]
+		if !ok {
+			t.Errorf("%s: result names worker %q, not one of the two started: %v", want.name, wid, job.Result)
+			continue
+		}
+		if pid, _ := job.Result["pid"].(float64); int(pid) != w.cmd.Process.Pid {
+			t.Errorf("%s: result pid %v, but %s is pid %d", want.name, job.Result["pid"], wid, w.cmd.Process.Pid)
+		}
+		if attempt, _ := job.Result["attempt"].(float64); int(attempt) != want.wantAttempt {
+			t.Errorf("%s: result attempt %v, want %d", want.name, job.Result["attempt"], want.wantAttempt)
+		}
+		if strings.HasPrefix(want.name, "hash") && job.Result["digest"] == nil {
+			t.Errorf("%s: no digest in result %v", want.name, job.Result)
+		}
+	}
+
+	// SIGTERM stops every process cleanly.
+	var wg sync.WaitGroup
+	for _, p := range append([]*proc{serve}, workers["e2e-worker-1"], workers["e2e-worker-2"]) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.terminate(t, 20*time.Second)
+		}()
+	}
+	wg.Wait()
+	for id, w := range workers {
+		if !strings.Contains(w.stderr.String(), `"msg":"worker stopped"`) {
+			t.Errorf("%s did not log that it stopped:\n%s", id, w.stderr.String())
+		}
+	}
+	if !strings.Contains(serve.stderr.String(), "msg=stopped") {
+		t.Errorf("relay serve did not log that it stopped:\n%s", serve.stderr.String())
+	}
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/server"
+)
+
+// maxPayloadBytes bounds a payload read from standard input.
+const maxPayloadBytes = 16 << 20
+
+// jobJSON is a job as enqueue prints it: the fields the HTTP API shows,
+// never the lease token.
+type jobJSON struct {
+	ID                int64           `json:"id"`
+	Queue             string          `json:"queue"`
+	Kind              string          `json:"kind"`
+	Payload           json.RawMessage `json:"payload"`
+	Priority          int16           `json:"priority"`
+	State             db.JobState     `json:"state"`
+	Attempt           int32           `json:"attempt"`
+	MaxAttempts       int32           `json:"max_attempts"`
+	Fence             int64           `json:"fence"`
+	RunAt             time.Time       `json:"run_at"`
+	CreatedAt         time.Time       `json:"created_at"`
+	StartedAt         *time.Time      `json:"started_at"`
+	FinishedAt        *time.Time      `json:"finished_at"`
+	LeasedBy          *string         `json:"leased_by"`
+	LeaseExpiresAt    *time.Time      `json:"lease_expires_at"`
+	CancelRequestedAt *time.Time      `json:"cancel_requested_at"`
+	LastError         *string         `json:"last_error"`
+	Errors            json.RawMessage `json:"errors"`
+	Result            json.RawMessage `json:"result"`
+	IdempotencyKey    *string         `json:"idempotency_key,omitempty"`
+	// Existing is set when the idempotency key was taken already, and the
+	// job shown is the one that holds it.
+	Existing bool `json:"existing,omitempty"`
+}
+
+func newJobJSON(j db.Job, existing bool) jobJSON {
+	orNull := func(b json.RawMessage, def string) json.RawMessage {
+		if len(b) == 0 {
+			return json.RawMessage(def)
+		}
+		return b
+	}
+	return jobJSON{
+		ID: j.ID, Queue: j.Queue, Kind: j.Kind, Payload: orNull(j.Payload, "null"),
+		Priority: j.Priority, State: j.State, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts,
+		Fence: j.Fence, RunAt: j.RunAt, CreatedAt: j.CreatedAt, StartedAt: j.StartedAt,
+		FinishedAt: j.FinishedAt, LeasedBy: j.LeasedBy, LeaseExpiresAt: j.LeaseExpiresAt,
+		CancelRequestedAt: j.CancelRequestedAt, LastError: j.LastError,
+		Errors: orNull(j.Errors, "[]"), Result: orNull(j.Result, "null"),
+		IdempotencyKey: j.IdempotencyKey, Existing: existing,
+	}
+}
+
+func runEnqueue(ctx context.Context, env *environment, args []string) error {
+	var (
+		logs           logFlags
+		dbf            dbFlags
+		payload        string
+		queue          string
+		priority       int
+		delay          time.Duration
+		runAt          string
+		maxAttempts    int
+		idempotencyKey string
+	)
+	fs := newFlagSet("enqueue", "relay enqueue KIND [flags]",
+		`Enqueues one job of the given kind directly in the database (no HTTP) and
+prints it as JSON. With an idempotency key already used in the queue, nothing
+is enqueued and the job holding the key is printed, with "existing": true.`)
+	logs.register(fs)
+	dbf.register(fs)
+	fs.StringVar(&payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
+	fs.StringVar(&queue, "queue", server.DefaultQueue, "queue")
+	fs.IntVar(&priority, "priority", 0, "priority from -32768 to 32767; lower runs first")
+	fs.DurationVar(&delay, "delay", 0, "run no earlier than this long from now, e.g. 5s")
+	fs.StringVar(&runAt, "run-at", "", "run no earlier than this RFC 3339 time, e.g. 2030-01-02T15:04:05Z")
+	fs.IntVar(&maxAttempts, "max-attempts", server.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", server.MaxMaxAttempts))
+	fs.StringVar(&idempotencyKey, "idempotency-key", "", "enqueue at most one job with this key in the queue")
+	pos, err := fs.parse(args, env.stderr)
+	if err != nil {
+		return helped(err)
+	}
+	if len(pos) != 1 {
+		return usageErrorf("enqueue: want exactly one KIND, got %d arguments (run \"relay enqueue -h\" for usage)", len(pos))
+	}
+	kind := pos[0]
+	if _, err := logs.logger(env.stderr); err != nil {
+		return err
+	}
+
+	params := db.JobInsertParams{Queue: queue, Kind: kind, Priority: int16(priority), MaxAttempts: int32(maxAttempts)}
+	if err := checkName("kind", kind, server.MaxNameBytes); err != nil {
+		return err
+	}
+	if err := checkName("--queue", queue, server.MaxNameBytes); err != nil {
+		return err
+	}
+	if priority < math.MinInt16 || priority > math.MaxInt16 {
+		return usageErrorf("--priority must be from %d to %d, got %d", math.MinInt16, math.MaxInt16, priority)
+	}
+	if maxAttempts < 1 || maxAttempts > server.MaxMaxAttempts {
+		return usageErrorf("--max-attempts must be from 1 to %d, got %d", server.MaxMaxAttempts, maxAttempts)
+	}
+	if runAt != "" && delay != 0 {
+		return usageErrorf("give --delay or --run-at, not both")
+	}
+	if delay < 0 || delay > server.MaxDelay {
+		return usageErrorf("--delay must be from 0 to %s, got %s", server.MaxDelay, delay)
+	}
+	params.DelayMs = delay.Milliseconds()
+	if runAt != "" {
+		t, err := time.Parse(time.RFC3339, runAt)
+		if err != nil {
+			return usageErrorf("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", runAt)
+		}
+		params.RunAt = &t
+	}
+	if idempotencyKey != "" {
+		if err := checkName("--idempotency-key", idempotencyKey, server.MaxIdempotencyKeyBytes); err != nil {
+			return err
+		}
+		params.IdempotencyKey = &idempotencyKey
+	}
+	raw := []byte(payload)
+	if payload == "-" {
+		if raw, err = io.ReadAll(io.LimitReader(env.stdin, maxPayloadBytes+1)); err != nil {
+			return fmt.Errorf("read the payload from standard input: %w", err)
+		}
+		if len(raw) > maxPayloadBytes {
+			return fmt.Errorf("payload from standard input is larger than %d bytes", maxPayloadBytes)
+		}
+	}
+	if params.Payload, err = checkPayload(raw); err != nil {
+		return err
+	}
+
+	dsn, err := dbf.resolve(env.getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := connect(ctx, dsn, "relay enqueue")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireMigrated(ctx, pool); err != nil {
+		return err
+	}
+	q := db.New(pool)
+	job, err := q.JobInsert(ctx, params)
+	existing := false
+	if errors.Is(err, pgx.ErrNoRows) && params.IdempotencyKey != nil {
+		existing = true
+		job, err = q.JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{Queue: queue, IdempotencyKey: params.IdempotencyKey})
+		if err != nil {
+			return fmt.Errorf("get the job holding idempotency key %q: %w", idempotencyKey, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	out, err := json.MarshalIndent(newJobJSON(job, existing), "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode the job: %w", err)
+	}
+	_, err = fmt.Fprintf(env.stdout, "%s\n", out)
+	return err
+}
+
+// checkPayload returns the payload compacted, or a clear error if it is not
+// one valid JSON value.
+func checkPayload(raw []byte) (json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return nil, usageErrorf("--payload is empty: give a JSON value such as {}")
+	}
+	if !utf8.Valid(raw) {
+		return nil, usageErrorf("--payload is not valid UTF-8")
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, usageErrorf("--payload is not valid JSON: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// checkName checks a name stored as PostgreSQL text.
+func checkName(what, s string, maxBytes int) error {
+	switch {
+	case s == "":
+		return usageErrorf("%s must not be empty", what)
+	case len(s) > maxBytes:
+		return usageErrorf("%s must be at most %d bytes", what, maxBytes)
+	case !utf8.ValidString(s) || bytes.IndexByte([]byte(s), 0) >= 0:
+		return usageErrorf("%s must be valid UTF-8 without NUL characters", what)
+	}
+	return nil
+}

@@ -1,0 +1,170 @@
+// Command relay runs Relay, a background-job queue on PostgreSQL: its schema
+// migrations, its HTTP API, its workers with the built-in job handlers, and
+// a zero-configuration playground.
+//
+//	relay dev                     # throwaway PostgreSQL + API + 4 worker slots
+//	relay migrate [up|down|status]
+//	relay serve [--slots N]       # the HTTP API, optionally with workers
+//	relay work                    # a worker process
+//	relay enqueue KIND [--payload JSON]
+//	relay version
+//
+// Run "relay COMMAND -h" for a command's flags. The database comes from
+// --database-url or DATABASE_URL. SIGINT and SIGTERM shut down gracefully.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+)
+
+// version is the release, set at build time with
+// -ldflags "-X main.version=v1.2.3"; otherwise the module version, if any.
+var version = ""
+
+func main() {
+	// The first signal starts a graceful shutdown; later ones are ignored
+	// until it is done, so that `relay dev` always gets to remove its
+	// throwaway database. Every step of the shutdown has a time limit.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args, os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		// One line, whatever the error.
+		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+		fmt.Fprintln(os.Stderr, "relay: "+msg)
+		var u *usageError
+		if errors.As(err, &u) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *environment, args []string) error
+}
+
+// environment is what the program gets from the outside, passed to every
+// command instead of reaching for os globals, so that tests can run it.
+type environment struct {
+	getenv         func(string) string
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+func commands() []command {
+	return []command{
+		{"dev", "run a playground: a throwaway PostgreSQL, the API and 4 worker slots", runDev},
+		{"migrate", "apply (up), roll back (down) or list (status) the schema migrations", runMigrate},
+		{"serve", "serve the HTTP API, with --slots N also N worker slots", runServe},
+		{"work", "run a worker with the built-in job handlers", runWork},
+		{"enqueue", "enqueue a job directly in the database and print it", runEnqueue},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// run is the whole program: args are os.Args, and ctx is cancelled by
+// SIGINT or SIGTERM.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	env := &environment{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	if len(args) < 2 {
+		printUsage(stderr)
+		return usageErrorf("no command given")
+	}
+	name, rest := args[1], args[2:]
+	switch name {
+	case "-h", "-help", "--help", "help":
+		if name == "help" && len(rest) > 0 {
+			// relay help COMMAND is relay COMMAND -h.
+			return run(ctx, []string{args[0], rest[0], "-h"}, getenv, stdin, stdout, stderr)
+		}
+		printUsage(stderr)
+		return nil
+	case "-version", "--version":
+		name = "version"
+	}
+	for _, c := range commands() {
+		if c.name == name {
+			return c.run(ctx, env, rest)
+		}
+	}
+	return usageErrorf("unknown command %q (run \"relay -h\" for the list)", name)
+}
+
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, `relay: a background-job queue on PostgreSQL.
+
+Usage:
+  relay COMMAND [flags]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `
+Run "relay COMMAND -h" for the flags of a command.
+
+Environment:
+  DATABASE_URL     PostgreSQL URL, when --database-url is not given
+  RELAY_ADDR       serve/dev listen address, when --addr is not given
+  RELAY_API_TOKEN  bearer token the API requires, when --api-token is not given
+`)
+}
+
+func runVersion(_ context.Context, env *environment, args []string) error {
+	fs := newFlagSet("version", "relay version", "Prints the version of relay.")
+	pos, err := fs.parse(args, env.stderr)
+	if err != nil {
+		return helped(err)
+	}
+	if len(pos) > 0 {
+		return usageErrorf("version: unexpected argument %q", pos[0])
+	}
+	fmt.Fprintln(env.stdout, versionString())
+	return nil
+}
+
+// versionString names the release, the VCS revision and the Go version.
+func versionString() string {
+	v, rev, dirty := version, "", false
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+	}
+	if v == "" {
+		v = "devel"
+	}
+	out := "relay " + v
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if dirty {
+			rev += "-dirty"
+		}
+		out += " (" + rev + ")"
+	}
+	return out + " " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH
+}

@@ -1,0 +1,535 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
+)
+
+// syncBuffer is a bytes.Buffer safe to write from one goroutine while
+// another reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type result struct {
+	stdout, stderr string
+	err            error
+}
+
+// runRelay runs the program in-process, as `relay args...`, with env as its
+// whole environment.
+func runRelay(ctx context.Context, env map[string]string, stdin string, args ...string) result {
+	var stdout, stderr syncBuffer
+	err := run(ctx, append([]string{"relay"}, args...), func(k string) string { return env[k] },
+		strings.NewReader(stdin), &stdout, &stderr)
+	return result{stdout.String(), stderr.String(), err}
+}
+
+func testContext(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// emptyDatabaseURL returns the URL of a new, empty database (no schema at
+// all) on the test server, dropped when the test ends.
+func emptyDatabaseURL(t *testing.T) string {
+	t.Helper()
+	ctx := testContext(t, 30*time.Second)
+	base := dbtest.NewURL(t) // on a server where we may create databases
+	var b [6]byte
+	rand.Read(b[:])
+	name := "relay_empty_" + hex.EncodeToString(b[:])
+	exec := func(ctx context.Context, sql string) error {
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	if err := exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
+	db := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}
+	tests := []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		wantInErr string
+	}{
+		{"unknown command", nil, []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag of serve", db, []string{"serve", "--bogus"}, "serve: flag provided but not defined: -bogus"},
+		{"unknown flag of work", db, []string{"work", "--bogus"}, "work: flag provided but not defined: -bogus"},
+		{"unknown flag of migrate", db, []string{"migrate", "up", "--bogus"}, "migrate: flag provided but not defined: -bogus"},
+		{"unknown flag of dev", db, []string{"dev", "--bogus"}, "dev: flag provided but not defined: -bogus"},
+		{"bad flag value", db, []string{"work", "--slots", "many"}, `invalid value "many" for flag -slots`},
+		{"bad duration", db, []string{"work", "--lease", "10"}, `invalid value "10" for flag -lease`},
+		{"zero worker slots", db, []string{"work", "--slots", "0"}, "--slots must be at least 1"},
+		{"negative serve slots", db, []string{"serve", "--slots", "-1"}, "--slots must not be negative"},
+		{"non-positive backoff", db, []string{"work", "--backoff-base", "0s"}, "--backoff-base must be positive"},
+		{"bad log level", db, []string{"work", "--log-level", "loud"}, `invalid --log-level "loud"`},
+		{"bad log format", db, []string{"serve", "--log-format", "xml"}, `invalid --log-format "xml"`},
+		{"unknown migrate action", db, []string{"migrate", "sideways"}, `unknown action "sideways"`},
+		{"two migrate actions", db, []string{"migrate", "up", "down"}, "want one of up, down or status"},
+		{"stray argument to serve", db, []string{"serve", "now"}, `serve: unexpected argument "now"`},
+		{"enqueue without kind", db, []string{"enqueue"}, "want exactly one KIND"},
+		{"enqueue with two kinds", db, []string{"enqueue", "a", "b"}, "want exactly one KIND"},
+		{"enqueue invalid JSON", db, []string{"enqueue", "hash", "--payload", "{iterations: 1}"}, "--payload is not valid JSON"},
+		{"enqueue two JSON values", db, []string{"enqueue", "hash", "--payload", "{} {}"}, "--payload is not valid JSON"},
+		{"enqueue empty payload", db, []string{"enqueue", "hash", "--payload", " "}, "--payload is empty"},
+		{"enqueue delay and run-at", db, []string{"enqueue", "hash", "--delay", "1s", "--run-at", "2030-01-02T15:04:05Z"}, "not both"},
+		{"enqueue bad run-at", db, []string{"enqueue", "hash", "--run-at", "tomorrow"}, "--run-at must be an RFC 3339 time"},
+		{"enqueue negative delay", db, []string{"enqueue", "hash", "--delay", "-1s"}, "--delay must be from 0"},
+		{"enqueue priority out of range", db, []string{"enqueue", "hash", "--priority", "40000"}, "--priority must be from -32768 to 32767"},
+		{"enqueue zero max attempts", db, []string{"enqueue", "hash", "--max-attempts", "0"}, "--max-attempts must be from 1 to 1000"},
+		{"enqueue long kind", db, []string{"enqueue", strings.Repeat("k", 129)}, "kind must be at most 128 bytes"},
+		{"no database configured", nil, []string{"work"}, "no database: give --database-url or set DATABASE_URL"},
+		{"version with argument", nil, []string{"version", "x"}, `unexpected argument "x"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runRelay(testContext(t, 10*time.Second), tt.env, "", tt.args...)
+			var u *usageError
+			if !errors.As(r.err, &u) {
+				t.Fatalf("error = %v (%T), want a usage error", r.err, r.err)
+			}
+			if !strings.Contains(r.err.Error(), tt.wantInErr) {
+				t.Errorf("error %q does not contain %q", r.err, tt.wantInErr)
+			}
+			if strings.Contains(r.err.Error(), "\n") {
+				t.Errorf("error is not one line: %q", r.err)
+			}
+			if r.stdout != "" || r.stderr != "" {
+				t.Errorf("printed stdout %q, stderr %q; want nothing (main prints the error)", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+func TestRun_WithoutCommandPrintsUsageAndFails(t *testing.T) {
+	r := runRelay(t.Context(), nil, "")
+	var u *usageError
+	if !errors.As(r.err, &u) {
+		t.Fatalf("error = %v, want a usage error", r.err)
+	}
+	if !strings.Contains(r.stderr, "Commands:") {
+		t.Errorf("stderr does not list the commands:\n%s", r.stderr)
+	}
+}
+
+func TestRun_HelpListsCommandsAndFlagsAndSucceeds(t *testing.T) {
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--help"}, []string{"dev", "migrate", "serve", "work", "enqueue", "version", "DATABASE_URL", "RELAY_ADDR", "RELAY_API_TOKEN"}},
+		{[]string{"-h"}, []string{"Commands:"}},
+		{[]string{"help"}, []string{"Commands:"}},
+		{[]string{"help", "work"}, []string{"Usage: relay work", "-backoff-base", "-slots", "(default 10)", "-reclaim-interval"}},
+		{[]string{"serve", "-h"}, []string{"Usage: relay serve", "-addr", "-api-token", "-max-body-bytes", "-slots", "-queue"}},
+		{[]string{"dev", "--help"}, []string{"Usage: relay dev", "(default 4)"}},
+		{[]string{"migrate", "-h"}, []string{"Usage: relay migrate [up|down|status]"}},
+		{[]string{"enqueue", "-h"}, []string{"Usage: relay enqueue KIND", "-payload", "-idempotency-key", "-run-at", "-delay", "-max-attempts", "-priority"}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			r := runRelay(t.Context(), nil, "", tt.args...)
+			if r.err != nil {
+				t.Fatalf("error: %v", r.err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("help does not mention %q:\n%s", w, r.stderr)
+				}
+			}
+		})
+	}
+}
+
+func TestRun_VersionPrintsTheVersion(t *testing.T) {
+	for _, arg := range []string{"version", "--version"} {
+		r := runRelay(t.Context(), nil, "", arg)
+		if r.err != nil || !strings.HasPrefix(r.stdout, "relay ") || strings.Count(r.stdout, "\n") != 1 {
+			t.Errorf("relay %s: stdout %q, err %v; want one line starting with \"relay \"", arg, r.stdout, r.err)
+		}
+	}
+}
+
+func TestRun_FailsClearlyWhenTheDatabaseIsUnreachable(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--addr", "127.0.0.1:0"},
+		{"work"},
+		{"migrate", "status"},
+		{"enqueue", "noop"},
+		{"dev", "--addr", "127.0.0.1:0"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			args := append(args, "--database-url", "postgres://127.0.0.1:1/x")
+			r := runRelay(testContext(t, 20*time.Second), nil, "", args...)
+			if r.err == nil {
+				t.Fatal("succeeded without a database")
+			}
+			const want = "cannot reach the database postgres://127.0.0.1:1/x: "
+			if !strings.HasPrefix(r.err.Error(), want) || strings.Contains(r.err.Error(), "\n") {
+				t.Errorf("error = %q, want one line starting with %q", r.err, want)
+			}
+		})
+	}
+}
+
+func TestRun_RefusesAnUnmigratedDatabase(t *testing.T) {
+	dsn := emptyDatabaseURL(t)
+	for _, args := range [][]string{
+		{"serve", "--addr", "127.0.0.1:0", "--slots", "2"},
+		{"work"},
+		{"enqueue", "noop"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			r := runRelay(testContext(t, 20*time.Second), map[string]string{"DATABASE_URL": dsn}, "", args...)
+			if !errors.Is(r.err, errNotMigrated) {
+				t.Fatalf("error = %v, want %v", r.err, errNotMigrated)
+			}
+			if got, want := r.err.Error(), `database not migrated: run "relay migrate up"`; got != want {
+				t.Errorf("error = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func TestMigrate_UpStatusDownOnAFreshDatabase(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := emptyDatabaseURL(t)
+	steps := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "status"}, `
+VERSION  STATE    MIGRATION
+1        pending  00001_create_jobs.sql
+2        pending  00002_create_workers.sql`},
+		{[]string{"migrate"}, `
+applied migration 1 00001_create_jobs.sql
+applied migration 2 00002_create_workers.sql`},
+		{[]string{"migrate", "up"}, `
+no migrations to apply: the database is up to date`},
+		{[]string{"migrate", "status"}, `
+VERSION  STATE    MIGRATION
+1        applied  00001_create_jobs.sql
+2        applied  00002_create_workers.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 2 00002_create_workers.sql`},
+		{[]string{"migrate", "status"}, `
+VERSION  STATE    MIGRATION
+1        applied  00001_create_jobs.sql
+2        pending  00002_create_workers.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 1 00001_create_jobs.sql`},
+		{[]string{"migrate", "down"}, `
+no migration to roll back`},
+		{[]string{"migrate", "up"}, `
+applied migration 1 00001_create_jobs.sql
+applied migration 2 00002_create_workers.sql`},
+	}
+	for _, s := range steps {
+		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
+		if r.err != nil {
+			t.Fatalf("relay %s: %v", strings.Join(s.args, " "), r.err)
+		}
+		if diff := cmp.Diff(strings.TrimPrefix(s.want, "\n")+"\n", r.stdout); diff != "" {
+			t.Errorf("relay %s: stdout (-want +got):\n%s", strings.Join(s.args, " "), diff)
+		}
+	}
+}
+
+func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := dbtest.NewURL(t)
+	env := map[string]string{"DATABASE_URL": dsn}
+
+	enqueue := func(t *testing.T, stdin string, args ...string) map[string]any {
+		t.Helper()
+		r := runRelay(ctx, env, stdin, append([]string{"enqueue"}, args...)...)
+		if r.err != nil {
+			t.Fatalf("relay enqueue %s: %v", strings.Join(args, " "), r.err)
+		}
+		var job map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &job); err != nil {
+			t.Fatalf("stdout is not a JSON object: %v\n%s", err, r.stdout)
+		}
+		for _, k := range []string{"lease_token", "LeaseToken"} {
+			if _, ok := job[k]; ok {
+				t.Errorf("printed the lease token: %s", r.stdout)
+			}
+		}
+		return job
+	}
+	pick := func(job map[string]any, keys ...string) map[string]any {
+		out := map[string]any{}
+		for _, k := range keys {
+			out[k] = job[k]
+		}
+		return out
+	}
+	keys := []string{"queue", "kind", "payload", "priority", "state", "attempt", "max_attempts"}
+
+	t.Run("flags before and after the kind", func(t *testing.T) {
+		job := enqueue(t, "", "--queue", "q1", "hash", "--payload", `{"iterations": 5}`, "--priority", "-3", "--max-attempts", "2")
+		want := map[string]any{"queue": "q1", "kind": "hash", "payload": map[string]any{"iterations": 5.0},
+			"priority": -3.0, "state": "available", "attempt": 0.0, "max_attempts": 2.0}
+		if diff := cmp.Diff(want, pick(job, keys...)); diff != "" {
+			t.Errorf("job (-want +got):\n%s", diff)
+		}
+		stored, err := db.New(mustPool(t, dsn)).JobGet(ctx, int64(job["id"].(float64)))
+		if err != nil {
+			t.Fatalf("the printed job is not in the database: %v", err)
+		}
+		if stored.Kind != "hash" || stored.Queue != "q1" || stored.MaxAttempts != 2 || stored.Priority != -3 {
+			t.Errorf("stored job = %+v", stored)
+		}
+	})
+	t.Run("defaults", func(t *testing.T) {
+		job := enqueue(t, "", "noop")
+		want := map[string]any{"queue": "default", "kind": "noop", "payload": map[string]any{},
+			"priority": 0.0, "state": "available", "attempt": 0.0, "max_attempts": 25.0}
+		if diff := cmp.Diff(want, pick(job, keys...)); diff != "" {
+			t.Errorf("job (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("payload from standard input", func(t *testing.T) {
+		job := enqueue(t, `{"ms": 1}`+"\n", "sleep", "--payload", "-")
+		if diff := cmp.Diff(map[string]any{"ms": 1.0}, job["payload"]); diff != "" {
+			t.Errorf("payload (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("delay and run-at schedule the job", func(t *testing.T) {
+		before := time.Now()
+		job := enqueue(t, "", "noop", "--delay", "1h")
+		runAt, _ := time.Parse(time.RFC3339Nano, job["run_at"].(string))
+		if d := runAt.Sub(before); d < 59*time.Minute || d > 61*time.Minute {
+			t.Errorf("run_at %s is %s from now, want about 1h", runAt, d)
+		}
+		job = enqueue(t, "", "noop", "--run-at", "2030-01-02T15:04:05Z")
+		runAt, _ = time.Parse(time.RFC3339Nano, job["run_at"].(string))
+		if want := time.Date(2030, 1, 2, 15, 4, 5, 0, time.UTC); !runAt.Equal(want) {
+			t.Errorf("run_at = %s, want %s", runAt, want)
+		}
+	})
+	t.Run("idempotency key returns the existing job", func(t *testing.T) {
+		first := enqueue(t, "", "noop", "--idempotency-key", "once")
+		second := enqueue(t, "", "noop", "--idempotency-key", "once")
+		if first["id"] != second["id"] {
+			t.Errorf("second enqueue made job %v, want the first, %v", second["id"], first["id"])
+		}
+		if first["existing"] != nil || second["existing"] != true {
+			t.Errorf("existing = %v then %v, want absent then true", first["existing"], second["existing"])
+		}
+		other := enqueue(t, "", "noop", "--idempotency-key", "once", "--queue", "elsewhere")
+		if other["id"] == first["id"] {
+			t.Errorf("the same key in another queue returned the first job")
+		}
+	})
+}
+
+func mustPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	p, err := connect(t.Context(), dsn, "relay test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// TestDev_RunsJobsOnAThrowawayDatabaseAndRemovesIt runs the README's first
+// command, `relay dev` without DATABASE_URL, in-process.
+func TestDev_RunsJobsOnAThrowawayDatabaseAndRemovesIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server; skipped with -short")
+	}
+	ctx := testContext(t, 60*time.Second)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, []string{"relay", "dev", "--addr", "127.0.0.1:0"}, func(string) string { return "" },
+			strings.NewReader(""), &stdout, &stderr)
+	}()
+
+	// The banner names the address and the cluster's directory.
+	bannerRE := regexp.MustCompile(`curl -s (localhost:\d+)/v1/jobs -d`)
+	dirRE := regexp.MustCompile(`\(in (\S+)\)`)
+	var addr, dir string
+	for addr == "" {
+		select {
+		case err := <-done:
+			t.Fatalf("relay dev exited early: %v\nstderr:\n%s", err, stderr.String())
+		case <-ctx.Done():
+			t.Fatalf("no banner after 60s\nstdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if m := bannerRE.FindStringSubmatch(stdout.String()); m != nil {
+			addr = m[1]
+		}
+		if m := dirRE.FindStringSubmatch(stdout.String()); m != nil {
+			dir = m[1]
+		}
+	}
+	if dir == "" {
+		t.Fatalf("the banner does not say where the throwaway database is:\n%s", stdout.String())
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("throwaway cluster directory: %v", err)
+	}
+
+	job := postJob(t, ctx, "http://"+addr, "", `{"kind":"hash","payload":{"iterations":1000}}`)
+	got := waitForState(t, ctx, "http://"+addr, "", job.ID, "succeeded")
+	if got.Result["digest"] == nil || got.Result["attempt"] != 1.0 {
+		t.Errorf("result = %v, want a digest from attempt 1", got.Result)
+	}
+
+	stop() // Ctrl-C
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("relay dev: %v\nstderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay dev did not stop within 30s")
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("throwaway cluster directory %s still there (stat: %v)", dir, err)
+	}
+}
+
+// apiJob is the part of the API's job that the tests look at.
+type apiJob struct {
+	ID        int64          `json:"id"`
+	State     string         `json:"state"`
+	Attempt   int            `json:"attempt"`
+	LastError *string        `json:"last_error"`
+	Result    map[string]any `json:"result"`
+}
+
+func apiRequest(ctx context.Context, method, url, token, body string) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	if err != nil {
+		return nil, nil, err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, b, err
+}
+
+func postJob(t *testing.T, ctx context.Context, base, token, body string) apiJob {
+	t.Helper()
+	resp, b, err := apiRequest(ctx, http.MethodPost, base+"/v1/jobs", token, body)
+	if err != nil {
+		t.Fatalf("POST /v1/jobs: %v", err)
+	}
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /v1/jobs: %s: %s", resp.Status, b)
+	}
+	var job apiJob
+	if err := json.Unmarshal(b, &job); err != nil {
+		t.Fatalf("POST /v1/jobs: %v: %s", err, b)
+	}
+	return job
+}
+
+// waitForState polls the job until it reaches state, failing the test if
+// it reaches another final state or ctx ends first.
+func waitForState(t *testing.T, ctx context.Context, base, token string, id int64, state string) apiJob {
+	t.Helper()
+	var job apiJob
+	for {
+		resp, b, err := apiRequest(ctx, http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d", base, id), token, "")
+		if err == nil && resp.StatusCode == http.StatusOK {
+			job = apiJob{}
+			if err := json.Unmarshal(b, &job); err != nil {
+				t.Fatalf("GET job %d: %v: %s", id, err, b)
+			}
+			if job.State == state {
+				return job
+			}
+			if job.State == "dead" || job.State == "cancelled" || job.State == "succeeded" {
+				t.Fatalf("job %d ended %s (attempt %d, last error %v), want %s", id, job.State, job.Attempt, deref(job.LastError), state)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("job %d still %q (attempt %d, last error %v), want %s: %v", id, job.State, job.Attempt, deref(job.LastError), state, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/relayq/relay/migrations"
+)
+
+func runMigrate(ctx context.Context, env *environment, args []string) error {
+	var (
+		logs logFlags
+		dbf  dbFlags
+	)
+	fs := newFlagSet("migrate", "relay migrate [up|down|status] [flags]",
+		`Applies Relay's schema migrations, embedded in the binary:
+  up      apply every pending migration (the default)
+  down    roll back the most recent migration
+  status  list the migrations and whether each is applied`)
+	logs.register(fs)
+	dbf.register(fs)
+	pos, err := fs.parse(args, env.stderr)
+	if err != nil {
+		return helped(err)
+	}
+	action := "up"
+	switch len(pos) {
+	case 0:
+	case 1:
+		action = pos[0]
+	default:
+		return usageErrorf("migrate: want one of up, down or status, got %q", pos)
+	}
+	if action != "up" && action != "down" && action != "status" {
+		return usageErrorf("migrate: unknown action %q: want up, down or status", action)
+	}
+	if _, err := logs.logger(env.stderr); err != nil {
+		return err
+	}
+	dsn, err := dbf.resolve(env.getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := connect(ctx, dsn, "relay migrate")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+
+	switch action {
+	case "up":
+		applied, err := m.Up(ctx)
+		if err != nil {
+			return err
+		}
+		if len(applied) == 0 {
+			fmt.Fprintln(env.stdout, "no migrations to apply: the database is up to date")
+			return nil
+		}
+		return printVersions(ctx, env, m, "applied", applied)
+	case "down":
+		undone, err := m.Down(ctx)
+		if err != nil {
+			return err
+		}
+		if len(undone) == 0 {
+			fmt.Fprintln(env.stdout, "no migration to roll back")
+			return nil
+		}
+		return printVersions(ctx, env, m, "rolled back", undone)
+	default:
+		statuses, err := m.Status(ctx)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(env.stdout, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tSTATE\tMIGRATION")
+		for _, s := range statuses {
+			state := "pending"
+			if s.Applied {
+				state = "applied"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, state, s.Source)
+		}
+		return tw.Flush()
+	}
+}
+
+// printVersions prints one line per migration version, with its file name.
+func printVersions(ctx context.Context, env *environment, m *migrations.Migrator, verb string, versions []int64) error {
+	statuses, err := m.Status(ctx)
+	if err != nil {
+		return err
+	}
+	source := make(map[int64]string, len(statuses))
+	for _, s := range statuses {
+		source[s.Version] = s.Source
+	}
+	for _, v := range versions {
+		fmt.Fprintf(env.stdout, "%s migration %d %s\n", verb, v, source[v])
+	}
+	return nil
+}

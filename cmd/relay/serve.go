@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/relayq/relay/internal/builtin"
+	"github.com/relayq/relay/server"
+	"github.com/relayq/relay/worker"
+)
+
+// defaultAddr is where the API listens without --addr or RELAY_ADDR.
+const defaultAddr = "127.0.0.1:8080"
+
+// serveFlags configure the API, and the worker slots that may run beside it.
+type serveFlags struct {
+	logs            logFlags
+	db              dbFlags
+	worker          workerFlags
+	addr            string
+	apiToken        string
+	maxBodyBytes    int64
+	shutdownTimeout time.Duration
+}
+
+func (s *serveFlags) register(fs *flagSet, defaultSlots int) {
+	s.logs.register(fs)
+	s.db.register(fs)
+	fs.StringVar(&s.addr, "addr", "", "address to listen on (default $RELAY_ADDR, else "+defaultAddr+")")
+	fs.StringVar(&s.apiToken, "api-token", "", "bearer token every /v1 request must present (default $RELAY_API_TOKEN; none: no authentication)")
+	fs.Int64Var(&s.maxBodyBytes, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted")
+	fs.DurationVar(&s.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may finish at shutdown")
+	s.worker.register(fs, defaultSlots, "worker slots to run in this process with the built-in handlers (0: none)")
+}
+
+// resolve fills in what comes from the environment and checks the flags.
+func (s *serveFlags) resolve(getenv func(string) string) error {
+	if s.addr == "" {
+		s.addr = getenv("RELAY_ADDR")
+	}
+	if s.addr == "" {
+		s.addr = defaultAddr
+	}
+	if s.apiToken == "" {
+		s.apiToken = getenv("RELAY_API_TOKEN")
+	}
+	if s.maxBodyBytes <= 0 {
+		return usageErrorf("--max-body-bytes must be positive, got %d", s.maxBodyBytes)
+	}
+	if s.worker.slots < 0 {
+		return usageErrorf("--slots must not be negative, got %d", s.worker.slots)
+	}
+	if s.shutdownTimeout <= 0 {
+		return usageErrorf("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
+	}
+	return nil
+}
+
+func runServe(ctx context.Context, env *environment, args []string) error {
+	var opts serveFlags
+	fs := newFlagSet("serve", "relay serve [flags]",
+		`Serves the HTTP API. With --slots N it also runs N worker slots with the
+built-in handlers on --queue, on a database pool of their own. The database
+must be reachable and migrated. On SIGINT or SIGTERM, in-flight requests
+finish (up to --shutdown-timeout) and running jobs drain (up to
+--shutdown-grace) before the process exits.`)
+	opts.register(fs, 0)
+	pos, err := fs.parse(args, env.stderr)
+	if err != nil {
+		return helped(err)
+	}
+	if len(pos) > 0 {
+		return usageErrorf("serve: unexpected argument %q", pos[0])
+	}
+	logger, err := opts.logs.logger(env.stderr)
+	if err != nil {
+		return err
+	}
+	if err := opts.resolve(env.getenv); err != nil {
+		return err
+	}
+	dsn, err := opts.db.resolve(env.getenv)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, logger, dsn, &opts, nil)
+}
+
+// serve runs the API, and the worker slots if any, until ctx is cancelled,
+// then shuts both down gracefully. ready, if not nil, is called with the
+// listening address once requests can be served.
+func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlags, ready func(addr net.Addr)) error {
+	pool, err := connect(ctx, dsn, "relay serve")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireMigrated(ctx, pool); err != nil {
+		return err
+	}
+
+	var w *worker.Worker
+	if opts.worker.slots > 0 {
+		cfg, err := opts.worker.config(logger)
+		if err != nil {
+			return err
+		}
+		// The worker gets a pool of its own, so that a burst of API
+		// requests can never starve its heartbeats.
+		workerPool, err := connect(ctx, dsn, "relay serve worker")
+		if err != nil {
+			return err
+		}
+		defer workerPool.Close()
+		if w, err = worker.New(workerPool, cfg); err != nil {
+			return fmt.Errorf("create worker: %w", err)
+		}
+		builtin.Register(w)
+	}
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", opts.addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := server.NewHTTPServer(opts.addr, server.NewServer(logger, pool, server.Config{
+		APIToken:     opts.apiToken,
+		MaxBodyBytes: opts.maxBodyBytes,
+	}))
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	workerDone := make(chan error, 1)
+	if w != nil {
+		go func() { workerDone <- w.Run(ctx) }()
+	} else {
+		workerDone <- nil
+	}
+	logger.Info("serving the API", "addr", ln.Addr().String(), "auth", opts.apiToken != "",
+		"worker_slots", opts.worker.slots, "queue", opts.worker.queue)
+	if ready != nil {
+		ready(ln.Addr())
+	}
+
+	var errs []error
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down", "timeout", opts.shutdownTimeout)
+	case err := <-serveErr:
+		errs = append(errs, fmt.Errorf("serve HTTP: %w", err))
+		cancel()
+	}
+	shutdownCtx, cancelShutdown := context.WithTimeout(context.WithoutCancel(ctx), opts.shutdownTimeout)
+	defer cancelShutdown()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Warn("in-flight requests did not finish in time; closing their connections", "err", err)
+		srv.Close()
+	}
+	if err := <-workerDone; err != nil {
+		errs = append(errs, fmt.Errorf("worker: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}

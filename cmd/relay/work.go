@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/relayq/relay/internal/builtin"
+	"github.com/relayq/relay/worker"
+)
+
+func runWork(ctx context.Context, env *environment, args []string) error {
+	var (
+		logs logFlags
+		dbf  dbFlags
+		wf   workerFlags
+	)
+	fs := newFlagSet("work", "relay work [flags]",
+		`Runs a worker with the built-in job handlers (hash, sleep, fail, noop) on
+one queue. Any number of workers may run against one database. On SIGINT or
+SIGTERM the worker stops claiming, lets running jobs finish for up to
+--shutdown-grace, then releases the rest to other workers.`)
+	logs.register(fs)
+	dbf.register(fs)
+	wf.register(fs, worker.DefaultSlots, "jobs to run at once")
+	pos, err := fs.parse(args, env.stderr)
+	if err != nil {
+		return helped(err)
+	}
+	if len(pos) > 0 {
+		return usageErrorf("work: unexpected argument %q", pos[0])
+	}
+	logger, err := logs.logger(env.stderr)
+	if err != nil {
+		return err
+	}
+	if wf.slots < 1 {
+		return usageErrorf("--slots must be at least 1, got %d", wf.slots)
+	}
+	cfg, err := wf.config(logger)
+	if err != nil {
+		return err
+	}
+	dsn, err := dbf.resolve(env.getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := connect(ctx, dsn, "relay work")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireMigrated(ctx, pool); err != nil {
+		return err
+	}
+	w, err := worker.New(pool, cfg)
+	if err != nil {
+		return fmt.Errorf("create worker: %w", err)
+	}
+	builtin.Register(w)
+	if err := w.Run(ctx); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	return nil
+}
