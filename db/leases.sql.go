@@ -299,7 +299,6 @@ SET state = CASE
         ELSE 'available'::job_state
     END,
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
-    run_at      = now(),
     lease_token         = NULL,
     lease_expires_at    = NULL,
     cancel_requested_at = NULL,
@@ -326,7 +325,9 @@ type JobReclaimRow struct {
 // ended (its advisory lock is gone from pg_locks; see the workers table).
 // Each goes back to available, or to dead if that was its last attempt (or
 // to cancelled if someone asked), with the reason and the old worker in its error history. Clearing the
-// lease token fences the old worker out. Rows another reclaimer holds are
+// lease token fences the old worker out. The job keeps its run_at, and so
+// its place in the queue: a crash does not send it behind the backlog that
+// built up since. Rows another reclaimer holds are
 // skipped, so any number of workers can run this at once.
 func (q *Queries) JobReclaim(ctx context.Context, maxJobs int32) ([]JobReclaimRow, error) {
 	rows, err := q.db.Query(ctx, jobReclaim, maxJobs)
@@ -359,7 +360,6 @@ UPDATE jobs AS j
 SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
     finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
     attempt     = j.attempt - 1,
-    run_at      = now(),
     lease_token         = NULL,
     lease_expires_at    = NULL,
     cancel_requested_at = NULL,
@@ -383,7 +383,8 @@ type JobReleaseManyParams struct {
 // run them at once instead of waiting for the leases to expire. The
 // interrupted attempt is given back (the fence still grows at the next
 // claim), and a job someone asked to cancel ends cancelled. Fenced like an
-// acknowledgement; returns the jobs released.
+// acknowledgement; returns the jobs released. The job keeps its run_at, and
+// so its place in the queue ahead of jobs that became ready after it.
 func (q *Queries) JobReleaseMany(ctx context.Context, arg JobReleaseManyParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, jobReleaseMany, arg.Ids, arg.Tokens)
 	if err != nil {

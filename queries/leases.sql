@@ -122,12 +122,12 @@ RETURNING j.id, j.state;
 -- run them at once instead of waiting for the leases to expire. The
 -- interrupted attempt is given back (the fence still grows at the next
 -- claim), and a job someone asked to cancel ends cancelled. Fenced like an
--- acknowledgement; returns the jobs released.
+-- acknowledgement; returns the jobs released. The job keeps its run_at, and
+-- so its place in the queue ahead of jobs that became ready after it.
 UPDATE jobs AS j
 SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
     finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
     attempt     = j.attempt - 1,
-    run_at      = now(),
     lease_token         = NULL,
     lease_expires_at    = NULL,
     cancel_requested_at = NULL,
@@ -147,7 +147,9 @@ RETURNING j.id;
 -- ended (its advisory lock is gone from pg_locks; see the workers table).
 -- Each goes back to available, or to dead if that was its last attempt (or
 -- to cancelled if someone asked), with the reason and the old worker in its error history. Clearing the
--- lease token fences the old worker out. Rows another reclaimer holds are
+-- lease token fences the old worker out. The job keeps its run_at, and so
+-- its place in the queue: a crash does not send it behind the backlog that
+-- built up since. Rows another reclaimer holds are
 -- skipped, so any number of workers can run this at once.
 WITH gone_workers AS (
     SELECT w.id
@@ -171,7 +173,6 @@ SET state = CASE
         ELSE 'available'::job_state
     END,
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
-    run_at      = now(),
     lease_token         = NULL,
     lease_expires_at    = NULL,
     cancel_requested_at = NULL,

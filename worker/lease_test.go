@@ -676,3 +676,18 @@ func (r recorder) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestReclaim_KeepsJobsPlaceAheadOfLaterJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.enqueue(t, "noop", `{}`, 5)
+	b.claimOne(t, "crashed", 100*time.Millisecond)
+	later := b.enqueue(t, "noop", `{}`, 5)
+	b.waitForLeaseExpiry(t, first.ID)
+	if _, err := b.q.JobReclaim(b.ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := b.claimOne(t, "successor", time.Minute); id != first.ID {
+		t.Errorf("claimed job %d first, want the reclaimed job %d, ready before job %d", id, first.ID, later.ID)
+	}
+}
