@@ -10,7 +10,7 @@ export RELAY_TEST_DATABASE_URL
 GO ?= go
 SQLC := $(GO) tool sqlc
 
-.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test test-short build run demo experiment chaos lint-actions clean
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test build run experiment chaos lint-actions clean
 
 all: check
 

@@ -80,6 +80,75 @@ func AllJobStateValues() []JobState {
 	}
 }
 
+type ChaosEnqueue struct {
+	JobID   int64
+	Via     string
+	AckedAt time.Time
+}
+
+type ChaosEnqueueKey struct {
+	Key string
+	At  time.Time
+}
+
+type ChaosExecution struct {
+	ID        int64
+	JobID     int64
+	Kind      string
+	Attempt   int32
+	Fence     int64
+	Worker    string
+	Pid       int32
+	StartedAt time.Time
+	EndedAt   *time.Time
+	Outcome   *string
+	Cause     *string
+	Ack       *string
+	Accepted  *bool
+	AckedAt   *time.Time
+}
+
+type ChaosFault struct {
+	ID      int64
+	At      time.Time
+	Kind    string
+	Target  string
+	Pid     int32
+	Detail  string
+	EndedAt *time.Time
+}
+
+type ChaosSession struct {
+	ID         int64
+	Worker     string
+	SessionKey int32
+	At         time.Time
+}
+
+type ChaosTransition struct {
+	ID                int64
+	JobID             int64
+	Kind              string
+	Action            string
+	OldState          JobState
+	NewState          JobState
+	OldToken          *uuid.UUID
+	NewToken          *uuid.UUID
+	OldFence          int64
+	NewFence          int64
+	OldAttempt        int32
+	NewAttempt        int32
+	OldLeaseExpiresAt *time.Time
+	NewLeaseExpiresAt *time.Time
+	OldLeasedBy       *string
+	NewLeasedBy       *string
+	NewRunAt          time.Time
+	Error             json.RawMessage
+	ResultFence       *int64
+	TxAt              time.Time
+	At                time.Time
+}
+
 type Job struct {
 	ID                int64
 	Queue             string

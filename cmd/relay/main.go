@@ -7,6 +7,7 @@
 //	relay serve [--slots N]       # the HTTP API, optionally with workers
 //	relay work                    # a worker process
 //	relay enqueue KIND [--payload JSON]
+//	relay experiment crash|burst|chaos
 //	relay version
 //
 // Run "relay COMMAND -h" for a command's flags. The database comes from
@@ -71,6 +72,9 @@ func commands() []command {
 		{"serve", "serve the HTTP API, with --slots N also N worker slots", runServe},
 		{"work", "run a worker with the built-in job handlers", runWork},
 		{"enqueue", "enqueue a job directly in the database and print it", runEnqueue},
+		{"experiment", "run a recorded experiment: crash, burst or chaos", func(ctx context.Context, env *environment, args []string) error {
+			return runExperiment(ctx, args, env.getenv, env.stdout, env.stderr)
+		}},
 		{"version", "print the version", runVersion},
 	}
 }

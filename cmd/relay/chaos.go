@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/relayq/relay/experiment"
+)
+
+// chaosUsage is the help of `relay experiment chaos`.
+const chaosUsage = `Runs Relay's fault-injection programme: for each scenario, a workload of
+short sleep and hash jobs on several real worker processes (this binary, or
+--relay-bin, as "relay experiment chaos-worker"), while one kind of fault
+is injected, then checks the recorded history of every job:
+
+  kill          SIGKILL a random worker every --fault-every; start another
+  pause         SIGSTOP the busiest worker for 1.75 leases, then SIGCONT it
+  partition     cut workers off PostgreSQL through a fault proxy: a reset, a
+                silent blackhole, and cuts just as a completion commits
+  backend-kill  pg_terminate_backend on random worker connections
+  restart       restart PostgreSQL mid-run (a private cluster started with
+                initdb/pg_ctl, never the server of --database-url), while
+                jobs are enqueued through the HTTP API
+  poison        jobs that panic, always fail, or kill their own process
+  starvation    jobs that hold every connection of the handlers' pool
+  bad-input     malformed, oversized, duplicate-key and hostile requests
+
+It fails (status 1) if any job was lost, any unexpected job ran, any stale
+acknowledgement was accepted, any finished job changed, any job was
+reclaimed prematurely, or any scenario's own invariant broke. Duplicates are
+counted, not failed: delivery is at least once. Each scenario writes
+chaos-<scenario>-<stamp>.json to --out; a summary table goes to stdout.`
+
+// runChaos runs `relay experiment chaos [flags]`; args follow "chaos".
+func runChaos(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	var (
+		common    experimentCommon
+		scenarios string
+		short     bool
+		base      = experiment.DefaultChaosConfig("")
+	)
+	fs := flag.NewFlagSet("experiment chaos", flag.ContinueOnError)
+	common.register(fs)
+	fs.StringVar(&scenarios, "scenarios", "all", "scenarios to run, separated by commas (kill, pause, partition, backend-kill, restart, poison, starvation, bad-input)")
+	fs.BoolVar(&short, "short", false, "the test suite's short form: a few hundred jobs, seconds per scenario (flags below still apply)")
+	fs.IntVar(&base.Jobs, "jobs", 0, fmt.Sprintf("jobs per scenario (default %d; %d with --short)", base.Jobs, experiment.ShortChaosConfig("").Jobs))
+	fs.IntVar(&base.Workers, "workers", 0, fmt.Sprintf("worker processes at once (default %d)", base.Workers))
+	fs.IntVar(&base.Slots, "slots", 0, fmt.Sprintf("slots per worker (default %d)", base.Slots))
+	fs.DurationVar(&base.Lease, "lease", 0, fmt.Sprintf("the workers' lease (default %s)", base.Lease))
+	fs.DurationVar(&base.Heartbeat, "heartbeat", 0, fmt.Sprintf("the workers' heartbeat interval (default %s)", base.Heartbeat))
+	fs.DurationVar(&base.Duration, "duration", 0, fmt.Sprintf("how long each scenario enqueues and injects faults (default %s)", base.Duration))
+	fs.DurationVar(&base.FaultEvery, "fault-every", 0, fmt.Sprintf("period of the kill and backend-kill faults (default %s)", base.FaultEvery))
+	fs.DurationVar(&base.Downtime, "downtime", 0, fmt.Sprintf("how long the restart scenario keeps PostgreSQL down (default %s)", base.Downtime))
+	fs.Uint64Var(&base.Seed, "seed", 0, "seed of the workload and of the choice of victims (default 1)")
+	if err := parseExperimentFlags(fs, "relay experiment chaos [flags]\n\n"+chaosUsage, args, stderr); err != nil {
+		return helpedExperiment(err)
+	}
+	if err := common.resolve(getenv); err != nil {
+		return err
+	}
+	list, err := experiment.ParseChaosScenarios(scenarios)
+	if err != nil {
+		return usageErrorf("experiment chaos: --scenarios: %v", err)
+	}
+	switch {
+	case base.Jobs < 0 || base.Workers < 0 || base.Slots < 0:
+		return usageErrorf("experiment chaos: --jobs, --workers and --slots must not be negative")
+	case base.Lease < 0 || base.Heartbeat < 0 || base.Duration < 0 || base.FaultEvery < 0 || base.Downtime < 0:
+		return usageErrorf("experiment chaos: durations must not be negative")
+	}
+
+	var results []*experiment.ChaosResult
+	var errs []error
+	for _, s := range list {
+		cfg := experiment.DefaultChaosConfig(s)
+		if short {
+			cfg = experiment.ShortChaosConfig(s)
+		}
+		chaosOverride(&cfg.Jobs, base.Jobs)
+		chaosOverride(&cfg.Workers, base.Workers)
+		chaosOverride(&cfg.Slots, base.Slots)
+		chaosOverride(&cfg.Lease, base.Lease)
+		chaosOverride(&cfg.Heartbeat, base.Heartbeat)
+		chaosOverride(&cfg.Duration, base.Duration)
+		chaosOverride(&cfg.FaultEvery, base.FaultEvery)
+		chaosOverride(&cfg.Downtime, base.Downtime)
+		chaosOverride(&cfg.Seed, base.Seed)
+		if base.Lease > 0 && base.Heartbeat == 0 {
+			cfg.Heartbeat = cfg.Lease / 5
+		}
+		cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
+		cfg.Progress = stderr
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		res, err := experiment.RunChaos(ctx, cfg)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("experiment chaos %s: %w", s, err))
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if res.File != "" {
+			fmt.Fprintf(stderr, "chaos %s: results in %s\n", s, res.File)
+		}
+		results = append(results, res)
+	}
+	if len(results) > 0 {
+		fmt.Fprintln(stdout)
+		experiment.PrintChaosSummary(stdout, results)
+	}
+	for _, r := range results {
+		if !r.Passed {
+			errs = append(errs, fmt.Errorf("experiment chaos %s: invariants broken: %v", r.Scenario, r.Failures))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// chaosOverride sets *v to o unless o is zero.
+func chaosOverride[T comparable](v *T, o T) {
+	var zero T
+	if o != zero {
+		*v = o
+	}
+}
+
+// runChaosWorker runs `relay experiment chaos-worker [flags]`, the worker
+// process of `relay experiment chaos`: the standard worker with the
+// built-in handlers plus the chaos kinds (chaos_panic, chaos_fail,
+// chaos_exit, chaos_hold_conns, chaos_flaky), every execution recorded in
+// the harness's tables. Not meant to be run by hand.
+func runChaosWorker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	var (
+		logs         logFlags
+		dbf          dbFlags
+		wf           workerFlags
+		recordURL    string
+		handlerConns int
+	)
+	fs := newFlagSet("experiment chaos-worker", "relay experiment chaos-worker --id ID [flags]",
+		`The worker process of "relay experiment chaos": a worker with the built-in
+handlers and the chaos job kinds, recording every execution and the fate of
+its acknowledgement in the tables the harness added to the database. Its
+connections are named relay-worker-ID. Not meant to be run by hand.`)
+	logs.register(fs)
+	dbf.register(fs)
+	wf.register(fs, 10, "jobs to run at once")
+	fs.StringVar(&recordURL, "record-database-url", "", "where to record executions, never through a fault proxy (default: --database-url)")
+	fs.IntVar(&handlerConns, "handler-pool-size", experiment.DefaultChaosHandlerPoolSize, "connections of the handlers' own pool")
+	pos, err := fs.parse(args, stderr)
+	if err != nil {
+		return helped(err)
+	}
+	if len(pos) > 0 {
+		return usageErrorf("experiment chaos-worker: unexpected argument %q", pos[0])
+	}
+	if wf.id == "" {
+		return usageErrorf("experiment chaos-worker: --id is required")
+	}
+	if handlerConns < 1 {
+		return usageErrorf("experiment chaos-worker: --handler-pool-size must be at least 1, got %d", handlerConns)
+	}
+	logger, err := logs.logger(stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := wf.config(logger)
+	if err != nil {
+		return err
+	}
+	dsn, err := dbf.resolve(getenv)
+	if err != nil {
+		return err
+	}
+	err = experiment.RunChaosWorker(ctx, experiment.ChaosWorkerConfig{
+		DatabaseURL:     dsn,
+		RecordURL:       recordURL,
+		HandlerPoolSize: handlerConns,
+		Worker:          cfg,
+		Logger:          logger,
+	})
+	if err != nil {
+		return fmt.Errorf("experiment chaos-worker: %w", err)
+	}
+	return nil
+}

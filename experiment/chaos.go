@@ -1,0 +1,721 @@
+package experiment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/experiment/faultproxy"
+	"github.com/relayq/relay/experiment/schema"
+	"github.com/relayq/relay/internal/devdb"
+)
+
+// ChaosScenario names one fault scenario of `relay experiment chaos`.
+type ChaosScenario string
+
+// The scenarios, each a workload run under one kind of fault.
+const (
+	// ChaosKill SIGKILLs a random worker every few seconds and starts a
+	// new one.
+	ChaosKill ChaosScenario = "kill"
+	// ChaosPause SIGSTOPs the busiest worker for longer than its lease,
+	// then SIGCONTs it: the zombie's heartbeats, completions and failures
+	// must all be refused, and its handlers' contexts cancelled.
+	ChaosPause ChaosScenario = "pause"
+	// ChaosPartition cuts workers off PostgreSQL through fault proxies: a
+	// reset cut, a silent blackhole, and cuts that land just as a
+	// completion commits. The workers must recover by themselves.
+	ChaosPartition ChaosScenario = "partition"
+	// ChaosBackendKill ends random worker connections with
+	// pg_terminate_backend.
+	ChaosBackendKill ChaosScenario = "backend-kill"
+	// ChaosRestart restarts PostgreSQL mid-run, on a private cluster,
+	// while jobs are enqueued through the HTTP API.
+	ChaosRestart ChaosScenario = "restart"
+	// ChaosPoison mixes in jobs that panic, always fail, or kill their own
+	// worker process.
+	ChaosPoison ChaosScenario = "poison"
+	// ChaosStarvation mixes in jobs that hold every connection of the
+	// handlers' pool for longer than the lease.
+	ChaosStarvation ChaosScenario = "starvation"
+	// ChaosBadInput fires a burst of malformed, oversized, duplicate-key
+	// and hostile requests at the API during the run.
+	ChaosBadInput ChaosScenario = "bad-input"
+)
+
+// ChaosScenarios returns every scenario, in the order the full programme
+// runs them.
+func ChaosScenarios() []ChaosScenario {
+	return []ChaosScenario{ChaosKill, ChaosPause, ChaosPartition, ChaosBackendKill,
+		ChaosRestart, ChaosPoison, ChaosStarvation, ChaosBadInput}
+}
+
+// ParseChaosScenarios parses a comma-separated list of scenario names;
+// "all" or "" means every scenario.
+func ParseChaosScenarios(s string) ([]ChaosScenario, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "all" {
+		return ChaosScenarios(), nil
+	}
+	var out []ChaosScenario
+	for _, name := range strings.Split(s, ",") {
+		sc := ChaosScenario(strings.TrimSpace(name))
+		if !slices.Contains(ChaosScenarios(), sc) {
+			var names []string
+			for _, k := range ChaosScenarios() {
+				names = append(names, string(k))
+			}
+			return nil, fmt.Errorf("unknown scenario %q (want all, or some of %s)", name, strings.Join(names, ", "))
+		}
+		if !slices.Contains(out, sc) {
+			out = append(out, sc)
+		}
+	}
+	return out, nil
+}
+
+// ChaosConfig configures one scenario run. Zero fields take the defaults
+// of DefaultChaosConfig.
+type ChaosConfig struct {
+	// Scenario is the fault to inject.
+	Scenario ChaosScenario
+	// RelayBin is the relay binary: its `serve` runs the API, and
+	// WorkerArgs the chaos workers.
+	RelayBin string
+	// WorkerArgs are the arguments that make RelayBin a chaos worker,
+	// before its flags. Default: experiment chaos-worker.
+	WorkerArgs []string
+	// AdminURL is the server on which the run creates (and then drops) a
+	// database of its own. Default: DefaultAdminURL. The restart scenario
+	// never uses it: it starts a private cluster (internal/devdb) instead.
+	AdminURL string
+	// DatabaseURL, if set, is a fresh database migrated to Relay's schema
+	// to use as is instead of creating one (tests give their own). Not for
+	// the restart scenario.
+	DatabaseURL string
+	// Jobs is how many jobs to enqueue.
+	Jobs int
+	// Workers is how many worker processes run at once.
+	Workers int
+	// Slots is how many jobs each worker runs at once.
+	Slots int
+	// Lease is the workers' lease.
+	Lease time.Duration
+	// Heartbeat is the workers' heartbeat interval (default: a fifth of
+	// the lease).
+	Heartbeat time.Duration
+	// BackoffBase is the workers' retry backoff after a first failure.
+	BackoffBase time.Duration
+	// Duration is how long jobs are enqueued (at an even pace) and faults
+	// injected. The run then waits for every job to finish.
+	Duration time.Duration
+	// FaultEvery is the period of the repeated faults (kill, backend-kill).
+	FaultEvery time.Duration
+	// Downtime is how long the restart scenario keeps PostgreSQL down.
+	Downtime time.Duration
+	// Restarts is how many times the restart scenario restarts it.
+	Restarts int
+	// CommitCuts is how many cuts-at-commit the partition scenario makes.
+	CommitCuts int
+	// BadInputRounds is how many times the bad-input burst sends each of
+	// its requests.
+	BadInputRounds int
+	// DrainTimeout bounds the wait for every job to finish after Duration.
+	DrainTimeout time.Duration
+	// Seed makes the workload and the choice of victims repeatable.
+	Seed uint64
+	// LogDir keeps the processes' logs; default: a temporary directory,
+	// removed at the end.
+	LogDir string
+	// OutDir, if set, receives the result as chaos-<scenario>-<stamp>.json.
+	OutDir string
+	// Progress, if not nil, shows a progress line.
+	Progress io.Writer
+	// Logger receives the harness's own logs. Default: discarded.
+	Logger *slog.Logger
+}
+
+// DefaultChaosConfig returns the configuration of `relay experiment chaos`
+// for a scenario: 10,000 jobs, 4 workers of 10 slots, a 5 s lease.
+func DefaultChaosConfig(s ChaosScenario) ChaosConfig {
+	return ChaosConfig{
+		Scenario:       s,
+		WorkerArgs:     []string{"experiment", "chaos-worker"},
+		AdminURL:       DefaultAdminURL,
+		Jobs:           10_000,
+		Workers:        4,
+		Slots:          10,
+		Lease:          5 * time.Second,
+		Heartbeat:      time.Second,
+		BackoffBase:    250 * time.Millisecond,
+		Duration:       40 * time.Second,
+		FaultEvery:     3 * time.Second,
+		Downtime:       4 * time.Second,
+		Restarts:       2,
+		CommitCuts:     10,
+		BadInputRounds: 5,
+		DrainTimeout:   2 * time.Minute,
+		Seed:           1,
+	}
+}
+
+// ShortChaosConfig returns the short form of a scenario that the test
+// suite runs: a few hundred jobs in a few seconds, a 2 s lease.
+func ShortChaosConfig(s ChaosScenario) ChaosConfig {
+	c := DefaultChaosConfig(s)
+	c.Jobs = 300
+	c.Workers = 3
+	c.Slots = 8
+	c.Lease = 2 * time.Second
+	c.Heartbeat = 500 * time.Millisecond
+	c.BackoffBase = 100 * time.Millisecond
+	c.Duration = 6 * time.Second
+	c.FaultEvery = 1500 * time.Millisecond
+	c.Downtime = 2 * time.Second
+	c.Restarts = 1
+	c.CommitCuts = 3
+	c.BadInputRounds = 1
+	c.DrainTimeout = 45 * time.Second
+	if s == ChaosPause {
+		// Room for a pause of 1.75 leases that catches long jobs.
+		c.Duration = 8 * time.Second
+	}
+	return c
+}
+
+func (c ChaosConfig) withDefaults() (ChaosConfig, error) {
+	d := DefaultChaosConfig(c.Scenario)
+	if !slices.Contains(ChaosScenarios(), c.Scenario) {
+		return c, fmt.Errorf("chaos: unknown scenario %q", c.Scenario)
+	}
+	if c.RelayBin == "" {
+		return c, errors.New("chaos: the relay binary is required")
+	}
+	if len(c.WorkerArgs) == 0 {
+		c.WorkerArgs = d.WorkerArgs
+	}
+	if c.AdminURL == "" {
+		c.AdminURL = d.AdminURL
+	}
+	chaosDefault(&c.Jobs, d.Jobs)
+	chaosDefault(&c.Workers, d.Workers)
+	chaosDefault(&c.Slots, d.Slots)
+	chaosDefault(&c.Lease, d.Lease)
+	if c.Heartbeat == 0 {
+		c.Heartbeat = c.Lease / 5
+	}
+	chaosDefault(&c.BackoffBase, d.BackoffBase)
+	chaosDefault(&c.Duration, d.Duration)
+	chaosDefault(&c.FaultEvery, d.FaultEvery)
+	chaosDefault(&c.Downtime, d.Downtime)
+	chaosDefault(&c.Restarts, d.Restarts)
+	chaosDefault(&c.CommitCuts, d.CommitCuts)
+	chaosDefault(&c.BadInputRounds, d.BadInputRounds)
+	chaosDefault(&c.DrainTimeout, d.DrainTimeout)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.Jobs < 10:
+		return c, fmt.Errorf("chaos: at least 10 jobs, got %d", c.Jobs)
+	case c.Workers < 2:
+		return c, fmt.Errorf("chaos: at least 2 workers, got %d", c.Workers)
+	case c.Scenario == ChaosPartition && c.Workers < 3:
+		return c, fmt.Errorf("chaos: the partition scenario needs at least 3 workers, got %d", c.Workers)
+	case c.Slots < 1:
+		return c, fmt.Errorf("chaos: at least 1 slot, got %d", c.Slots)
+	case c.Lease < 500*time.Millisecond || c.Heartbeat <= 0 || c.Heartbeat >= c.Lease:
+		return c, fmt.Errorf("chaos: want a lease of at least 500ms and a shorter, positive heartbeat; got %s and %s", c.Lease, c.Heartbeat)
+	case c.Duration < 2*time.Second:
+		return c, fmt.Errorf("chaos: a duration of at least 2s, got %s", c.Duration)
+	case c.Scenario == ChaosRestart && c.DatabaseURL != "":
+		return c, errors.New("chaos: the restart scenario runs on a private cluster, not on DatabaseURL")
+	}
+	return c, nil
+}
+
+func chaosDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// chaosRun is the state of one scenario run.
+type chaosRun struct {
+	cfg ChaosConfig
+	log *slog.Logger
+
+	rngMu sync.Mutex
+	rng   *rand.Rand
+
+	cluster *devdb.Cluster // the restart scenario's private server
+	d       *Database      // the run's database and the harness's pool
+	q       *db.Queries
+	dbURL   string // the workers' direct URL
+	ownsDB  bool
+
+	logDir  string
+	procs   *Procs
+	server  *Proc
+	apiBase string
+	token   string
+
+	mu         sync.Mutex
+	workers    []*chaosWorker // every worker started, in order
+	nextWorker int
+	runCtx     context.Context
+	stopping   atomic.Bool
+
+	ledger     *chaosLedger
+	faultCount atomic.Int64
+	http       *chaosHTTPStats
+	progress   *Progress
+
+	details chaosDetails
+}
+
+// chaosWorker is one chaos worker process.
+type chaosWorker struct {
+	id      string
+	proc    *Proc
+	proxy   *faultproxy.Proxy // the partition scenario's, else nil
+	started time.Time
+	// killed is set before the harness kills the process on purpose.
+	killed atomic.Bool
+}
+
+// RunChaos runs one scenario: it sets up a database (a private cluster for
+// the restart scenario), starts the workers (and the API where the
+// scenario needs it), enqueues the workload while injecting the faults,
+// waits for every job to finish, stops everything, checks the recorded
+// history and returns the result. It writes the result to cfg.OutDir if
+// set. The error reports a failure of the harness itself; a broken
+// invariant is in the result (ChaosResult.Passed).
+func RunChaos(ctx context.Context, cfg ChaosConfig) (_ *ChaosResult, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &chaosRun{
+		cfg:    cfg,
+		log:    cfg.Logger.With("scenario", string(cfg.Scenario)),
+		rng:    rand.New(rand.NewPCG(cfg.Seed, uint64(len(cfg.Scenario)))),
+		http:   &chaosHTTPStats{},
+		runCtx: ctx,
+	}
+	started := time.Now()
+	defer func() {
+		if cerr := r.cleanup(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+
+	if err := r.setupDatabase(ctx); err != nil {
+		return nil, err
+	}
+	env := collectEnvironment(ctx, r.d, cfg.RelayBin)
+	var cleanLogs func()
+	if r.logDir, cleanLogs, err = logDirFor(cfg.LogDir, "relay-chaos-"); err != nil {
+		return nil, err
+	}
+	defer cleanLogs()
+	r.procs = NewProcs(cfg.RelayBin, r.logDir)
+	r.ledger = newChaosLedger(r.q)
+
+	if err := r.startProcesses(ctx); err != nil {
+		return nil, err
+	}
+	res, err := r.run(ctx, started)
+	if err != nil {
+		return nil, err
+	}
+	res.Environment = env
+	res.Environment.LoadAverageEnd = LoadAverage()
+	if cfg.OutDir != "" {
+		base, err := resultBase(cfg.OutDir, "chaos-"+string(cfg.Scenario), started)
+		if err != nil {
+			return nil, err
+		}
+		res.File = base + ".json"
+		if err := writeJSON(res.File, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// setupDatabase creates the run's database and adds the chaos schema.
+func (r *chaosRun) setupDatabase(ctx context.Context) error {
+	admin := r.cfg.AdminURL
+	if r.cfg.Scenario == ChaosRestart {
+		cluster, err := devdb.StartLocal(ctx, r.log)
+		if err != nil {
+			return fmt.Errorf("chaos: the restart scenario needs a private PostgreSQL cluster (initdb, pg_ctl): %w", err)
+		}
+		r.cluster = cluster
+		admin = cluster.URL()
+	}
+	if r.cfg.DatabaseURL != "" {
+		d, err := chaosOpenDatabase(ctx, r.cfg.DatabaseURL)
+		if err != nil {
+			return err
+		}
+		r.d = d
+	} else {
+		d, err := CreateDatabase(ctx, admin, "relay_chaos_")
+		if err != nil {
+			return fmt.Errorf("chaos: %w", err)
+		}
+		r.d, r.ownsDB = d, true
+	}
+	r.q = r.d.Q
+	r.dbURL = r.d.URL
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := r.d.Pool.Exec(sctx, schema.Chaos); err != nil {
+		return fmt.Errorf("chaos: add the chaos schema: %w", err)
+	}
+	if r.cluster != nil {
+		// devdb relaxes synchronous_commit; a production server does not,
+		// and the restart scenario checks that acknowledged enqueues
+		// survive a crash of the server.
+		if err := r.q.ChaosEnableSynchronousCommit(sctx); err != nil {
+			return fmt.Errorf("chaos: turn synchronous_commit on: %w", err)
+		}
+		if _, err := r.q.ChaosReloadConfig(sctx); err != nil {
+			return fmt.Errorf("chaos: reload the configuration: %w", err)
+		}
+	}
+	return nil
+}
+
+// chaosOpenDatabase opens a pool on an existing database, for DatabaseURL.
+func chaosOpenDatabase(ctx context.Context, dsn string) (*Database, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: parse the database URL: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "relay experiment chaos"
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: connect to the database: %w", err)
+	}
+	name := ""
+	if u, err := url.Parse(dsn); err == nil {
+		name = strings.TrimPrefix(u.Path, "/")
+	}
+	return &Database{Name: name, URL: dsn, Pool: pool, Q: db.New(pool)}, nil
+}
+
+// needsServer reports whether the scenario talks to the HTTP API.
+func (r *chaosRun) needsServer() bool {
+	return r.cfg.Scenario == ChaosRestart || r.cfg.Scenario == ChaosBadInput
+}
+
+// startProcesses starts the workers, and the API if the scenario needs it,
+// and waits until they are ready.
+func (r *chaosRun) startProcesses(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var ids []string
+	for range r.cfg.Workers {
+		w, err := r.startWorker(ctx)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, w.id)
+	}
+	for _, id := range ids {
+		if err := r.waitRegistered(ctx, r.worker(id)); err != nil {
+			return err
+		}
+	}
+	if r.needsServer() {
+		args := []string{"--database-url", r.dbURL, "--shutdown-timeout", "5s"}
+		if r.cfg.Scenario == ChaosBadInput {
+			r.token = fmt.Sprintf("chaos-token-%d", r.randN(1<<30))
+			args = append(args, "--api-token", r.token)
+		}
+		p, base, err := StartServe(ctx, r.procs, "serve", args...)
+		if err != nil {
+			return fmt.Errorf("chaos: start relay serve: %w", err)
+		}
+		r.server, r.apiBase = p, base
+	}
+	return nil
+}
+
+// startWorker starts a new chaos worker process with a fresh id, and
+// watches it: a worker killed by a chaos_exit job, or one that dies
+// unexpectedly, is replaced.
+func (r *chaosRun) startWorker(ctx context.Context) (*chaosWorker, error) {
+	r.mu.Lock()
+	r.nextWorker++
+	id := fmt.Sprintf("w%d", r.nextWorker)
+	r.mu.Unlock()
+
+	w := &chaosWorker{id: id}
+	workerURL := r.dbURL
+	if r.cfg.Scenario == ChaosPartition {
+		target, err := chaosHostPort(r.dbURL)
+		if err != nil {
+			return nil, err
+		}
+		if w.proxy, err = faultproxy.Start(target); err != nil {
+			return nil, fmt.Errorf("chaos: start the fault proxy of %s: %w", id, err)
+		}
+		if workerURL, err = chaosWithHostPort(r.dbURL, w.proxy.Addr()); err != nil {
+			w.proxy.Close()
+			return nil, err
+		}
+	}
+	args := append(slices.Clone(r.cfg.WorkerArgs),
+		"--database-url", workerURL,
+		"--record-database-url", r.dbURL,
+		"--id", id,
+		"--slots", strconv.Itoa(r.cfg.Slots),
+		"--lease", r.cfg.Lease.String(),
+		"--heartbeat", r.cfg.Heartbeat.String(),
+		"--backoff-base", r.cfg.BackoffBase.String(),
+		"--shutdown-grace", "3s",
+		"--handler-pool-size", strconv.Itoa(DefaultChaosHandlerPoolSize),
+		"--log-format", "json",
+	)
+	// Started under the lock, and not at all once cleanup began, so that
+	// cleanup, which sets stopping under the same lock, stops every worker.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping.Load() {
+		if w.proxy != nil {
+			w.proxy.Close()
+		}
+		return nil, errors.New("chaos: not starting a worker: the run is stopping")
+	}
+	p, err := r.procs.Start(ctx, id, args...)
+	if err != nil {
+		if w.proxy != nil {
+			w.proxy.Close()
+		}
+		return nil, fmt.Errorf("chaos: start worker %s: %w", id, err)
+	}
+	w.proc, w.started = p, time.Now()
+	r.workers = append(r.workers, w)
+	go r.watch(w)
+	return w, nil
+}
+
+// watch replaces a worker that exits without the harness asking it to.
+func (r *chaosRun) watch(w *chaosWorker) {
+	<-w.proc.Done()
+	if r.stopping.Load() || w.killed.Load() {
+		return
+	}
+	code := -1
+	var exitErr *exec.ExitError
+	if err := w.proc.ExitErr(); err == nil {
+		code = 0
+	} else if errors.As(err, &exitErr) {
+		code = exitErr.ExitCode()
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.runCtx), 30*time.Second)
+	defer cancel()
+	if code != ChaosExitCode {
+		lines, _ := w.proc.Logs()
+		r.log.Error("worker died unexpectedly", "worker", w.id, "status", code, "log", tail(lines, 5))
+		r.mu.Lock()
+		r.details.crashes = append(r.details.crashes, fmt.Sprintf("%s exited with status %d", w.id, code))
+		r.mu.Unlock()
+		r.recordFault(ctx, "crash", w.id, w.proc.PID(), fmt.Sprintf("exited with status %d", code))
+	} else {
+		r.mu.Lock()
+		r.details.selfExits++
+		r.mu.Unlock()
+	}
+	if r.runCtx.Err() != nil || r.stopping.Load() {
+		return
+	}
+	if _, err := r.startWorker(ctx); err != nil {
+		r.log.Error("replace a worker", "err", err)
+	}
+}
+
+// worker returns the worker with id, or nil.
+func (r *chaosRun) worker(id string) *chaosWorker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range r.workers {
+		if w.id == id {
+			return w
+		}
+	}
+	return nil
+}
+
+// liveWorkers returns the workers whose process runs, not killed.
+func (r *chaosRun) liveWorkers() []*chaosWorker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*chaosWorker
+	for _, w := range r.workers {
+		if !w.proc.Exited() && !w.killed.Load() {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// waitRegistered waits until w has a live session.
+func (r *chaosRun) waitRegistered(ctx context.Context, w *chaosWorker) error {
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		alive, err := r.q.ChaosWorkerSessionAlive(qctx, w.id)
+		cancel()
+		if err == nil && alive {
+			return nil
+		}
+		if w.proc.Exited() {
+			lines, _ := w.proc.Logs()
+			return fmt.Errorf("chaos: worker %s exited before registering (%v):\n%s", w.id, w.proc.ExitErr(), tail(lines, 8))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: wait for worker %s to register: %w", w.id, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// recordFault records a fault in chaos_faults, at the database's clock,
+// and returns its id and time. A failure is logged, not returned: the
+// fault happens anyway (the restart scenario records faults while the
+// database is coming back).
+func (r *chaosRun) recordFault(ctx context.Context, kind, target string, pid int, detail string) (int64, time.Time) {
+	for attempt := 0; ; attempt++ {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		row, err := r.q.ChaosFaultRecord(fctx, db.ChaosFaultRecordParams{Kind: kind, Target: target, Pid: int32(pid), Detail: detail})
+		cancel()
+		if err == nil {
+			r.faultCount.Add(1)
+			r.log.Info("fault", "kind", kind, "target", target, "detail", detail)
+			return row.ID, row.At
+		}
+		if attempt == 2 || ctx.Err() != nil {
+			r.log.Error("record a fault", "kind", kind, "target", target, "err", err)
+			return 0, time.Now()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// endFault records that a lasting fault was healed.
+func (r *chaosRun) endFault(ctx context.Context, id int64) {
+	if id == 0 {
+		return
+	}
+	for attempt := 0; attempt < 50; attempt++ {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := r.q.ChaosFaultEnd(fctx, id)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// randN returns a random number in [0, n).
+func (r *chaosRun) randN(n int) int {
+	r.rngMu.Lock()
+	defer r.rngMu.Unlock()
+	return r.rng.IntN(n)
+}
+
+// jitter spreads d by ±20%.
+func (r *chaosRun) jitter(d time.Duration) time.Duration {
+	spread := int(d / 5)
+	if spread <= 0 {
+		return d
+	}
+	return d - time.Duration(spread) + time.Duration(r.randN(2*spread))
+}
+
+// cleanup stops every process and proxy and removes what the run created.
+func (r *chaosRun) cleanup() error {
+	r.mu.Lock()
+	r.stopping.Store(true)
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var errs []error
+	if r.procs != nil {
+		_ = r.procs.StopAll(ctx, 5*time.Second)
+		r.procs.KillAll()
+	}
+	r.mu.Lock()
+	workers := slices.Clone(r.workers)
+	r.mu.Unlock()
+	for _, w := range workers {
+		if w.proxy != nil {
+			w.proxy.Close()
+		}
+	}
+	if r.cluster != nil {
+		// Make sure the server runs, so that the database can be dropped
+		// (Stop removes it all anyway).
+		_ = r.cluster.StartServer(ctx)
+	}
+	if r.d != nil {
+		if r.ownsDB {
+			if err := r.d.Drop(ctx); err != nil && r.cluster == nil {
+				errs = append(errs, err)
+			}
+		} else {
+			r.d.Pool.Close()
+		}
+	}
+	if r.cluster != nil {
+		if err := r.cluster.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("chaos: remove the private cluster: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// chaosHostPort returns the host:port of a postgres:// URL.
+func chaosHostPort(dsn string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("chaos: the partition scenario needs a postgres:// URL with a host and port, got %s", redact(dsn))
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "5432"
+	}
+	return host + ":" + port, nil
+}
+
+// chaosWithHostPort returns dsn pointing at another host:port.
+func chaosWithHostPort(dsn, hostport string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", fmt.Errorf("chaos: parse the database URL: %w", err)
+	}
+	u.Host = hostport
+	return u.String(), nil
+}

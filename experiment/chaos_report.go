@@ -1,0 +1,717 @@
+package experiment
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/relayq/relay/db"
+)
+
+// ChaosResult is the outcome of one scenario run, as written to
+// experiment/results/chaos-<scenario>-<stamp>.json.
+type ChaosResult struct {
+	// Scenario is the fault injected.
+	Scenario ChaosScenario `json:"scenario"`
+	// Passed is whether every invariant held.
+	Passed bool `json:"passed"`
+	// Failures names the invariants that broke.
+	Failures []string `json:"failures,omitempty"`
+	// File is where the result was written, if it was.
+	File string `json:"-"`
+	// StartedAt is when the run started; WallSeconds how long it took.
+	StartedAt   time.Time `json:"started_at"`
+	WallSeconds float64   `json:"wall_seconds"`
+	// Config is the run's configuration.
+	Config ChaosResultConfig `json:"config"`
+	// Environment is the machine and server the run was made on.
+	Environment Environment `json:"environment"`
+	// Drained is whether every job finished within the drain timeout.
+	Drained bool `json:"drained"`
+	// FaultsInjected is how many faults were recorded, of every kind.
+	FaultsInjected int `json:"faults_injected"`
+	// Throughput is the rate of completions, during the faults and over
+	// the whole run.
+	Throughput ChaosThroughput `json:"throughput"`
+	// Check is what the history checker found.
+	Check *ChaosCheck `json:"check"`
+	// Invariants lists every invariant checked, with its figure.
+	Invariants []ChaosInvariant `json:"invariants"`
+
+	// The scenario's own findings; only its own is set.
+	Pause      *ChaosPauseResult      `json:"pause,omitempty"`
+	Partition  *ChaosPartitionResult  `json:"partition,omitempty"`
+	Restart    *ChaosRestartResult    `json:"restart,omitempty"`
+	Poison     *ChaosPoisonResult     `json:"poison,omitempty"`
+	Starvation *ChaosStarvationResult `json:"starvation,omitempty"`
+	BadInput   *ChaosBadInputResult   `json:"bad_input,omitempty"`
+}
+
+// ChaosResultConfig is the configuration a result was made with: the
+// fields of ChaosConfig of the same names, durations in milliseconds or
+// seconds as their names say.
+type ChaosResultConfig struct {
+	// Jobs is how many jobs the workload had.
+	Jobs int `json:"jobs"`
+	// Workers and Slots are the worker processes and their slots.
+	Workers int `json:"workers"`
+	Slots   int `json:"slots"`
+	// LeaseMs, HeartbeatMs and BackoffMs are the workers' timings.
+	LeaseMs     float64 `json:"lease_ms"`
+	HeartbeatMs float64 `json:"heartbeat_ms"`
+	BackoffMs   float64 `json:"backoff_base_ms"`
+	// DurationS is how long jobs were enqueued and faults injected, and
+	// FaultEveryS the period of the repeated faults.
+	DurationS   float64 `json:"duration_s"`
+	FaultEveryS float64 `json:"fault_every_s"`
+	// Seed is the seed of the workload and of the choice of victims.
+	Seed uint64 `json:"seed"`
+}
+
+func newChaosResultConfig(c ChaosConfig, jobs int) ChaosResultConfig {
+	return ChaosResultConfig{
+		Jobs: jobs, Workers: c.Workers, Slots: c.Slots,
+		LeaseMs: ms(c.Lease), HeartbeatMs: ms(c.Heartbeat), BackoffMs: ms(c.BackoffBase),
+		DurationS: c.Duration.Seconds(), FaultEveryS: c.FaultEvery.Seconds(), Seed: c.Seed,
+	}
+}
+
+// ChaosThroughput is a rate of completed jobs.
+type ChaosThroughput struct {
+	// DuringFaultsPerSec is the rate between the first fault and the end
+	// of the last one (the whole enqueue window when the workload itself
+	// is the fault).
+	DuringFaultsPerSec float64 `json:"during_faults_per_sec"`
+	// FaultWindowSeconds is the length of that window.
+	FaultWindowSeconds float64 `json:"fault_window_seconds"`
+	// OverallPerSec is the rate from the first enqueue to the last job
+	// finished.
+	OverallPerSec float64 `json:"overall_per_sec"`
+}
+
+// ChaosInvariant is one checked property: Count is its figure, Want what
+// it must be ("0" or ">0").
+type ChaosInvariant struct {
+	// Name says what is counted.
+	Name string `json:"name"`
+	// Count is the figure, Want what it must be.
+	Count int64  `json:"count"`
+	Want  string `json:"want"`
+	// OK is whether Count is as wanted.
+	OK bool `json:"ok"`
+	// Examples describe a few of the violations.
+	Examples []string `json:"examples,omitempty"`
+}
+
+// ChaosPauseResult follows the zombies: the executions a paused worker was
+// running when it froze.
+type ChaosPauseResult struct {
+	// Pauses is how many times a worker was frozen, each for PauseMs.
+	Pauses  int     `json:"pauses"`
+	PauseMs float64 `json:"pause_ms"`
+	// InFlight is how many executions the paused workers were running.
+	InFlight int `json:"in_flight"`
+	// CompletionsRefused and FailuresRefused count the zombies' outcomes
+	// the database refused once they woke.
+	CompletionsRefused int `json:"completions_refused"`
+	FailuresRefused    int `json:"failures_refused"`
+	// Dropped counts outcomes the worker did not even send, its lease
+	// being known lost.
+	Dropped int `json:"dropped"`
+	// HeartbeatsRefused counts the paused workers' heartbeats that came
+	// back without the job (from their logs).
+	HeartbeatsRefused int `json:"heartbeats_refused"`
+	// HandlersCancelled counts zombie handlers whose context was cancelled
+	// with worker.ErrLeaseLost, and CancelLatency how long after SIGCONT.
+	HandlersCancelled int         `json:"handlers_cancelled"`
+	CancelLatency     Percentiles `json:"cancel_latency"`
+	// Unknown counts zombie executions with no acknowledgement recorded.
+	Unknown int `json:"unknown"`
+	// AcceptedAfterWake lists zombie acknowledgements accepted after the
+	// worker woke. Must be empty.
+	AcceptedAfterWake ChaosFinding `json:"accepted_after_wake"`
+}
+
+// ChaosPartitionResult says how the partitioned workers fared.
+type ChaosPartitionResult struct {
+	// Partitions says how each partitioned worker recovered.
+	Partitions []ChaosPartitionRecovery `json:"partitions"`
+	// CommitCuts is how many connections were cut just after a completion
+	// committed.
+	CommitCuts int `json:"commit_cuts"`
+	// AmbiguousCompletions is how many completions landed although their
+	// worker was told otherwise (see ChaosCheck).
+	AmbiguousCompletions int64 `json:"ambiguous_completions"`
+}
+
+// ChaosPartitionRecovery is how one worker came back from a partition.
+type ChaosPartitionRecovery struct {
+	// Worker is the worker cut off, and Kind how (partition_cut or
+	// blackhole).
+	Worker string `json:"worker"`
+	Kind   string `json:"kind"`
+	// ReregisteredAfterMs is how long after the heal the worker had a new
+	// session (-1: never).
+	ReregisteredAfterMs float64 `json:"reregistered_after_ms"`
+	// FirstClaimAfterMs is how long after the heal it claimed a job
+	// (-1: never).
+	FirstClaimAfterMs float64 `json:"first_claim_after_ms"`
+}
+
+// ChaosRestartResult says what clients and workers saw of the restarts.
+type ChaosRestartResult struct {
+	// Restarts describes each restart.
+	Restarts []ChaosRestartRecord `json:"restarts"`
+	// Answers counts the enqueue requests' answers by status ("0": no
+	// answer), over the whole run.
+	Answers map[string]int `json:"answers"`
+	// AnswersWhileDown counts those received while the database was down.
+	AnswersWhileDown map[string]int `json:"answers_while_down"`
+	// Leaks lists error answers that revealed internals.
+	Leaks []string `json:"leaks,omitempty"`
+	// UnansweredEnqueues counts jobs stored whose 2xx never arrived.
+	UnansweredEnqueues int64 `json:"unanswered_enqueues"`
+}
+
+// ChaosRestartRecord is one restart of the database.
+type ChaosRestartRecord struct {
+	// Mode is pg_ctl's shutdown mode: immediate (a crash) or fast.
+	Mode string `json:"mode"`
+	// DowntimeMs is from the stop to the server being back; StopMs and
+	// StartMs how long pg_ctl took to stop and to start it.
+	DowntimeMs float64 `json:"downtime_ms"`
+	StopMs     float64 `json:"stop_ms"`
+	StartMs    float64 `json:"start_ms"`
+	// ReadyzWhileDown counts /readyz answers while the database was down.
+	ReadyzWhileDown map[string]int `json:"readyz_while_down"`
+	// The recovery, timed from the command that started the server again
+	// (so including PostgreSQL's own start, and its crash recovery after an
+	// immediate shutdown):
+	//
+	// FirstEnqueueOKAfterMs is when the API acknowledged an enqueue again,
+	// WorkersReregisteredAfterMs when each worker had a new session, and
+	// FirstClaimAfterMs when a worker claimed a job again (-1: never).
+	FirstEnqueueOKAfterMs      float64            `json:"first_enqueue_ok_after_ms"`
+	WorkersReregisteredAfterMs map[string]float64 `json:"workers_reregistered_after_ms"`
+	FirstClaimAfterMs          float64            `json:"first_claim_after_ms"`
+}
+
+// ChaosPoisonResult counts the poison jobs and how they ended.
+type ChaosPoisonResult struct {
+	// Jobs counts poison jobs by kind.
+	Jobs map[string]int `json:"jobs"`
+	// DeadAfterMaxAttempts counts those that ended dead after exactly
+	// max_attempts claims.
+	DeadAfterMaxAttempts int `json:"dead_after_max_attempts"`
+	// SelfExits is how many worker processes chaos_exit jobs killed.
+	SelfExits int `json:"self_exits"`
+	// RetriesAfterFailure is how many claims of poison jobs followed a
+	// failure, and so had a backoff to honour (a claim after a reclaim has
+	// none).
+	RetriesAfterFailure int `json:"retries_after_failure"`
+	// MinBackoffSlackMs is the smallest margin by which such a retry came
+	// after its backoff (negative would be a retry too early).
+	MinBackoffSlackMs float64 `json:"min_backoff_slack_ms"`
+}
+
+// ChaosStarvationResult says whether handlers holding every connection of
+// their pool starved the heartbeats.
+type ChaosStarvationResult struct {
+	// HoldJobs jobs each held all HandlerPoolSize connections of their
+	// worker's handlers' pool for HoldMs.
+	HoldJobs        int     `json:"hold_jobs"`
+	HoldMs          float64 `json:"hold_ms"`
+	HandlerPoolSize int     `json:"handler_pool_size"`
+	// HoldExecutions is how many times those jobs ran (want one each).
+	HoldExecutions int `json:"hold_executions"`
+	// LongestHoldRunMs is the longest run of one, waiting included: it
+	// must exceed the lease for the scenario to prove anything.
+	LongestHoldRunMs float64 `json:"longest_hold_run_ms"`
+	// LeaseExpiredReclaims and LeaseLost count leases lost anyway.
+	LeaseExpiredReclaims int `json:"lease_expired_reclaims"`
+	LeaseLost            int `json:"lease_lost"`
+}
+
+// zero appends an invariant that a count must be zero.
+func (res *ChaosResult) zero(name string, f ChaosFinding) {
+	res.Invariants = append(res.Invariants, ChaosInvariant{Name: name, Count: f.Count, Want: "0", OK: f.Count == 0, Examples: f.Examples})
+}
+
+// some appends an invariant that a count must be positive: evidence that
+// the fault really hit what the scenario means to test.
+func (res *ChaosResult) some(name string, n int64) {
+	res.Invariants = append(res.Invariants, ChaosInvariant{Name: name, Count: n, Want: ">0", OK: n > 0})
+}
+
+// evaluate fills in the throughput, the scenario's findings and the
+// invariants.
+func (r *chaosRun) evaluate(ctx context.Context, res *ChaosResult, windowStart, windowEnd, runEnd time.Time, survivors map[string]bool) error {
+	c := res.Check
+	for _, n := range c.Faults {
+		res.FaultsInjected += n
+	}
+	faults, err := r.q.ChaosFaults(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: read the faults: %w", err)
+	}
+	execs, err := r.q.ChaosExecutions(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: read the executions: %w", err)
+	}
+
+	// Throughput.
+	from, until := windowStart, windowEnd
+	var injected []db.ChaosFault
+	for _, f := range faults {
+		if f.Kind != "self_exit" && f.Kind != "crash" {
+			injected = append(injected, f)
+		}
+	}
+	if len(injected) > 0 {
+		from, until = injected[0].At, injected[0].At
+		for _, f := range injected {
+			end := f.At
+			if f.EndedAt != nil {
+				end = *f.EndedAt
+			}
+			if end.After(until) {
+				until = end
+			}
+		}
+		if until.Sub(from) < time.Second {
+			// A burst (bad input) or a single fault: measure over the
+			// second that follows it.
+			until = from.Add(time.Second)
+		}
+	}
+	during, err := r.completions(ctx, from, until)
+	if err != nil {
+		return err
+	}
+	overall, err := r.completions(ctx, windowStart, runEnd)
+	if err != nil {
+		return err
+	}
+	res.Throughput = ChaosThroughput{
+		DuringFaultsPerSec: round3(float64(during) / until.Sub(from).Seconds()),
+		FaultWindowSeconds: round3(until.Sub(from).Seconds()),
+		OverallPerSec:      round3(float64(overall) / runEnd.Sub(windowStart).Seconds()),
+	}
+
+	// The invariants of every scenario.
+	res.zero("lost", c.Lost)
+	res.zero("unexpected", c.Unexpected)
+	res.zero("stale accepted", c.StaleAccepted)
+	res.zero("terminal changes", c.TerminalChanges)
+	res.zero("premature reclaims", c.PrematureReclaims)
+	res.zero("wrong outcome", c.WrongOutcome)
+	res.zero("phantom jobs", c.Phantoms)
+	res.zero("poison misbehaved", c.PoisonMisbehaved)
+	var crashes ChaosFinding
+	r.mu.Lock()
+	for _, s := range r.details.crashes {
+		crashes.add("%s", s)
+	}
+	details := r.details
+	r.mu.Unlock()
+	res.zero("worker crashes", crashes)
+	var undrained ChaosFinding
+	if !res.Drained {
+		undrained.add("jobs still unfinished after %s", r.cfg.DrainTimeout)
+	}
+	res.zero("unfinished at the end", undrained)
+
+	switch r.cfg.Scenario {
+	case ChaosKill:
+		res.some("workers killed", int64(c.Faults["kill"]))
+	case ChaosBackendKill:
+		res.some("backends terminated", int64(c.Faults["backend_kill"]+c.Faults["backend_kill_session"]))
+		res.some("worker sessions terminated", int64(c.Faults["backend_kill_session"]))
+	case ChaosPause:
+		r.evaluatePause(res, details, faults, execs)
+	case ChaosPartition:
+		if err := r.evaluatePartition(ctx, res, details, survivors); err != nil {
+			return err
+		}
+	case ChaosRestart:
+		if err := r.evaluateRestart(ctx, res, details, survivors); err != nil {
+			return err
+		}
+	case ChaosPoison:
+		if err := r.evaluatePoison(ctx, res, details); err != nil {
+			return err
+		}
+	case ChaosStarvation:
+		r.evaluateStarvation(res, execs)
+	case ChaosBadInput:
+		b := details.badInput
+		if b == nil {
+			return fmt.Errorf("chaos: the bad-input burst did not run")
+		}
+		res.BadInput = b
+		var not4xx, leaks ChaosFinding
+		for _, s := range b.Not4xx {
+			not4xx.add("%s", s)
+		}
+		for _, s := range b.Leaks {
+			leaks.add("%s", s)
+		}
+		res.zero("hostile requests not answered 4xx", not4xx)
+		res.zero("error answers revealing internals", leaks)
+		var replay ChaosFinding
+		if b.ReplayStatus != 200 || !b.ReplaySameJob {
+			replay.add("an exact replay under its Idempotency-Key got %d (same job: %v), want 200 and the original job", b.ReplayStatus, b.ReplaySameJob)
+		}
+		res.zero("idempotent replay not answered with the original job", replay)
+		res.some("hostile requests sent", int64(b.Requests))
+	}
+
+	for _, inv := range res.Invariants {
+		if !inv.OK {
+			res.Failures = append(res.Failures, fmt.Sprintf("%s: %d, want %s", inv.Name, inv.Count, inv.Want))
+		}
+	}
+	res.Passed = len(res.Failures) == 0
+	return nil
+}
+
+// completions counts the jobs completed between two instants.
+func (r *chaosRun) completions(ctx context.Context, from, until time.Time) (int64, error) {
+	rows, err := r.q.ChaosActionCounts(ctx, db.ChaosActionCountsParams{Since: from, Until: until})
+	if err != nil {
+		return 0, fmt.Errorf("chaos: count completions: %w", err)
+	}
+	for _, row := range rows {
+		if row.Action == "complete" {
+			return row.N, nil
+		}
+	}
+	return 0, nil
+}
+
+// evaluatePause follows the executions each paused worker was running when
+// it froze.
+func (r *chaosRun) evaluatePause(res *ChaosResult, d chaosDetails, faults []db.ChaosFault, execs []db.ChaosExecution) {
+	p := &ChaosPauseResult{Pauses: len(d.pauses), PauseMs: ms(r.cfg.Lease * 7 / 4)}
+	byID := map[int64]db.ChaosFault{}
+	for _, f := range faults {
+		byID[f.ID] = f
+	}
+	var latencies []float64
+	counted := map[*Proc]bool{}
+	for _, pz := range d.pauses {
+		f, ok := byID[pz.faultID]
+		if !ok || f.EndedAt == nil {
+			continue
+		}
+		woke := *f.EndedAt
+		for _, e := range execs {
+			if e.Worker != pz.worker || !e.StartedAt.Before(f.At) || (e.EndedAt != nil && e.EndedAt.Before(f.At)) {
+				continue
+			}
+			p.InFlight++
+			ack, accepted := chaosDeref(e.Ack), e.Accepted != nil && *e.Accepted
+			switch {
+			case e.Ack == nil:
+				p.Unknown++
+			case accepted && e.AckedAt != nil && e.AckedAt.After(woke):
+				p.AcceptedAfterWake.add("job %d (fence %d): %s accepted %s after %s woke", e.JobID, e.Fence, ack, e.AckedAt.Sub(woke), pz.worker)
+			case ack == "completed" && !accepted:
+				p.CompletionsRefused++
+			case ack == "failed" && !accepted:
+				p.FailuresRefused++
+			case ack == "lease_lost":
+				p.Dropped++
+			}
+			if strings.Contains(chaosDeref(e.Cause), "lease lost") && e.EndedAt != nil {
+				p.HandlersCancelled++
+				latencies = append(latencies, ms(e.EndedAt.Sub(woke)))
+			}
+		}
+		if !counted[pz.proc] {
+			counted[pz.proc] = true
+			if lines, err := pz.proc.Logs(); err == nil {
+				for _, l := range lines {
+					if l.Msg == "lease lost; cancelling handler" && l.Str("why") == "heartbeat rejected" {
+						p.HeartbeatsRefused++
+					}
+				}
+			}
+		}
+	}
+	p.CancelLatency = percentiles(latencies)
+	res.Pause = p
+	res.some("pauses", int64(p.Pauses))
+	res.some("zombie executions (in flight when frozen)", int64(p.InFlight))
+	res.zero("zombie acknowledgements accepted after waking", p.AcceptedAfterWake)
+	res.some("zombie handlers cancelled (lease lost)", int64(p.HandlersCancelled))
+}
+
+// evaluatePartition checks that every partitioned worker came back by
+// itself, and that the cuts at commit hit commits.
+func (r *chaosRun) evaluatePartition(ctx context.Context, res *ChaosResult, d chaosDetails, survivors map[string]bool) error {
+	sessions, err := r.q.ChaosSessions(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: read the sessions: %w", err)
+	}
+	p := &ChaosPartitionResult{CommitCuts: len(d.cuts), AmbiguousCompletions: res.Check.AmbiguousCompletions}
+	var unrecovered ChaosFinding
+	for _, h := range d.heals {
+		rec := ChaosPartitionRecovery{Worker: h.worker, Kind: h.kind, ReregisteredAfterMs: -1, FirstClaimAfterMs: -1}
+		for _, s := range sessions {
+			if s.Worker == h.worker && s.At.After(h.at) {
+				rec.ReregisteredAfterMs = ms(s.At.Sub(h.at))
+				break
+			}
+		}
+		claims, err := r.q.ChaosFirstClaims(ctx, h.at)
+		if err != nil {
+			return fmt.Errorf("chaos: read the claims: %w", err)
+		}
+		for _, c := range claims {
+			if c.Worker == h.worker {
+				rec.FirstClaimAfterMs = ms(c.At.Sub(h.at))
+			}
+		}
+		if rec.ReregisteredAfterMs < 0 {
+			unrecovered.add("%s never registered a new session after its %s was healed", h.worker, h.kind)
+		}
+		p.Partitions = append(p.Partitions, rec)
+	}
+	res.Partition = p
+	res.zero("partitioned workers that did not recover by themselves", unrecovered)
+	res.zero("processes that had to be restarted", chaosNotSurvived(survivors))
+	res.some("partitions healed", int64(len(d.heals)))
+	res.some("connections cut just after a completion committed", int64(p.CommitCuts))
+	res.some("completions that landed while their worker was told they failed", p.AmbiguousCompletions)
+	return nil
+}
+
+// chaosNotSurvived lists the processes that did not run to the end.
+func chaosNotSurvived(survivors map[string]bool) ChaosFinding {
+	var f ChaosFinding
+	names := make([]string, 0, len(survivors))
+	for name := range survivors {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if !survivors[name] {
+			f.add("%s exited during the run", name)
+		}
+	}
+	return f
+}
+
+// evaluateRestart checks what the clients saw while the database was down,
+// and that the server and every worker recovered without a restart.
+func (r *chaosRun) evaluateRestart(ctx context.Context, res *ChaosResult, d chaosDetails, survivors map[string]bool) error {
+	sessions, err := r.q.ChaosSessions(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: read the sessions: %w", err)
+	}
+	out := &ChaosRestartResult{Answers: map[string]int{}, AnswersWhileDown: map[string]int{}, UnansweredEnqueues: res.Check.Unanswered}
+	r.http.mu.Lock()
+	events := slices.Clone(r.http.events)
+	downs := slices.Clone(r.http.downs)
+	r.http.mu.Unlock()
+	isDown := func(t time.Time) bool {
+		for _, s := range downs {
+			if !t.Before(s.from) && (s.to.IsZero() || t.Before(s.to)) {
+				return true
+			}
+		}
+		return false
+	}
+	var other5xx, leaks ChaosFinding
+	var unavailableWhileDown int64
+	for _, ev := range events {
+		status := strconv.Itoa(ev.status)
+		out.Answers[status]++
+		if isDown(ev.at) {
+			out.AnswersWhileDown[status]++
+			if ev.status == 503 {
+				unavailableWhileDown++
+			}
+		}
+		if ev.status >= 500 && ev.status != 503 {
+			other5xx.add("an enqueue was answered %d", ev.status)
+		}
+		if ev.leak != "" {
+			leaks.add("%s", ev.leak)
+			out.Leaks = append(out.Leaks, ev.leak)
+		}
+	}
+	var notRecovered ChaosFinding
+	workers := []string{}
+	for name := range survivors {
+		if name != "serve" {
+			workers = append(workers, name)
+		}
+	}
+	slices.Sort(workers)
+	for i, rs := range d.restarts {
+		rec := ChaosRestartRecord{
+			Mode: string(rs.mode), DowntimeMs: ms(rs.up.Sub(rs.down)), StopMs: ms(rs.stopTook), StartMs: ms(rs.startTook),
+			ReadyzWhileDown: map[string]int{}, FirstEnqueueOKAfterMs: -1, WorkersReregisteredAfterMs: map[string]float64{},
+			FirstClaimAfterMs: -1,
+		}
+		for status, n := range rs.readyzDown {
+			rec.ReadyzWhileDown[strconv.Itoa(status)] += n
+		}
+		for _, ev := range events {
+			if ev.at.After(rs.start) && (ev.status == 201 || ev.status == 200) {
+				if rec.FirstEnqueueOKAfterMs < 0 || ms(ev.at.Sub(rs.start)) < rec.FirstEnqueueOKAfterMs {
+					rec.FirstEnqueueOKAfterMs = ms(ev.at.Sub(rs.start))
+				}
+			}
+		}
+		if rec.FirstEnqueueOKAfterMs < 0 {
+			notRecovered.add("the API acknowledged no enqueue after restart %d", i+1)
+		}
+		// The database's clock and the harness's are the same host's: the
+		// server was down from the stop to the start command, so what the
+		// database records after that command came after the restart.
+		claims, err := r.q.ChaosFirstClaims(ctx, rs.start)
+		if err != nil {
+			return fmt.Errorf("chaos: read the claims: %w", err)
+		}
+		for _, c := range claims {
+			if d := ms(c.At.Sub(rs.start)); rec.FirstClaimAfterMs < 0 || d < rec.FirstClaimAfterMs {
+				rec.FirstClaimAfterMs = d
+			}
+		}
+		for _, w := range workers {
+			rec.WorkersReregisteredAfterMs[w] = -1
+			for _, s := range sessions {
+				if s.Worker == w && s.At.After(rs.start) {
+					rec.WorkersReregisteredAfterMs[w] = ms(s.At.Sub(rs.start))
+					break
+				}
+			}
+			if rec.WorkersReregisteredAfterMs[w] < 0 {
+				notRecovered.add("worker %s had no new session after restart %d", w, i+1)
+			}
+		}
+		for status, n := range rs.readyzDown {
+			if status != 503 {
+				notRecovered.add("/readyz answered %d (%d times) while the database was down, want 503", status, n)
+			}
+		}
+		out.Restarts = append(out.Restarts, rec)
+	}
+	res.Restart = out
+	res.some("restarts", int64(len(d.restarts)))
+	res.some("enqueues answered 503 while the database was down", unavailableWhileDown)
+	res.zero("enqueues answered with a 5xx other than 503", other5xx)
+	res.zero("error answers revealing internals", leaks)
+	res.zero("server or workers not recovered", notRecovered)
+	res.zero("processes that had to be restarted", chaosNotSurvived(survivors))
+	return nil
+}
+
+// evaluatePoison counts how the poison jobs ended.
+func (r *chaosRun) evaluatePoison(ctx context.Context, res *ChaosResult, d chaosDetails) error {
+	rows, err := r.q.ChaosPoisonJobs(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: read the poison jobs: %w", err)
+	}
+	p := &ChaosPoisonResult{Jobs: map[string]int{}, SelfExits: d.selfExits}
+	first := true
+	for _, row := range rows {
+		p.Jobs[row.Kind]++
+		if row.State == db.JobStateDead && row.Claims == int64(row.MaxAttempts) {
+			p.DeadAfterMaxAttempts++
+		}
+		p.RetriesAfterFailure += int(row.RetriesAfterFailure)
+		if row.RetriesAfterFailure > 0 && (first || row.MinBackoffSlackMs < p.MinBackoffSlackMs) {
+			p.MinBackoffSlackMs, first = round3(row.MinBackoffSlackMs), false
+		}
+	}
+	res.Poison = p
+	res.some("poison jobs dead after exactly max_attempts claims", int64(p.DeadAfterMaxAttempts))
+	res.some("workers killed by their own job", int64(p.SelfExits))
+	res.some("retries after a failure checked against their backoff", int64(p.RetriesAfterFailure))
+	var short ChaosFinding
+	if total := len(rows); p.DeadAfterMaxAttempts != total {
+		short.add("%d of %d poison jobs did not end dead after exactly max_attempts claims", total-p.DeadAfterMaxAttempts, total)
+	}
+	res.zero("poison jobs not dead after max_attempts", short)
+	return nil
+}
+
+// evaluateStarvation checks that no lease was lost while handlers held
+// every connection of their pool.
+func (r *chaosRun) evaluateStarvation(res *ChaosResult, execs []db.ChaosExecution) {
+	s := &ChaosStarvationResult{
+		HoldJobs: 2 * r.cfg.Workers, HoldMs: ms(r.cfg.Lease * 5 / 4), HandlerPoolSize: DefaultChaosHandlerPoolSize,
+		LeaseExpiredReclaims: res.Check.Reclaims["lease expired"],
+	}
+	var lost, reruns ChaosFinding
+	for _, e := range execs {
+		if chaosDeref(e.Ack) == "lease_lost" || strings.Contains(chaosDeref(e.Cause), "lease lost") {
+			s.LeaseLost++
+			lost.add("job %d (%s, fence %d) lost its lease on %s", e.JobID, e.Kind, e.Fence, e.Worker)
+		}
+		if e.Kind == KindChaosHoldConns {
+			s.HoldExecutions++
+			if e.EndedAt != nil {
+				s.LongestHoldRunMs = max(s.LongestHoldRunMs, ms(e.EndedAt.Sub(e.StartedAt)))
+			}
+		}
+	}
+	if s.HoldExecutions != s.HoldJobs {
+		reruns.add("%d executions of %d connection-holding jobs, want one each", s.HoldExecutions, s.HoldJobs)
+	}
+	var expired ChaosFinding
+	for range s.LeaseExpiredReclaims {
+		expired.add("a lease expired")
+	}
+	res.Starvation = s
+	res.zero("leases expired while handlers held the pool", expired)
+	res.zero("executions that lost their lease", lost)
+	res.zero("connection-holding jobs run other than once", reruns)
+	longer := int64(0)
+	if s.LongestHoldRunMs > ms(r.cfg.Lease) {
+		longer = 1
+	}
+	res.some("connection-holding jobs that ran longer than the lease", longer)
+}
+
+// PrintChaosSummary writes one line per result: the figures the issue asks
+// for, and whether every invariant held.
+func PrintChaosSummary(w io.Writer, results []*ChaosResult) {
+	fmt.Fprintf(w, "%-13s %7s %6s %5s %6s %6s %6s %6s %16s %12s %10s  %s\n",
+		"scenario", "jobs", "faults", "lost", "unexp", "stale", "term", "prem", "duplicates", "worst redeliv", "jobs/s", "result")
+	for _, r := range results {
+		c := r.Check
+		verdict := "PASS"
+		if !r.Passed {
+			verdict = "FAIL: " + strings.Join(r.Failures, "; ")
+		}
+		fmt.Fprintf(w, "%-13s %7d %6d %5d %6d %6d %6d %6d %16s %12s %10.0f  %s\n",
+			r.Scenario, c.Enqueued, r.FaultsInjected, c.Lost.Count, c.Unexpected.Count, c.StaleAccepted.Count,
+			c.TerminalChanges.Count, c.PrematureReclaims.Count,
+			fmt.Sprintf("%d (%.2f%%)", c.Duplicates.Jobs, c.Duplicates.Percent),
+			chaosWorstRedelivery(c), r.Throughput.DuringFaultsPerSec, verdict)
+	}
+}
+
+// chaosWorstRedelivery is the longest wait, from a fault to the next claim, of
+// a job its worker held, over every kind of fault, with that kind.
+func chaosWorstRedelivery(c *ChaosCheck) string {
+	worst, kind := 0.0, ""
+	for k, d := range c.ReclaimDelays {
+		if d.Redelivered.Max > worst {
+			worst, kind = d.Redelivered.Max, k
+		}
+	}
+	if kind == "" {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f ms", worst)
+}

@@ -1,0 +1,191 @@
+package experiment
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/internal/dbtest"
+)
+
+// Each scenario of `relay experiment chaos` runs here in its short form
+// (ShortChaosConfig: 300 jobs over 6 s, 3 workers, a 2 s lease), against
+// real relay worker processes, and fails if any invariant breaks.
+
+// Environment variables the chaos tests read.
+const (
+	// EnvChaosBinary names a relay binary to run instead of building one.
+	EnvChaosBinary = "RELAY_CHAOS_BIN"
+	// EnvChaosOut names a directory to keep the short runs' JSON results in.
+	EnvChaosOut = "RELAY_CHAOS_OUT"
+)
+
+var (
+	chaosBinOnce sync.Once
+	chaosBinErr  error
+)
+
+// chaosBinary returns the relay binary the chaos tests run, built once, and
+// checks that it has the chaos worker.
+func chaosBinary(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv(EnvChaosBinary)
+	if bin == "" {
+		bin = relayBinary(t)
+	}
+	chaosBinOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, bin, "experiment", "chaos-worker", "-h").CombinedOutput()
+		if err != nil || !bytes.Contains(out, []byte("chaos-worker")) {
+			chaosBinErr = &buildError{err: err, out: "relay has no `experiment chaos-worker` command (runChaosWorker in cmd/relay/chaos.go is not wired into the command table):\n" + string(out)}
+		}
+	})
+	if chaosBinErr != nil {
+		t.Fatalf("%v", chaosBinErr)
+	}
+	return bin
+}
+
+// shortChaos returns the short configuration of a scenario, on a fresh
+// database of the test server (the restart scenario starts its own).
+func shortChaos(t *testing.T, s ChaosScenario) ChaosConfig {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs relay processes against PostgreSQL for several seconds; skipped with -short")
+	}
+	cfg := ShortChaosConfig(s)
+	cfg.RelayBin = chaosBinary(t)
+	if s != ChaosRestart {
+		cfg.DatabaseURL = dbtest.NewURL(t)
+	}
+	cfg.LogDir = t.TempDir()
+	if dir := os.Getenv(EnvChaosOut); dir != "" {
+		cfg.OutDir = dir
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return cfg
+}
+
+// runChaosTest runs a scenario and fails the test for each broken invariant.
+func runChaosTest(t *testing.T, cfg ChaosConfig) *ChaosResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	res, err := RunChaos(ctx, cfg)
+	if err != nil {
+		t.Fatalf("RunChaos(%s): %v", cfg.Scenario, err)
+	}
+	var summary strings.Builder
+	PrintChaosSummary(&summary, []*ChaosResult{res})
+	t.Logf("\n%sfaults %v, reclaims %v, executions %d, wall %.1fs", summary.String(), res.Check.Faults, res.Check.Reclaims, res.Check.Executions, res.WallSeconds)
+	for _, inv := range res.Invariants {
+		if !inv.OK {
+			t.Errorf("%s: %d, want %s; e.g. %v", inv.Name, inv.Count, inv.Want, inv.Examples)
+		}
+	}
+	if t.Failed() {
+		dumpChaosLogs(t, cfg.LogDir)
+	}
+	return res
+}
+
+// dumpChaosLogs shows the tail of every process log.
+func dumpChaosLogs(t *testing.T, dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(dir + "/" + e.Name())
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 15 {
+			lines = lines[len(lines)-15:]
+		}
+		t.Logf("%s (last lines):\n%s", e.Name(), strings.Join(lines, "\n"))
+	}
+}
+
+func TestChaos_Kill_LosesNothingAndAcceptsNoStaleAck(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosKill))
+	if res.Check.WorstRedeliveryAfterDeathMs <= 0 {
+		t.Errorf("no job held by a killed worker was timed back to a claim; reclaim delays: %+v", res.Check.ReclaimDelays)
+	}
+}
+
+func TestChaos_Pause_RefusesEveryZombieAcknowledgement(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosPause))
+	p := res.Pause
+	if p == nil {
+		t.Fatal("no pause findings")
+	}
+	t.Logf("zombies: %d in flight; completions refused %d, failures refused %d, dropped %d, heartbeats refused %d, handlers cancelled %d (p95 %.0f ms after SIGCONT)",
+		p.InFlight, p.CompletionsRefused, p.FailuresRefused, p.Dropped, p.HeartbeatsRefused, p.HandlersCancelled, p.CancelLatency.P95)
+	// Which acknowledgement the zombie tries first after SIGCONT (a
+	// heartbeat, or a completion whose handler's timer fired first) is a
+	// race; that it tries one and is refused is not.
+	if p.HeartbeatsRefused+p.CompletionsRefused+p.FailuresRefused == 0 {
+		t.Errorf("the paused worker's log shows no refused acknowledgement")
+	}
+	if limit := 4 * ms(ShortChaosConfig(ChaosPause).Heartbeat+time.Second); p.CancelLatency.Max > limit {
+		t.Errorf("a zombie handler was cancelled %.0f ms after the worker woke, want within %.0f ms", p.CancelLatency.Max, limit)
+	}
+}
+
+func TestChaos_Partition_WorkersRecoverAndCommitCutsStayCorrect(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosPartition))
+	t.Logf("commit cuts %d, ambiguous completions %d, reclaims %v", res.Partition.CommitCuts, res.Partition.AmbiguousCompletions, res.Check.Reclaims)
+	for _, p := range res.Partition.Partitions {
+		t.Logf("%s after its %s: new session after %.0f ms, first claim after %.0f ms", p.Worker, p.Kind, p.ReregisteredAfterMs, p.FirstClaimAfterMs)
+	}
+}
+
+func TestChaos_BackendKill_LosesNothing(t *testing.T) {
+	runChaosTest(t, shortChaos(t, ChaosBackendKill))
+}
+
+func TestChaos_Restart_KeepsEveryAcknowledgedEnqueueAndRecovers(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosRestart))
+	t.Logf("answers: %v; while down: %v", res.Restart.Answers, res.Restart.AnswersWhileDown)
+}
+
+func TestChaos_Poison_EndsDeadAfterMaxAttemptsWhileHealthyJobsFlow(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosPoison))
+	t.Logf("poison: %+v", *res.Poison)
+	if res.Throughput.DuringFaultsPerSec <= 0 {
+		t.Errorf("no healthy job completed while the poison ran")
+	}
+}
+
+func TestChaos_PoolStarvation_LosesNoLease(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosStarvation))
+	t.Logf("starvation: %+v", *res.Starvation)
+}
+
+func TestChaos_BadInput_RefusesEveryHostileRequestWithA4xx(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosBadInput))
+	t.Logf("bad input: %d requests, answers %v", res.BadInput.Requests, res.BadInput.ByStatus)
+}
+
+func TestParseChaosScenarios(t *testing.T) {
+	all, err := ParseChaosScenarios("all")
+	if err != nil || len(all) != 8 {
+		t.Fatalf("ParseChaosScenarios(all) = %v, %v; want the 8 scenarios", all, err)
+	}
+	got, err := ParseChaosScenarios("kill, pause,kill")
+	if err != nil || len(got) != 2 || got[0] != ChaosKill || got[1] != ChaosPause {
+		t.Errorf("ParseChaosScenarios(kill, pause,kill) = %v, %v; want [kill pause]", got, err)
+	}
+	if _, err := ParseChaosScenarios("kill,flood"); err == nil {
+		t.Errorf("ParseChaosScenarios accepted an unknown scenario")
+	}
+}

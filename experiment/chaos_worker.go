@@ -1,0 +1,543 @@
+package experiment
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/builtin"
+	"github.com/relayq/relay/worker"
+)
+
+// The job kinds a chaos worker adds to the built-in ones (hash, sleep, fail,
+// noop). Every payload is a JSON object; an unknown field fails the job
+// permanently. Errors and panics name the claim's fence ("fence=N") so that
+// the checker can tell which claim a recorded failure came from.
+const (
+	// KindChaosPanic panics on every attempt: it must end dead after
+	// max_attempts claims. Payload {}.
+	KindChaosPanic = "chaos_panic"
+	// KindChaosFail fails on every attempt with an ordinary, retryable
+	// error: it must end dead after max_attempts claims, each retry after
+	// its backoff. Payload {}.
+	KindChaosFail = "chaos_fail"
+	// KindChaosExit kills its own worker process (os.Exit with
+	// ChaosExitCode) on every attempt, after recording a self_exit fault:
+	// it must end dead after max_attempts claims. Payload {}.
+	KindChaosExit = "chaos_exit"
+	// KindChaosHoldConns acquires every connection of the handlers' pool
+	// and holds them for hold_ms: heartbeats, which use the worker's own
+	// pool, must go on. Payload {"hold_ms": 1000}.
+	KindChaosHoldConns = "chaos_hold_conns"
+	// KindChaosFlaky waits ms, then fails while its attempt is at most
+	// fail_attempts, and succeeds after. Payload {"ms": 100,
+	// "fail_attempts": 1}.
+	KindChaosFlaky = "chaos_flaky"
+)
+
+// ChaosExitCode is the status a chaos worker exits with when a chaos_exit
+// job kills it.
+const ChaosExitCode = 3
+
+// DefaultChaosHandlerPoolSize is the size of a chaos worker's handlers'
+// pool, the one chaos_hold_conns exhausts.
+const DefaultChaosHandlerPoolSize = 2
+
+// chaosPoisonKind reports whether jobs of kind must end dead.
+func chaosPoisonKind(kind string) bool {
+	return kind == KindChaosPanic || kind == KindChaosFail || kind == KindChaosExit
+}
+
+// ChaosWorkerConfig configures one chaos worker process: the standard
+// worker library with the built-in handlers and the chaos kinds, every
+// execution recorded in the run's database.
+type ChaosWorkerConfig struct {
+	// DatabaseURL is what the worker's own connections use: its statements,
+	// its session, and its handlers' pool. In the partition scenario it
+	// points at a fault proxy.
+	DatabaseURL string
+	// RecordURL is where executions and self-inflicted faults are recorded,
+	// directly, never through a proxy. Default: DatabaseURL.
+	RecordURL string
+	// HandlerPoolSize is the size of the pool handlers use (and
+	// chaos_hold_conns exhausts), separate from the worker's.
+	// Default: DefaultChaosHandlerPoolSize.
+	HandlerPoolSize int
+	// Worker configures the worker. ID is required: the worker's
+	// connections are named relay-worker-<ID> (application_name), which is
+	// how the backend-kill scenario finds them. OnAck is set by
+	// RunChaosWorker.
+	Worker worker.Config
+	// Logger receives the logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// chaosRecordTimeout bounds one statement of the execution record.
+const chaosRecordTimeout = 5 * time.Second
+
+// RunChaosWorker runs a chaos worker until ctx is cancelled, then shuts it
+// down gracefully (as worker.Run does), flushes its record and returns.
+func RunChaosWorker(ctx context.Context, cfg ChaosWorkerConfig) error {
+	if cfg.Worker.ID == "" {
+		return errors.New("chaos worker: an id is required")
+	}
+	if cfg.DatabaseURL == "" {
+		return errors.New("chaos worker: a database URL is required")
+	}
+	if cfg.RecordURL == "" {
+		cfg.RecordURL = cfg.DatabaseURL
+	}
+	if cfg.HandlerPoolSize <= 0 {
+		cfg.HandlerPoolSize = DefaultChaosHandlerPoolSize
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	id := cfg.Worker.ID
+
+	workerPool, err := chaosPool(ctx, cfg.DatabaseURL, "relay-worker-"+id, 0)
+	if err != nil {
+		return fmt.Errorf("chaos worker: worker pool: %w", err)
+	}
+	defer workerPool.Close()
+	handlerPool, err := chaosPool(ctx, cfg.DatabaseURL, "relay-handlers-"+id, int32(cfg.HandlerPoolSize))
+	if err != nil {
+		return fmt.Errorf("chaos worker: handlers' pool: %w", err)
+	}
+	defer handlerPool.Close()
+	recordPool, err := chaosPool(ctx, cfg.RecordURL, "relay-chaos-record-"+id, 4)
+	if err != nil {
+		return fmt.Errorf("chaos worker: record pool: %w", err)
+	}
+	defer recordPool.Close()
+
+	rec := newChaosRecorder(db.New(recordPool), id, cfg.Logger)
+	recDone := make(chan struct{})
+	recCtx, stopRecorder := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer close(recDone)
+		rec.run(recCtx)
+	}()
+
+	wcfg := cfg.Worker
+	wcfg.Logger = cfg.Logger
+	wcfg.OnAck = rec.ack
+	w, err := worker.New(workerPool, wcfg)
+	if err != nil {
+		stopRecorder()
+		<-recDone
+		return fmt.Errorf("chaos worker: %w", err)
+	}
+	for kind, h := range builtin.Handlers() {
+		w.Handle(kind, rec.wrap(h))
+	}
+	k := &chaosKinds{rec: rec, handlers: handlerPool, log: cfg.Logger, acquiring: make(chan struct{}, 1)}
+	w.Handle(KindChaosPanic, rec.wrap(worker.HandlerFunc(k.panic)))
+	w.Handle(KindChaosFail, rec.wrap(worker.HandlerFunc(k.fail)))
+	w.Handle(KindChaosExit, rec.wrap(worker.HandlerFunc(k.exit)))
+	w.Handle(KindChaosHoldConns, rec.wrap(worker.HandlerFunc(k.holdConns)))
+	w.Handle(KindChaosFlaky, rec.wrap(worker.HandlerFunc(k.flaky)))
+
+	runErr := w.Run(ctx)
+	stopRecorder()
+	<-recDone
+	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*chaosRecordTimeout)
+	defer cancel()
+	flushErr := rec.flushAll(flushCtx)
+	if runErr != nil {
+		return fmt.Errorf("chaos worker: %w", runErr)
+	}
+	if flushErr != nil {
+		return fmt.Errorf("chaos worker: record: %w", flushErr)
+	}
+	return nil
+}
+
+// chaosPool opens a pool (without connecting: the database may be out of
+// reach, which the worker must survive) with an application_name.
+func chaosPool(ctx context.Context, dsn, appName string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("invalid database URL: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	return pool, nil
+}
+
+// chaosRecorder writes the record of a chaos worker's executions: the
+// start of each synchronously, before the handler does anything, and its
+// end and acknowledgement in batches, in the background, retried until
+// they are written (the database may be restarting).
+type chaosRecorder struct {
+	q      *db.Queries
+	worker string
+	pid    int
+	log    *slog.Logger
+
+	mu   sync.Mutex
+	ends []chaosExecEnd
+	acks []chaosExecAck
+	kick chan struct{}
+}
+
+type chaosExecEnd struct {
+	jobID, fence int64
+	at           time.Time
+	outcome      string
+	cause        string
+}
+
+type chaosExecAck struct {
+	jobID, fence int64
+	ack          string
+	accepted     bool
+	at           time.Time
+}
+
+// chaosFlushEvery is how often a chaos worker writes its pending
+// records.
+const chaosFlushEvery = 25 * time.Millisecond
+
+func newChaosRecorder(q *db.Queries, workerID string, logger *slog.Logger) *chaosRecorder {
+	return &chaosRecorder{q: q, worker: workerID, pid: os.Getpid(), log: logger, kick: make(chan struct{}, 1)}
+}
+
+// start records that job's handler starts. It retries until the record is
+// written or ctx (the handler's) ends: an execution is never run without
+// being recorded first.
+func (r *chaosRecorder) start(ctx context.Context, job *worker.Job) error {
+	delay := 20 * time.Millisecond
+	for {
+		sctx, cancel := context.WithTimeout(ctx, chaosRecordTimeout)
+		err := r.q.ChaosExecutionStart(sctx, db.ChaosExecutionStartParams{
+			JobID:   job.ID,
+			Kind:    job.Kind,
+			Attempt: int32(job.Attempt),
+			Fence:   job.Fence,
+			Worker:  r.worker,
+			Pid:     int32(r.pid),
+		})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("record the start of job %d (fence %d): %w", job.ID, job.Fence, context.Cause(ctx))
+		}
+		r.log.Warn("recording an execution's start failed; retrying", "job", job.ID, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// wrap records every execution of h: its start before h runs, its end
+// (and, if its context was cancelled, why) when h returns or panics.
+func (r *chaosRecorder) wrap(h worker.Handler) worker.Handler {
+	return worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (any, error) {
+		if err := r.start(ctx, job); err != nil {
+			return nil, err
+		}
+		outcome := "panic" // unless h returns
+		defer func() {
+			cause := ""
+			if ctx.Err() != nil {
+				cause = context.Cause(ctx).Error()
+			}
+			r.mu.Lock()
+			r.ends = append(r.ends, chaosExecEnd{jobID: job.ID, fence: job.Fence, at: time.Now(), outcome: outcome, cause: cause})
+			r.mu.Unlock()
+			chaosNotify(r.kick)
+		}()
+		res, err := h.Work(ctx, job)
+		outcome = "ok"
+		if err != nil {
+			outcome = "error"
+		}
+		return res, err
+	})
+}
+
+// ack is the worker's OnAck: it files the acknowledgement's fate, without
+// blocking, for the background writer.
+func (r *chaosRecorder) ack(a worker.Ack) {
+	r.mu.Lock()
+	r.acks = append(r.acks, chaosExecAck{jobID: a.Job.ID, fence: a.Job.Fence, ack: string(a.Outcome), accepted: a.Accepted, at: time.Now()})
+	r.mu.Unlock()
+	chaosNotify(r.kick)
+}
+
+// run writes pending records until ctx is cancelled.
+func (r *chaosRecorder) run(ctx context.Context) {
+	t := time.NewTicker(chaosFlushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.kick:
+			// Let a few more arrive, then write them together.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(chaosFlushEvery / 5):
+			}
+		}
+		if err := r.flush(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("recording executions failed; will retry", "err", err)
+		}
+	}
+}
+
+// flushAll writes everything pending, retrying until ctx ends.
+func (r *chaosRecorder) flushAll(ctx context.Context) error {
+	for {
+		err := r.flush(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("flush the execution record: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// flush writes what is pending; what fails to be written stays pending.
+func (r *chaosRecorder) flush(ctx context.Context) error {
+	r.mu.Lock()
+	ends, acks := r.ends, r.acks
+	r.ends, r.acks = nil, nil
+	r.mu.Unlock()
+	if len(ends) == 0 && len(acks) == 0 {
+		return nil
+	}
+	var errs []error
+	if len(ends) > 0 {
+		p := db.ChaosExecutionsEndParams{}
+		for _, e := range ends {
+			p.JobIds = append(p.JobIds, e.jobID)
+			p.Fences = append(p.Fences, e.fence)
+			p.EndedAts = append(p.EndedAts, e.at)
+			p.Outcomes = append(p.Outcomes, e.outcome)
+			p.Causes = append(p.Causes, e.cause)
+		}
+		sctx, cancel := context.WithTimeout(ctx, chaosRecordTimeout)
+		err := r.q.ChaosExecutionsEnd(sctx, p)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("record %d execution ends: %w", len(ends), err))
+			r.mu.Lock()
+			r.ends = append(ends, r.ends...)
+			r.mu.Unlock()
+		}
+	}
+	if len(acks) > 0 {
+		p := db.ChaosExecutionsAckParams{}
+		for _, a := range acks {
+			p.JobIds = append(p.JobIds, a.jobID)
+			p.Fences = append(p.Fences, a.fence)
+			p.Acks = append(p.Acks, a.ack)
+			p.Accepted = append(p.Accepted, a.accepted)
+			p.AckedAts = append(p.AckedAts, a.at)
+		}
+		sctx, cancel := context.WithTimeout(ctx, chaosRecordTimeout)
+		err := r.q.ChaosExecutionsAck(sctx, p)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("record %d acknowledgements: %w", len(acks), err))
+			r.mu.Lock()
+			r.acks = append(acks, r.acks...)
+			r.mu.Unlock()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// chaosNotify signals c without blocking.
+func chaosNotify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// chaosKinds implements the chaos job kinds.
+type chaosKinds struct {
+	rec      *chaosRecorder
+	handlers *pgxpool.Pool
+	log      *slog.Logger
+	// acquiring is held while one chaos_hold_conns job takes the whole
+	// pool, so that two of them never hold half of it each, waiting for
+	// each other forever.
+	acquiring chan struct{}
+}
+
+func (k *chaosKinds) panic(_ context.Context, job *worker.Job) (any, error) {
+	if err := decodeChaosPayload(job, &struct{}{}); err != nil {
+		return nil, err
+	}
+	panic(fmt.Sprintf("chaos_panic: deliberate panic (fence=%d)", job.Fence))
+}
+
+func (k *chaosKinds) fail(_ context.Context, job *worker.Job) (any, error) {
+	if err := decodeChaosPayload(job, &struct{}{}); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("chaos_fail: deliberate failure (fence=%d)", job.Fence)
+}
+
+// exit records a self_exit fault, then ends the process at once, as a
+// crash would: no deferred function runs, nothing is flushed or released.
+func (k *chaosKinds) exit(ctx context.Context, job *worker.Job) (any, error) {
+	if err := decodeChaosPayload(job, &struct{}{}); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := k.rec.q.ChaosFaultRecord(rctx, db.ChaosFaultRecordParams{
+			Kind:   "self_exit",
+			Target: k.rec.worker,
+			Pid:    int32(k.rec.pid),
+			Detail: fmt.Sprintf("job %d attempt %d (fence=%d) exits with status %d", job.ID, job.Attempt, job.Fence, ChaosExitCode),
+		})
+		cancel()
+		if err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	k.log.Warn("chaos_exit: exiting on purpose", "job", job.ID, "attempt", job.Attempt, "fence", job.Fence)
+	os.Exit(ChaosExitCode)
+	return nil, nil
+}
+
+// ChaosHoldConnsPayload is the payload of a chaos_hold_conns job.
+type ChaosHoldConnsPayload struct {
+	// HoldMs is how long to hold the connections once all are taken.
+	HoldMs int64 `json:"hold_ms"`
+}
+
+func (k *chaosKinds) holdConns(ctx context.Context, job *worker.Job) (any, error) {
+	var p ChaosHoldConnsPayload
+	if err := decodeChaosPayload(job, &p); err != nil {
+		return nil, err
+	}
+	if p.HoldMs < 0 || p.HoldMs > builtin.MaxSleepMs {
+		return nil, worker.Permanent(fmt.Errorf("chaos_hold_conns: hold_ms must be between 0 and %d", builtin.MaxSleepMs))
+	}
+	n := int(k.handlers.Config().MaxConns)
+	held := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	select {
+	case k.acquiring <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("chaos_hold_conns: wait for the pool (fence=%d): %w", job.Fence, context.Cause(ctx))
+	}
+	for range n {
+		c, err := k.handlers.Acquire(ctx)
+		if err != nil {
+			<-k.acquiring
+			return nil, fmt.Errorf("chaos_hold_conns: acquire connection %d of %d (fence=%d): %w", len(held)+1, n, job.Fence, err)
+		}
+		held = append(held, c)
+	}
+	<-k.acquiring
+	if err := chaosSleep(ctx, time.Duration(p.HoldMs)*time.Millisecond); err != nil {
+		return nil, fmt.Errorf("chaos_hold_conns: interrupted (fence=%d): %w", job.Fence, err)
+	}
+	return chaosResult(job), nil
+}
+
+// ChaosFlakyPayload is the payload of a chaos_flaky job.
+type ChaosFlakyPayload struct {
+	// Ms is how long to wait before returning.
+	Ms int64 `json:"ms"`
+	// FailAttempts is how many attempts fail, from the first (default 1).
+	FailAttempts int64 `json:"fail_attempts"`
+}
+
+func (k *chaosKinds) flaky(ctx context.Context, job *worker.Job) (any, error) {
+	p := ChaosFlakyPayload{FailAttempts: 1}
+	if err := decodeChaosPayload(job, &p); err != nil {
+		return nil, err
+	}
+	if p.Ms < 0 || p.Ms > builtin.MaxSleepMs {
+		return nil, worker.Permanent(fmt.Errorf("chaos_flaky: ms must be between 0 and %d", builtin.MaxSleepMs))
+	}
+	if err := chaosSleep(ctx, time.Duration(p.Ms)*time.Millisecond); err != nil {
+		return nil, fmt.Errorf("chaos_flaky: interrupted (fence=%d): %w", job.Fence, err)
+	}
+	if int64(job.Attempt) <= p.FailAttempts {
+		return nil, fmt.Errorf("chaos_flaky: attempt %d fails as asked (fence=%d)", job.Attempt, job.Fence)
+	}
+	return chaosResult(job), nil
+}
+
+// chaosResult is the result of a chaos kind: which execution produced it,
+// as the built-in kinds record it.
+func chaosResult(job *worker.Job) *builtin.Result {
+	return &builtin.Result{Worker: job.WorkerID, PID: os.Getpid(), Attempt: job.Attempt, Fence: job.Fence}
+}
+
+// decodeChaosPayload reads a JSON object payload strictly into v; a missing
+// or null payload leaves v as is. Any malformed payload is permanent.
+func decodeChaosPayload(job *worker.Job, v any) error {
+	payload := bytes.TrimSpace(job.Payload)
+	if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return worker.Permanent(fmt.Errorf("%s: invalid payload: %w", job.Kind, err))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return worker.Permanent(fmt.Errorf("%s: invalid payload: data after the JSON object", job.Kind))
+	}
+	return nil
+}
+
+// chaosSleep waits d, or returns the cause of ctx's end if that comes first.
+func chaosSleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

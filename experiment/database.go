@@ -1,0 +1,230 @@
+package experiment
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/migrations"
+)
+
+// DefaultAdminURL is the server the experiments create their databases on
+// when no URL is given.
+const DefaultAdminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// databaseTimeout bounds creating, migrating or dropping one database.
+const databaseTimeout = 2 * time.Minute
+
+// Database is a fresh, migrated database created on an admin server for
+// one experiment run, dropped by Drop.
+type Database struct {
+	// Name is the database's name.
+	Name string
+	// URL connects to it, with the admin URL's credentials.
+	URL string
+	// Pool is the experiment's own connection pool on it.
+	Pool *pgxpool.Pool
+	// Q runs Relay's statements on Pool.
+	Q *db.Queries
+
+	admin string
+}
+
+// CreateDatabase creates a database named prefix plus a random suffix on
+// the server of adminURL (whose user must be allowed to create databases),
+// applies Relay's migrations to it and opens a pool on it.
+func CreateDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, err error) {
+	ctx, cancel := context.WithTimeout(ctx, databaseTimeout)
+	defer cancel()
+	var suffix [5]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return nil, fmt.Errorf("create database: %w", err)
+	}
+	name := prefix + hex.EncodeToString(suffix[:])
+	dsn, err := withDatabase(adminURL, name)
+	if err != nil {
+		return nil, err
+	}
+	// CREATE and DROP DATABASE take an identifier, which no statement
+	// parameter can carry, and cannot run in a transaction or be prepared:
+	// they are the only SQL of this package, quoted by pgx.Identifier.
+	if err := adminExec(ctx, adminURL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	d := &Database{Name: name, URL: dsn, admin: adminURL}
+	defer func() {
+		if err != nil {
+			dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), databaseTimeout)
+			defer cancel()
+			_ = d.Drop(dropCtx)
+		}
+	}()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "relay experiment"
+	cfg.MaxConns = 8
+	if d.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", name, err)
+	}
+	d.Q = db.New(d.Pool)
+	m, err := migrations.NewMigrator(d.Pool)
+	if err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	defer m.Close()
+	if _, err := m.Up(ctx); err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	return d, nil
+}
+
+// Drop closes the pool and drops the database, ending any session still
+// connected to it.
+func (d *Database) Drop(ctx context.Context) error {
+	if d.Pool != nil {
+		d.Pool.Close()
+	}
+	if err := adminExec(ctx, d.admin, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", d.Name, err)
+	}
+	return nil
+}
+
+// Now reads the database clock (clock_timestamp()).
+func (d *Database) Now(ctx context.Context) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	t, err := d.Q.ExperimentClock(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the database clock: %w", err)
+	}
+	return t, nil
+}
+
+func adminExec(ctx context.Context, adminURL, sql string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return fmt.Errorf("connect to the admin database %s: %w", redact(adminURL), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// withDatabase returns dsn pointing at another database on the same server.
+func withDatabase(dsn, database string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parse the admin database URL: %w", err)
+		}
+		u.Path = "/" + database
+		return u.String(), nil
+	}
+	if strings.TrimSpace(dsn) == "" {
+		return "", errors.New("empty admin database URL")
+	}
+	// Keyword/value form: a later keyword overrides an earlier one.
+	return dsn + " dbname=" + database, nil
+}
+
+// redact shows a URL without its password.
+func redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		u.RawQuery = ""
+		return u.Redacted()
+	}
+	return "(connection string)"
+}
+
+// pollInterval is how often the experiments poll the database while
+// waiting for a state.
+const jobPollInterval = 5 * time.Millisecond
+
+// WaitWorkers waits until a worker is registered with a live session under
+// each of ids: the processes are then ready to claim.
+func WaitWorkers(ctx context.Context, q *db.Queries, procs *Procs, ids ...string) error {
+	for {
+		listCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		workers, err := q.WorkerList(listCtx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("list workers: %w", err)
+		}
+		alive := map[string]bool{}
+		for _, w := range workers {
+			if w.SessionAlive {
+				alive[w.ID] = true
+			}
+		}
+		missing := 0
+		for _, id := range ids {
+			if !alive[id] {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return nil
+		}
+		if gone := procs.Exited(); len(gone) > 0 {
+			lines, _ := gone[0].Logs()
+			return fmt.Errorf("%s exited before registering: %v; last lines:\n%s", gone[0].Name, gone[0].ExitErr(), tail(lines, 5))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %d of %d workers to register: %w", missing, len(ids), ctx.Err())
+		case <-time.After(10 * jobPollInterval):
+		}
+	}
+}
+
+// StartServe starts `relay serve` on a free port of 127.0.0.1 and waits
+// until /readyz answers 200. It returns the process and the API's base URL.
+func StartServe(ctx context.Context, procs *Procs, name string, extraArgs ...string) (*Proc, string, error) {
+	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--log-format", "json"}, extraArgs...)
+	p, err := procs.Start(ctx, name, args...)
+	if err != nil {
+		return nil, "", err
+	}
+	// The listening address, port included, is in the log line that
+	// announces the API.
+	line, err := p.WaitLog(ctx, func(l LogLine) bool { return strings.Contains(l.Str("addr"), ":") })
+	if err != nil {
+		return p, "", fmt.Errorf("wait for relay serve to listen: %w", err)
+	}
+	base := "http://" + line.Str("addr")
+	client := &http.Client{Timeout: 2 * time.Second}
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+		if err != nil {
+			return p, "", fmt.Errorf("readyz request: %w", err)
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p, base, nil
+			}
+		}
+		if p.Exited() {
+			return p, "", fmt.Errorf("relay serve exited: %v", p.ExitErr())
+		}
+		select {
+		case <-ctx.Done():
+			return p, "", fmt.Errorf("wait for %s/readyz: %w", base, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,57 @@
+-- Read-only statements of the recorded experiments (relay experiment crash
+-- and burst, in package experiment). None of them changes a job.
+
+-- name: ExperimentClock :one
+-- The database clock at this very instant (clock_timestamp(), not the
+-- transaction's now()), to place an event the experiment caused, such as
+-- the moment a worker was killed, on the same clock as the jobs' timestamps.
+SELECT clock_timestamp()::timestamptz AS now;
+
+-- name: ExperimentServerInfo :one
+-- The server settings that bear on the experiments' figures.
+SELECT current_setting('server_version')     AS server_version,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('fsync')              AS fsync,
+       current_setting('shared_buffers')     AS shared_buffers,
+       current_setting('max_connections')    AS max_connections;
+
+-- name: ExperimentJobTimes :many
+-- Every job of a queue with the timestamps and the facts the burst
+-- experiment checks: how many attempts it took, whether it holds a result,
+-- and which attempt and worker the result says produced it (0 and ''
+-- without a result).
+SELECT j.id,
+       j.state,
+       j.attempt,
+       j.created_at,
+       j.started_at,
+       j.finished_at,
+       jsonb_array_length(j.errors)::integer   AS error_count,
+       (j.result IS NOT NULL)::boolean          AS has_result,
+       COALESCE((j.result ->> 'attempt')::integer, 0)::integer AS result_attempt,
+       COALESCE(j.result ->> 'worker', '')::text   AS result_worker
+FROM jobs AS j
+WHERE j.queue = @queue
+ORDER BY j.id;
+
+-- name: ExperimentQueueProgress :one
+-- How many jobs of a queue are finished (in any terminal state), running,
+-- and in all: the progress bar's numbers.
+SELECT count(*) FILTER (WHERE j.state IN ('succeeded', 'dead', 'cancelled'))::bigint AS finished,
+       count(*) FILTER (WHERE j.state = 'running')::bigint                          AS running,
+       count(*)::bigint                                                              AS total
+FROM jobs AS j
+WHERE j.queue = @queue;
+
+-- name: ExperimentSkipCommitWait :exec
+-- In the caller's transaction only (set_config's is_local), lets COMMIT
+-- return before the transaction's WAL is flushed to disk, as SET LOCAL
+-- synchronous_commit = off does. Only the burst experiment's probe uses it,
+-- to tell the cost of the flush apart from the rest of a statement's time;
+-- Relay itself always commits synchronously.
+SELECT set_config('synchronous_commit', 'off', true);
+
+-- name: ExperimentBackendPID :one
+-- The process id of the server process serving this connection, whose CPU
+-- time the burst experiment's probe reads from /proc.
+SELECT pg_backend_pid()::integer AS pid;
