@@ -29,6 +29,7 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/wait"
 
+	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -115,8 +116,8 @@ func Named(ctx context.Context, prefix string) (string, error) {
 		return "", fmt.Errorf("connect to %s: %w", redact(admin), err)
 	}
 	defer conn.Close(context.Background())
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+	exists, err := db.New(conn).DatabaseExists(ctx, name)
+	if err != nil {
 		return "", fmt.Errorf("look up database: %w", err)
 	}
 	if !exists {
@@ -191,8 +192,8 @@ func ensureTemplate(ctx context.Context, admin string) (string, error) {
 	}
 	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", templateLockKey) //nolint:errcheck
 
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+	exists, err := db.New(conn).DatabaseExists(ctx, name)
+	if err != nil {
 		return "", fmt.Errorf("look up template: %w", err)
 	}
 	if !exists {
