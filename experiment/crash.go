@@ -456,40 +456,17 @@ func killTrial(ctx context.Context, cfg CrashConfig, d *Database, logDir string,
 	}
 	t := &KillTrial{Trial: n, JobID: id}
 	prog.Update(n-1, fmt.Sprintf("kill trial %d: waiting for the claim of job %d", n, id))
-	claimCtx, cancel := context.WithTimeout(ctx, crashStartupTimeout)
-	job, err := waitJob(claimCtx, d.Q, id, jobPollInterval, func(j db.Job) bool { return j.State != db.JobStateAvailable })
-	cancel()
+	claim1, victim, replacement, err := waitForClaim(ctx, d, id, byID)
 	if err != nil {
 		return nil, err
 	}
-	if job.State != db.JobStateRunning || job.LeasedBy == nil || job.StartedAt == nil {
-		return nil, fmt.Errorf("job %d is %s, not running, after its claim", id, job.State)
-	}
-	victim, ok := byID[*job.LeasedBy]
-	if !ok {
-		return nil, fmt.Errorf("job %d claimed by unknown worker %q", id, *job.LeasedBy)
-	}
-	var replacement *Proc
-	for name, p := range byID {
-		if name != victim.Name {
-			replacement = p
-		}
-	}
-	t.Claim1 = *job.StartedAt
+	t.Claim1 = claim1
 	t.Victim = WorkerRef{ID: victim.Name, PID: victim.PID()}
 	t.Replacement = WorkerRef{ID: replacement.Name, PID: replacement.PID()}
 
 	// Kill mid-job: KillAfter after the claim, by the database clock.
-	now, err := d.Now(ctx)
-	if err != nil {
+	if err := sleepUntil(ctx, d, t.Claim1.Add(cfg.KillAfter)); err != nil {
 		return nil, err
-	}
-	if wait := t.Claim1.Add(cfg.KillAfter).Sub(now); wait > 0 {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(wait):
-		}
 	}
 	prog.Update(n-1, fmt.Sprintf("kill trial %d: SIGKILL %s (pid %d)", n, victim.Name, victim.PID()))
 	if err := victim.Kill(); err != nil {
@@ -502,7 +479,7 @@ func killTrial(ctx context.Context, cfg CrashConfig, d *Database, logDir string,
 	// The job must come back without the victim: by its session with the
 	// defaults, by its lease at worst.
 	doneCtx, cancel := context.WithTimeout(ctx, 2*worker.DefaultLease+2*cfg.JobDuration+10*time.Second)
-	job, err = waitJob(doneCtx, d.Q, id, 20*time.Millisecond, jobFinished)
+	job, err := waitJob(doneCtx, d.Q, id, 20*time.Millisecond, jobFinished)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -573,39 +550,16 @@ func zombieTrial(ctx context.Context, cfg CrashConfig, d *Database, logDir strin
 	}
 	z := &ZombieTrial{JobID: id, LeaseMs: ms(cfg.ZombieLease), HeartbeatMs: ms(cfg.ZombieHeartbeat)}
 
-	claimCtx, cancel := context.WithTimeout(ctx, crashStartupTimeout)
-	job, err := waitJob(claimCtx, d.Q, id, jobPollInterval, func(j db.Job) bool { return j.State != db.JobStateAvailable })
-	cancel()
+	claim1, zombie, replacement, err := waitForClaim(ctx, d, id, byID)
 	if err != nil {
 		return nil, err
 	}
-	if job.State != db.JobStateRunning || job.LeasedBy == nil || job.StartedAt == nil {
-		return nil, fmt.Errorf("job %d is %s, not running, after its claim", id, job.State)
-	}
-	zombie, ok := byID[*job.LeasedBy]
-	if !ok {
-		return nil, fmt.Errorf("job %d claimed by unknown worker %q", id, *job.LeasedBy)
-	}
-	var replacement *Proc
-	for name, p := range byID {
-		if name != zombie.Name {
-			replacement = p
-		}
-	}
-	z.Claim1 = *job.StartedAt
+	z.Claim1 = claim1
 	z.Zombie = WorkerRef{ID: zombie.Name, PID: zombie.PID()}
 	z.Replacement = WorkerRef{ID: replacement.Name, PID: replacement.PID()}
 
-	now, err := d.Now(ctx)
-	if err != nil {
+	if err := sleepUntil(ctx, d, z.Claim1.Add(cfg.PauseAfter)); err != nil {
 		return nil, err
-	}
-	if wait := z.Claim1.Add(cfg.PauseAfter).Sub(now); wait > 0 {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(wait):
-		}
 	}
 	prog.Note("zombie: SIGSTOP %s (pid %d) holding job %d", zombie.Name, zombie.PID(), id)
 	if err := zombie.Pause(); err != nil {
@@ -617,7 +571,7 @@ func zombieTrial(ctx context.Context, cfg CrashConfig, d *Database, logDir strin
 
 	// The zombie keeps its session: only its lease can free the job.
 	doneCtx, cancel := context.WithTimeout(ctx, 3*cfg.ZombieLease+2*cfg.JobDuration+20*time.Second)
-	job, err = waitJob(doneCtx, d.Q, id, 20*time.Millisecond, jobFinished)
+	job, err := waitJob(doneCtx, d.Q, id, 20*time.Millisecond, jobFinished)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -785,6 +739,48 @@ func (r *CrashResult) WriteSummary(w io.Writer) error {
 	}
 	for _, f := range r.Files {
 		fmt.Fprintf(w, "wrote %s\n", f)
+	}
+	return nil
+}
+
+// waitForClaim waits until job id is claimed by one of the two workers in
+// byID, and returns the time of the claim, the worker that holds the job
+// and the other one.
+func waitForClaim(ctx context.Context, d *Database, id int64, byID map[string]*Proc) (time.Time, *Proc, *Proc, error) {
+	claimCtx, cancel := context.WithTimeout(ctx, crashStartupTimeout)
+	job, err := waitJob(claimCtx, d.Q, id, jobPollInterval, func(j db.Job) bool { return j.State != db.JobStateAvailable })
+	cancel()
+	if err != nil {
+		return time.Time{}, nil, nil, err
+	}
+	if job.State != db.JobStateRunning || job.LeasedBy == nil || job.StartedAt == nil {
+		return time.Time{}, nil, nil, fmt.Errorf("job %d is %s, not running, after its claim", id, job.State)
+	}
+	holder, ok := byID[*job.LeasedBy]
+	if !ok {
+		return time.Time{}, nil, nil, fmt.Errorf("job %d claimed by unknown worker %q", id, *job.LeasedBy)
+	}
+	var other *Proc
+	for name, p := range byID {
+		if name != holder.Name {
+			other = p
+		}
+	}
+	return *job.StartedAt, holder, other, nil
+}
+
+// sleepUntil waits until the database clock reaches at.
+func sleepUntil(ctx context.Context, d *Database, at time.Time) error {
+	now, err := d.Now(ctx)
+	if err != nil {
+		return err
+	}
+	if wait := at.Sub(now); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
 	}
 	return nil
 }
