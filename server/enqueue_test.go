@@ -30,7 +30,7 @@ var jsonValues = cmp.Transformer("jsonValue", func(m json.RawMessage) any {
 
 // ignoreTimes leaves out of a comparison the fields the database fills with
 // its clock.
-var ignoreTimes = cmpopts.IgnoreFields(jobResponse{}, "ID", "RunAt", "CreatedAt")
+var ignoreTimes = cmpopts.IgnoreFields(JobView{}, "ID", "RunAt", "CreatedAt")
 
 func TestEnqueue_CreatesJobWithDefaults(t *testing.T) {
 	t.Parallel()
@@ -38,9 +38,9 @@ func TestEnqueue_CreatesJobWithDefaults(t *testing.T) {
 	before := time.Now()
 	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"email.send"}`)
 	wantStatus(t, rec, http.StatusCreated)
-	got := decode[jobResponse](t, rec)
+	got := decode[JobView](t, rec)
 
-	want := jobResponse{
+	want := JobView{
 		Queue:       "default",
 		Kind:        "email.send",
 		Payload:     json.RawMessage(`{}`),
@@ -64,7 +64,7 @@ func TestEnqueue_CreatesJobWithDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("job not stored: %v", err)
 	}
-	if diff := cmp.Diff(got, newJobResponse(stored), jsonValues); diff != "" {
+	if diff := cmp.Diff(got, NewJobView(stored), jsonValues); diff != "" {
 		t.Errorf("response differs from the stored job (-response +stored):\n%s", diff)
 	}
 }
@@ -83,7 +83,7 @@ func TestEnqueue_StoresEveryField(t *testing.T) {
 	}`, runAt.Format(time.RFC3339Nano))
 	got := e.enqueue(t, body)
 
-	want := jobResponse{
+	want := JobView{
 		ID:          got.ID,
 		Queue:       "reports",
 		Kind:        "report.build",
@@ -94,7 +94,7 @@ func TestEnqueue_StoresEveryField(t *testing.T) {
 		RunAt:       runAt,
 		Errors:      json.RawMessage(`[]`),
 	}
-	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(jobResponse{}, "CreatedAt"), jsonValues, cmpopts.EquateApproxTime(0)); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(JobView{}, "CreatedAt"), jsonValues, cmpopts.EquateApproxTime(0)); diff != "" {
 		t.Errorf("job (-want +got):\n%s", diff)
 	}
 }
@@ -302,7 +302,7 @@ func TestEnqueue_ReplayWithSameKeyReturnsOriginal(t *testing.T) {
 	e := setup(t)
 	first := e.do(t, "POST", "/v1/jobs", `{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2,"max_attempts":5}`, "Idempotency-Key", "order-17")
 	wantStatus(t, first, http.StatusCreated)
-	original := decode[jobResponse](t, first)
+	original := decode[JobView](t, first)
 
 	// The same request spelled differently: key order, whitespace, number
 	// spelling, duplicate keys (the last wins, as in jsonb), and a delay,
@@ -315,7 +315,7 @@ func TestEnqueue_ReplayWithSameKeyReturnsOriginal(t *testing.T) {
 	for _, body := range replays {
 		rec := e.do(t, "POST", "/v1/jobs", body, "Idempotency-Key", "order-17")
 		wantStatus(t, rec, http.StatusOK)
-		if diff := cmp.Diff(original, decode[jobResponse](t, rec), jsonValues); diff != "" {
+		if diff := cmp.Diff(original, decode[JobView](t, rec), jsonValues); diff != "" {
 			t.Errorf("replay of %s (-original +replay):\n%s", body, diff)
 		}
 	}
@@ -363,7 +363,7 @@ func TestEnqueue_SameKeyInAnotherQueueIsAnotherJob(t *testing.T) {
 	b := e.do(t, "POST", "/v1/jobs", `{"kind":"a","queue":"two"}`, "Idempotency-Key", "k")
 	wantStatus(t, a, http.StatusCreated)
 	wantStatus(t, b, http.StatusCreated)
-	if decode[jobResponse](t, a).ID == decode[jobResponse](t, b).ID {
+	if decode[JobView](t, a).ID == decode[JobView](t, b).ID {
 		t.Error("both queues got the same job")
 	}
 }
@@ -379,7 +379,7 @@ func TestEnqueue_ConcurrentRequestsWithSameKeyCreateOneJob(t *testing.T) {
 		wg.Go(func() {
 			rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a","payload":{"i":1}}`, "Idempotency-Key", "same")
 			codes[i] = rec.Code
-			var j jobResponse
+			var j JobView
 			_ = json.Unmarshal(rec.Body.Bytes(), &j)
 			ids[i] = j.ID
 		})
@@ -475,7 +475,7 @@ func TestEnqueueBatch_InsertsAllInRequestOrder(t *testing.T) {
 	if len(got.IDs) != 3 {
 		t.Fatalf("ids = %v, want 3", got.IDs)
 	}
-	want := []jobResponse{
+	want := []JobView{
 		{Queue: "default", Kind: "first", Payload: json.RawMessage(`{"n":1}`), MaxAttempts: 25},
 		{Queue: "other", Kind: "second", Payload: json.RawMessage(`{}`), Priority: -1, MaxAttempts: 2},
 		{Queue: "default", Kind: "third", Payload: json.RawMessage(`[1,"😀"]`), MaxAttempts: 25},
@@ -486,7 +486,7 @@ func TestEnqueueBatch_InsertsAllInRequestOrder(t *testing.T) {
 			t.Fatalf("job %d not stored: %v", id, err)
 		}
 		want[i].State, want[i].Errors = db.JobStateAvailable, json.RawMessage(`[]`)
-		if diff := cmp.Diff(want[i], newJobResponse(job), ignoreTimes, jsonValues); diff != "" {
+		if diff := cmp.Diff(want[i], NewJobView(job), ignoreTimes, jsonValues); diff != "" {
 			t.Errorf("jobs[%d] (-want +got):\n%s", i, diff)
 		}
 		switch i {

@@ -34,7 +34,7 @@ func FuzzEnqueue(f *testing.F) {
 		}
 		switch rec.Code {
 		case http.StatusCreated:
-			var job jobResponse
+			var job JobView
 			if err := json.Unmarshal(rec.Body.Bytes(), &job); err != nil || job.ID <= 0 || job.Kind == "" {
 				t.Fatalf("201 without a job: %v: %s", err, rec.Body)
 			}

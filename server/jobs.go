@@ -16,9 +16,10 @@ import (
 	"github.com/relayq/relay/db"
 )
 
-// jobResponse is a job as the API shows it. It leaves out the lease token,
-// which only the worker holding the lease may know, and the idempotency key.
-type jobResponse struct {
+// JobView is a job as the API shows it, and as other tools print it. It
+// leaves out the lease token, which only the worker holding the lease may
+// know, and the idempotency key.
+type JobView struct {
 	ID                int64           `json:"id"`
 	Queue             string          `json:"queue"`
 	Kind              string          `json:"kind"`
@@ -40,7 +41,8 @@ type jobResponse struct {
 	Result            json.RawMessage `json:"result"`
 }
 
-func newJobResponse(j db.Job) jobResponse {
+// NewJobView returns the API's view of j.
+func NewJobView(j db.Job) JobView {
 	payload := j.Payload
 	if len(payload) == 0 {
 		payload = json.RawMessage("null")
@@ -49,7 +51,7 @@ func newJobResponse(j db.Job) jobResponse {
 	if len(errs) == 0 {
 		errs = json.RawMessage("[]")
 	}
-	return jobResponse{
+	return JobView{
 		ID:                j.ID,
 		Queue:             j.Queue,
 		Kind:              j.Kind,
@@ -137,7 +139,7 @@ func handleEnqueue(logger *slog.Logger, queries *db.Queries, maxBody int64) http
 			job, err := queries.JobInsert(ctx, params)
 			if err == nil {
 				w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(job.ID, 10))
-				writeJSON(w, http.StatusCreated, newJobResponse(job))
+				writeJSON(w, http.StatusCreated, NewJobView(job))
 				return nil
 			}
 			if !errors.Is(err, pgx.ErrNoRows) || spec.IdempotencyKey == nil {
@@ -157,7 +159,7 @@ func handleEnqueue(logger *slog.Logger, queries *db.Queries, maxBody int64) http
 				return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")
 			}
 			w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(existing.ID, 10))
-			writeJSON(w, http.StatusOK, newJobResponse(existing))
+			writeJSON(w, http.StatusOK, NewJobView(existing))
 			return nil
 		}
 		return &apiError{
@@ -320,13 +322,13 @@ func handleGetJob(logger *slog.Logger, queries *db.Queries) http.Handler {
 		if err != nil {
 			return fmt.Errorf("get job %d: %w", id, err)
 		}
-		writeJSON(w, http.StatusOK, newJobResponse(job))
+		writeJSON(w, http.StatusOK, NewJobView(job))
 		return nil
 	})
 }
 
 type listResponse struct {
-	Jobs []jobResponse `json:"jobs"`
+	Jobs []JobView `json:"jobs"`
 	// Next is the cursor of the next page, to pass as after, or null on the
 	// last page.
 	Next *string `json:"next"`
@@ -348,14 +350,14 @@ func handleListJobs(logger *slog.Logger, queries *db.Queries) http.Handler {
 		if err != nil {
 			return fmt.Errorf("list jobs: %w", err)
 		}
-		resp := listResponse{Jobs: make([]jobResponse, 0, min(len(jobs), limit))}
+		resp := listResponse{Jobs: make([]JobView, 0, min(len(jobs), limit))}
 		if len(jobs) > limit {
 			jobs = jobs[:limit]
 			next := strconv.FormatInt(jobs[limit-1].ID, 10)
 			resp.Next = &next
 		}
 		for _, j := range jobs {
-			resp.Jobs = append(resp.Jobs, newJobResponse(j))
+			resp.Jobs = append(resp.Jobs, NewJobView(j))
 		}
 		writeJSON(w, http.StatusOK, resp)
 		return nil
@@ -450,7 +452,7 @@ func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, cha
 		defer cancel()
 		job, err := change(ctx, id)
 		if err == nil {
-			writeJSON(w, http.StatusOK, newJobResponse(job))
+			writeJSON(w, http.StatusOK, NewJobView(job))
 			return nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {

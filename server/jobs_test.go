@@ -22,7 +22,7 @@ func TestGetJob_ReturnsTheJob(t *testing.T) {
 	created := e.enqueue(t, `{"kind":"a","payload":{"x":[1,2]},"priority":3}`)
 	rec := e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", created.ID), "")
 	wantStatus(t, rec, http.StatusOK)
-	if diff := cmp.Diff(created, decode[jobResponse](t, rec), jsonValues); diff != "" {
+	if diff := cmp.Diff(created, decode[JobView](t, rec), jsonValues); diff != "" {
 		t.Errorf("job (-created +got):\n%s", diff)
 	}
 }
@@ -50,7 +50,7 @@ func TestGetJob_ShowsEveryFieldButNeverTheLeaseToken(t *testing.T) {
 	if diff := cmp.Diff(slices.Sorted(slices.Values(want)), slices.Sorted(maps.Keys(fields))); diff != "" {
 		t.Errorf("fields (-want +got):\n%s", diff)
 	}
-	got := decode[jobResponse](t, rec)
+	got := decode[JobView](t, rec)
 	if got.State != db.JobStateRunning || got.Attempt != 1 || got.Fence != 1 ||
 		got.LeasedBy == nil || *got.LeasedBy != "test-worker" || got.LeaseExpiresAt == nil || got.StartedAt == nil {
 		t.Errorf("running job shown as %+v", got)
@@ -213,7 +213,7 @@ func TestCancelJob_CancelsAvailableJobAtOnce(t *testing.T) {
 	job := e.enqueue(t, `{"kind":"a"}`)
 	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID), "")
 	wantStatus(t, rec, http.StatusOK)
-	got := decode[jobResponse](t, rec)
+	got := decode[JobView](t, rec)
 	if got.State != db.JobStateCancelled || got.FinishedAt == nil {
 		t.Errorf("cancelled job = %+v", got)
 	}
@@ -230,7 +230,7 @@ func TestCancelJob_MarksRunningJob(t *testing.T) {
 	e.claim(t, "q")
 	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID), "")
 	wantStatus(t, rec, http.StatusOK)
-	got := decode[jobResponse](t, rec)
+	got := decode[JobView](t, rec)
 	if got.State != db.JobStateRunning || got.CancelRequestedAt == nil {
 		t.Errorf("job = state %s, cancel_requested_at %v; want running and marked", got.State, got.CancelRequestedAt)
 	}
@@ -262,7 +262,7 @@ func TestRetryJob_MakesDeadJobAvailable(t *testing.T) {
 	e.kill(t, "q", job.ID)
 	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/retry", job.ID), "")
 	wantStatus(t, rec, http.StatusOK)
-	got := decode[jobResponse](t, rec)
+	got := decode[JobView](t, rec)
 	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.FinishedAt != nil || got.Fence != 1 {
 		t.Errorf("retried job = %+v", got)
 	}
@@ -278,7 +278,7 @@ func TestRetryJob_MakesCancelledJobAvailable(t *testing.T) {
 	wantStatus(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID), ""), http.StatusOK)
 	rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/retry", job.ID), "")
 	wantStatus(t, rec, http.StatusOK)
-	if got := decode[jobResponse](t, rec); got.State != db.JobStateAvailable {
+	if got := decode[JobView](t, rec); got.State != db.JobStateAvailable {
 		t.Errorf("state = %s", got.State)
 	}
 }

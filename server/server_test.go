@@ -152,11 +152,11 @@ func countJobs(t testing.TB, pool *pgxpool.Pool) int {
 }
 
 // enqueue creates a job through the API and returns it.
-func (e *testEnv) enqueue(t testing.TB, body string) jobResponse {
+func (e *testEnv) enqueue(t testing.TB, body string) JobView {
 	t.Helper()
 	rec := e.do(t, "POST", "/v1/jobs", body)
 	wantStatus(t, rec, http.StatusCreated)
-	return decode[jobResponse](t, rec)
+	return decode[JobView](t, rec)
 }
 
 // claim makes every ready job of queue running, as a worker would, and

@@ -20,50 +20,18 @@ import (
 // maxPayloadBytes bounds a payload read from standard input.
 const maxPayloadBytes = 16 << 20
 
-// jobJSON is a job as enqueue prints it: the fields the HTTP API shows,
-// never the lease token.
+// jobJSON is a job as enqueue prints it: the API's view (never the lease
+// token), with its idempotency key.
 type jobJSON struct {
-	ID                int64           `json:"id"`
-	Queue             string          `json:"queue"`
-	Kind              string          `json:"kind"`
-	Payload           json.RawMessage `json:"payload"`
-	Priority          int16           `json:"priority"`
-	State             db.JobState     `json:"state"`
-	Attempt           int32           `json:"attempt"`
-	MaxAttempts       int32           `json:"max_attempts"`
-	Fence             int64           `json:"fence"`
-	RunAt             time.Time       `json:"run_at"`
-	CreatedAt         time.Time       `json:"created_at"`
-	StartedAt         *time.Time      `json:"started_at"`
-	FinishedAt        *time.Time      `json:"finished_at"`
-	LeasedBy          *string         `json:"leased_by"`
-	LeaseExpiresAt    *time.Time      `json:"lease_expires_at"`
-	CancelRequestedAt *time.Time      `json:"cancel_requested_at"`
-	LastError         *string         `json:"last_error"`
-	Errors            json.RawMessage `json:"errors"`
-	Result            json.RawMessage `json:"result"`
-	IdempotencyKey    *string         `json:"idempotency_key,omitempty"`
+	server.JobView
+	IdempotencyKey *string `json:"idempotency_key,omitempty"`
 	// Existing is set when the idempotency key was taken already, and the
 	// job shown is the one that holds it.
 	Existing bool `json:"existing,omitempty"`
 }
 
 func newJobJSON(j db.Job, existing bool) jobJSON {
-	orNull := func(b json.RawMessage, def string) json.RawMessage {
-		if len(b) == 0 {
-			return json.RawMessage(def)
-		}
-		return b
-	}
-	return jobJSON{
-		ID: j.ID, Queue: j.Queue, Kind: j.Kind, Payload: orNull(j.Payload, "null"),
-		Priority: j.Priority, State: j.State, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts,
-		Fence: j.Fence, RunAt: j.RunAt, CreatedAt: j.CreatedAt, StartedAt: j.StartedAt,
-		FinishedAt: j.FinishedAt, LeasedBy: j.LeasedBy, LeaseExpiresAt: j.LeaseExpiresAt,
-		CancelRequestedAt: j.CancelRequestedAt, LastError: j.LastError,
-		Errors: orNull(j.Errors, "[]"), Result: orNull(j.Result, "null"),
-		IdempotencyKey: j.IdempotencyKey, Existing: existing,
-	}
+	return jobJSON{JobView: server.NewJobView(j), IdempotencyKey: j.IdempotencyKey, Existing: existing}
 }
 
 func runEnqueue(ctx context.Context, env *environment, args []string) error {
