@@ -1,17 +1,15 @@
 package experiment
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/relaybin"
 )
 
 // Each scenario of `relay experiment chaos` runs here in its short form
@@ -26,31 +24,14 @@ const (
 	EnvChaosOut = "RELAY_CHAOS_OUT"
 )
 
-var (
-	chaosBinOnce sync.Once
-	chaosBinErr  error
-)
-
-// chaosBinary returns the relay binary the chaos tests run, built once, and
-// checks that it has the chaos worker.
+// chaosBinary returns the relay binary the chaos tests run: the one named
+// by EnvChaosBinary, or one built from this module.
 func chaosBinary(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv(EnvChaosBinary)
-	if bin == "" {
-		bin = relayBinary(t)
+	if bin := os.Getenv(EnvChaosBinary); bin != "" {
+		return bin
 	}
-	chaosBinOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, bin, "experiment", "chaos-worker", "-h").CombinedOutput()
-		if err != nil || !bytes.Contains(out, []byte("chaos-worker")) {
-			chaosBinErr = &buildError{err: err, out: "relay has no `experiment chaos-worker` command (runChaosWorker in cmd/relay/chaos.go is not wired into the command table):\n" + string(out)}
-		}
-	})
-	if chaosBinErr != nil {
-		t.Fatalf("%v", chaosBinErr)
-	}
-	return bin
+	return relaybin.Path(t)
 }
 
 // shortChaos returns the short configuration of a scenario, on a fresh

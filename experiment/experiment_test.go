@@ -3,62 +3,20 @@ package experiment
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/relayq/relay/internal/builtin"
 	"github.com/relayq/relay/internal/dbtest"
-)
-
-// The relay binary, built once for the tests that run it as processes.
-var (
-	binaryDir  string
-	binaryOnce sync.Once
-	binaryPath string
-	binaryErr  error
+	"github.com/relayq/relay/internal/relaybin"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binaryDir != "" {
-		os.RemoveAll(binaryDir)
-	}
+	relaybin.Cleanup()
 	os.Exit(code)
 }
-
-func relayBinary(t *testing.T) string {
-	t.Helper()
-	binaryOnce.Do(func() {
-		binaryDir, binaryErr = os.MkdirTemp("", "relay-experiment-bin-")
-		if binaryErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		path := filepath.Join(binaryDir, "relay")
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", path, "github.com/relayq/relay/cmd/relay").CombinedOutput()
-		if err != nil {
-			binaryErr = &buildError{err: err, out: string(out)}
-			return
-		}
-		binaryPath = path
-	})
-	if binaryErr != nil {
-		t.Fatalf("build relay: %v", binaryErr)
-	}
-	return binaryPath
-}
-
-type buildError struct {
-	err error
-	out string
-}
-
-func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
 
 // adminURL returns a URL on the test server whose user may create
 // databases: the experiments create their own from it.
@@ -71,7 +29,7 @@ func adminURL(t *testing.T) string {
 // zombie case, with a one-second job and a one-second lease. It asserts the
 // invariants, never the figures.
 func TestCrashShort(t *testing.T) {
-	bin := relayBinary(t)
+	bin := relaybin.Path(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out := t.TempDir()
@@ -153,7 +111,7 @@ func TestCrashShort(t *testing.T) {
 // small configurations. It asserts that every job finished exactly once,
 // never the figures.
 func TestBurstShort(t *testing.T) {
-	bin := relayBinary(t)
+	bin := relaybin.Path(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const jobs = 60

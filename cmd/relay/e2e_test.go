@@ -9,52 +9,19 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-)
 
-// The relay binary, built once for the tests that run it as a process.
-var (
-	binaryDir  string
-	binaryOnce sync.Once
-	binaryPath string
-	binaryErr  error
+	"github.com/relayq/relay/internal/relaybin"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binaryDir != "" {
-		os.RemoveAll(binaryDir)
-	}
+	relaybin.Cleanup()
 	os.Exit(code)
-}
-
-// relayBinary builds this package into a binary, once per test process.
-func relayBinary(t *testing.T) string {
-	t.Helper()
-	binaryOnce.Do(func() {
-		binaryDir, binaryErr = os.MkdirTemp("", "relay-test-bin-")
-		if binaryErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		path := filepath.Join(binaryDir, "relay")
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", path, ".").CombinedOutput()
-		if err != nil {
-			binaryErr = fmt.Errorf("go build: %v\n%s", err, out)
-			return
-		}
-		binaryPath = path
-	})
-	if binaryErr != nil {
-		t.Fatalf("build relay: %v", binaryErr)
-	}
-	return binaryPath
 }
 
 // proc is a relay process.
@@ -69,7 +36,7 @@ type proc struct {
 func startProc(t *testing.T, ctx context.Context, name string, args ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.CommandContext(ctx, relayBinary(t), args...)
+	p.cmd = exec.CommandContext(ctx, relaybin.Path(t), args...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
@@ -113,7 +80,7 @@ func (p *proc) terminate(t *testing.T, timeout time.Duration) {
 // runBinary runs relay to completion and returns its output and exit code.
 func runBinary(t *testing.T, ctx context.Context, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, relayBinary(t), args...)
+	cmd := exec.CommandContext(ctx, relaybin.Path(t), args...)
 	var out, errOut syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -176,7 +143,7 @@ func TestBinary_FailuresAreOneLineOnStderrWithANonZeroStatus(t *testing.T) {
 // TestEndToEnd_ServeAndWorkersRunJobs runs relay as separate processes, as
 // in production: a migration, the API, and two workers, then stops them.
 func TestEndToEnd_ServeAndWorkersRunJobs(t *testing.T) {
-	relayBinary(t) // build before the clock starts
+	relaybin.Path(t) // build before the clock starts
 	ctx := testContext(t, 90*time.Second)
 	dsn := emptyDatabaseURL(t)
 
