@@ -404,3 +404,53 @@ func (q *Queries) JobReleaseMany(ctx context.Context, arg JobReleaseManyParams) 
 	}
 	return items, nil
 }
+
+const jobUnclaimMany = `-- name: JobUnclaimMany :many
+UPDATE jobs AS j
+SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+    attempt     = j.attempt - 1,
+    lease_token         = NULL,
+    lease_expires_at    = NULL,
+    cancel_requested_at = NULL
+FROM (SELECT unnest($1::bigint[]) AS id,
+          unnest($2::uuid[]) AS token) AS u
+WHERE j.id = u.id
+  AND j.lease_token = u.token
+  AND j.state = 'running'
+  AND j.lease_expires_at > now()
+RETURNING j.id
+`
+
+type JobUnclaimManyParams struct {
+	Ids    []int64
+	Tokens []uuid.UUID
+}
+
+// Hands back jobs a worker claimed ahead of a free slot and never started,
+// because no slot freed in time or because it is shutting down. The job
+// becomes available as if the claim had not happened: the attempt is given
+// back, nothing is added to its error history, and it keeps its run_at, and
+// so its place in the queue. The fence keeps its growth, so the handed-back
+// claim can never be mistaken for a later one. A job someone asked to cancel
+// ends cancelled. Fenced like an acknowledgement; returns the jobs handed
+// back.
+func (q *Queries) JobUnclaimMany(ctx context.Context, arg JobUnclaimManyParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, jobUnclaimMany, arg.Ids, arg.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -184,3 +184,27 @@ SET state = CASE
 FROM abandoned
 WHERE j.id = abandoned.id
 RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error;
+
+-- name: JobUnclaimMany :many
+-- Hands back jobs a worker claimed ahead of a free slot and never started,
+-- because no slot freed in time or because it is shutting down. The job
+-- becomes available as if the claim had not happened: the attempt is given
+-- back, nothing is added to its error history, and it keeps its run_at, and
+-- so its place in the queue. The fence keeps its growth, so the handed-back
+-- claim can never be mistaken for a later one. A job someone asked to cancel
+-- ends cancelled. Fenced like an acknowledgement; returns the jobs handed
+-- back.
+UPDATE jobs AS j
+SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+    attempt     = j.attempt - 1,
+    lease_token         = NULL,
+    lease_expires_at    = NULL,
+    cancel_requested_at = NULL
+FROM (SELECT unnest(@ids::bigint[]) AS id,
+          unnest(@tokens::uuid[]) AS token) AS u
+WHERE j.id = u.id
+  AND j.lease_token = u.token
+  AND j.state = 'running'
+  AND j.lease_expires_at > now()
+RETURNING j.id;

@@ -33,6 +33,9 @@ const (
 	DefaultReclaimInterval = 250 * time.Millisecond
 	// DefaultReclaimBatch is how many jobs one reclaim statement takes back.
 	DefaultReclaimBatch = 1000
+	// DefaultPrefetchWait is the longest a job claimed ahead of a free slot
+	// waits for one before it is handed back. See Config.PrefetchWait.
+	DefaultPrefetchWait = 100 * time.Millisecond
 	// DefaultShutdownGrace is how long a stopping worker lets running
 	// handlers finish before it cancels them and releases their jobs.
 	DefaultShutdownGrace = 10 * time.Second
@@ -65,6 +68,21 @@ type Config struct {
 	// ReclaimInterval is how often this worker takes back jobs of dead
 	// workers and expired leases.
 	ReclaimInterval time.Duration
+	// Prefetch is how many jobs the worker may claim ahead of a free slot
+	// and hold ready, so that a slot starts its next job the moment its
+	// handler returns instead of waiting for the statement that records the
+	// outcome and claims the next. The worker claims ahead only while its
+	// handlers are short (under PrefetchWait/2 on average, by a running
+	// mean): for jobs that long, that round trip is a small part of a job.
+	// Default: Slots. Negative: never claim ahead, only for free slots.
+	Prefetch int
+	// PrefetchWait is the longest a job claimed ahead waits for a slot.
+	// Past it, the job is handed back to the queue with its attempt
+	// undone and its place kept, and the worker stops claiming ahead until
+	// its handlers are short again, so a job is never held back for long
+	// behind a slow one while other workers could run it. It must be
+	// shorter than Lease. Default: DefaultPrefetchWait.
+	PrefetchWait time.Duration
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled. Negative means release at once.
 	ShutdownGrace time.Duration
@@ -157,6 +175,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.ReclaimInterval == 0 {
 		c.ReclaimInterval = DefaultReclaimInterval
 	}
+	if c.Prefetch == 0 {
+		c.Prefetch = c.Slots
+	}
+	if c.PrefetchWait == 0 {
+		c.PrefetchWait = DefaultPrefetchWait
+	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = DefaultShutdownGrace
 	}
@@ -177,6 +201,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("worker config: lease must be at least 100ms, got %s", c.Lease)
 	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.Lease:
 		return c, fmt.Errorf("worker config: heartbeat interval %s must be positive and shorter than the lease %s", c.HeartbeatInterval, c.Lease)
+	case c.PrefetchWait < 0 || c.PrefetchWait >= c.Lease:
+		return c, fmt.Errorf("worker config: prefetch wait %s must be positive and shorter than the lease %s", c.PrefetchWait, c.Lease)
 	case c.PollInterval < 0 || c.ReclaimInterval < 0:
 		return c, errors.New("worker config: intervals must be positive")
 	}

@@ -26,25 +26,34 @@ const (
 	maxRetryDelay = 2 * time.Second
 )
 
-// pending holds outcomes waiting to be acknowledged. Only the goroutine
-// running Run touches it.
+// runMeanWeight is the weight of the newest handler duration in the running
+// mean that decides whether the worker claims ahead: 1/8, so that a few
+// short jobs after a long one do not switch claiming ahead back on at once.
+const runMeanWeight = 8
+
+// pending holds what waits to be sent to the database.
 type pending struct {
 	done, failed []outcome
+	// unclaim holds jobs claimed ahead that are to be handed back unstarted.
+	unclaim []*execution
 }
 
-func (p *pending) empty() bool { return len(p.done) == 0 && len(p.failed) == 0 }
+func (p *pending) empty() bool {
+	return len(p.done) == 0 && len(p.failed) == 0 && len(p.unclaim) == 0
+}
 
-// take moves every pending outcome into a new batch.
+// take moves everything pending into a new batch.
 func (p *pending) take() pending {
 	b := *p
 	*p = pending{}
 	return b
 }
 
-// restore puts a batch that could not be acknowledged back in front.
+// restore puts a batch that could not be sent back in front.
 func (p *pending) restore(b pending) {
 	p.done = append(b.done, p.done...)
 	p.failed = append(b.failed, p.failed...)
+	p.unclaim = append(b.unclaim, p.unclaim...)
 }
 
 // round is one acknowledgement of a batch of outcomes together with a claim
@@ -54,23 +63,54 @@ type round struct {
 	claim int
 
 	// Filled in by acknowledge.
-	failStates map[int64]db.JobState // failures the database accepted
-	failsSent  bool
-	completed  map[int64]bool // completions the database accepted
-	claimed    []db.JobCompleteAndClaimRow
-	sentAt     time.Time
-	err        error
+	unclaimed   map[int64]bool // jobs the database took back unstarted
+	unclaimSent bool
+	failStates  map[int64]db.JobState // failures the database accepted
+	failsSent   bool
+	completed   map[int64]bool // completions the database accepted
+	claimed     []db.JobCompleteAndClaimRow
+	sentAt      time.Time
+	err         error
 }
 
-// dispatch claims jobs for free slots, starts their handlers and
-// acknowledges their outcomes, until ctx is cancelled. It returns once the
-// rounds it started have come back.
-func (w *Worker) dispatch(ctx context.Context, p *pending) {
+// dispatcher is the state of the loop that claims jobs and acknowledges
+// their outcomes. Only the goroutine running dispatch and drain touches it.
+type dispatcher struct {
+	w *Worker
+	p pending
+	// meanRun is a running mean of how long handlers take; measured is
+	// false until the first one returned.
+	meanRun  time.Duration
+	measured bool
+	// pendingSince is when the oldest outcome in p arrived.
+	pendingSince time.Time
+}
+
+// aheadLimit is how many jobs the worker may hold claimed beyond its free
+// slots now: Config.Prefetch while its handlers are short, otherwise none.
+func (d *dispatcher) aheadLimit() int {
+	cfg := &d.w.cfg
+	if cfg.Prefetch <= 0 || !d.measured || d.meanRun >= cfg.PrefetchWait/2 {
+		return 0
+	}
+	return cfg.Prefetch
+}
+
+// dispatch claims jobs for free slots (and ahead of them, see
+// Config.Prefetch), starts their handlers and acknowledges their outcomes,
+// until ctx is cancelled. It returns once the rounds it started have come
+// back.
+func (d *dispatcher) dispatch(ctx context.Context) {
+	w := d.w
 	rounds := make(chan *round, maxRoundsInFlight)
-	inFlight, reserved := 0, 0 // rounds in flight, and the slots they claim for
+	inFlight, reserved := 0, 0 // rounds in flight, and the jobs they claim
 	wantClaim := true
 	poll := time.NewTimer(w.cfg.PollInterval)
 	defer poll.Stop()
+	hold := time.NewTimer(time.Hour)
+	defer hold.Stop()
+	linger := time.NewTimer(time.Hour)
+	defer linger.Stop()
 	var retry <-chan time.Time
 	retryDelay := minRetryDelay
 
@@ -78,10 +118,13 @@ func (w *Worker) dispatch(ctx context.Context, p *pending) {
 		if retry == nil && inFlight < maxRoundsInFlight {
 			claim := 0
 			if wantClaim && w.sessionUp.Load() {
-				claim = w.cfg.Slots - w.numRunning() - reserved
+				w.mu.Lock()
+				held := len(w.held)
+				w.mu.Unlock()
+				claim = max(w.cfg.Slots+d.aheadLimit()-held-reserved, 0)
 			}
-			if !p.empty() || claim > 0 {
-				r := &round{batch: p.take(), claim: claim}
+			if d.sendNow(claim) {
+				r := &round{batch: d.p.take(), claim: claim}
 				inFlight++
 				reserved += claim
 				if claim > 0 {
@@ -95,11 +138,27 @@ func (w *Worker) dispatch(ctx context.Context, p *pending) {
 			}
 		}
 
+		// The oldest job claimed ahead is handed back once it has waited
+		// PrefetchWait for a slot.
+		var holdC <-chan time.Time
+		w.mu.Lock()
+		if len(w.ahead) > 0 {
+			hold.Reset(time.Until(w.ahead[0].claimedAt.Add(w.cfg.PrefetchWait)))
+			holdC = hold.C
+		}
+		w.mu.Unlock()
+		var lingerC <-chan time.Time
+		if d.outcomes() > 0 && inFlight < maxRoundsInFlight && retry == nil {
+			linger.Reset(time.Until(d.pendingSince.Add(d.linger())))
+			lingerC = linger.C
+		}
+
 		select {
+		case <-lingerC:
 		case r := <-rounds:
 			inFlight--
 			reserved -= r.claim
-			w.finish(r, p)
+			d.finish(r)
 			switch {
 			case r.err != nil && ctx.Err() != nil:
 			case r.err != nil:
@@ -115,8 +174,10 @@ func (w *Worker) dispatch(ctx context.Context, p *pending) {
 				}
 			}
 		case o := <-w.outcomes:
-			w.collect(o, p)
+			d.collect(o)
 			wantClaim = true
+		case <-holdC:
+			d.handBackStale()
 		case <-w.wake:
 			wantClaim = true
 		case <-poll.C:
@@ -125,21 +186,71 @@ func (w *Worker) dispatch(ctx context.Context, p *pending) {
 		case <-retry:
 			retry = nil
 		case <-ctx.Done():
+			// Jobs the last rounds claim are handed back, not started.
+			w.mu.Lock()
+			w.stopping = true
+			w.mu.Unlock()
 			for ; inFlight > 0; inFlight-- {
-				w.finish(<-rounds, p)
+				d.finish(<-rounds)
 			}
 			return
 		}
 	}
 }
 
+// outcomes counts the outcomes waiting to be acknowledged.
+func (d *dispatcher) outcomes() int { return len(d.p.done) + len(d.p.failed) }
+
+// linger is how long an outcome may wait for others to share its
+// acknowledgement while the worker claims ahead: half a handler's mean run
+// time, at most maxLinger.
+func (d *dispatcher) linger() time.Duration { return min(d.meanRun/2, maxLinger) }
+
+// maxLinger bounds how long a finished job's acknowledgement is delayed to
+// share its statement with others.
+const maxLinger = 5 * time.Millisecond
+
+// sendNow decides whether to send a round now, claiming claim jobs, or to
+// let outcomes gather so that one statement acknowledges several. Batching
+// costs the database less per job, and costs a slot nothing while it has a
+// job claimed ahead to start; so the worker waits only while it claims
+// ahead, jobs are waiting for slots, and the outcomes are fewer than a
+// quarter of what it may hold and younger than linger.
+func (d *dispatcher) sendNow(claim int) bool {
+	n := d.outcomes()
+	switch {
+	case n == 0 && len(d.p.unclaim) == 0:
+		return claim > 0
+	case len(d.p.unclaim) > 0:
+		return true
+	}
+	limit := d.aheadLimit()
+	if limit == 0 {
+		return true
+	}
+	d.w.mu.Lock()
+	waiting := len(d.w.ahead)
+	d.w.mu.Unlock()
+	return waiting == 0 ||
+		n >= max(1, (d.w.cfg.Slots+limit)/4) ||
+		time.Since(d.pendingSince) >= d.linger()
+}
+
 // collect files o, and every other outcome already waiting, for the next
 // acknowledgement, so that outcomes that arrive together are acknowledged
 // in one statement.
-func (w *Worker) collect(o outcome, p *pending) {
+func (d *dispatcher) collect(o outcome) {
+	w := d.w
+	if d.outcomes() == 0 {
+		d.pendingSince = time.Now()
+	}
 	for {
+		if o.ran >= 0 {
+			d.observe(o.ran)
+		}
 		w.mu.Lock()
-		delete(w.running, o.exec.job.ID)
+		delete(w.held, o.exec.job.ID)
+		w.startedJobs--
 		lost := o.exec.lost
 		w.mu.Unlock()
 		o.exec.cancel(nil)
@@ -149,9 +260,9 @@ func (w *Worker) collect(o outcome, p *pending) {
 				"kind", o.exec.job.Kind, "attempt", o.exec.job.Attempt, "handler_err", o.err)
 			w.report(o, OutcomeLeaseLost, false)
 		case o.err == nil:
-			p.done = append(p.done, o)
+			d.p.done = append(d.p.done, o)
 		default:
-			p.failed = append(p.failed, o)
+			d.p.failed = append(d.p.failed, o)
 		}
 		select {
 		case o = <-w.outcomes:
@@ -161,14 +272,54 @@ func (w *Worker) collect(o outcome, p *pending) {
 	}
 }
 
-// acknowledge sends a round: failures in one statement, then completions and
-// the claim together in another, so that the common case, a job finished
-// and a slot to fill, costs one round trip and one commit. It touches
-// nothing but r, so that it can run beside the dispatcher.
+// observe adds one handler duration to the running mean.
+func (d *dispatcher) observe(ran time.Duration) {
+	if !d.measured {
+		d.meanRun, d.measured = ran, true
+		return
+	}
+	d.meanRun += (ran - d.meanRun) / runMeanWeight
+}
+
+// handBackStale moves the jobs that have waited PrefetchWait for a slot
+// into the next round, to be handed back to the queue, and stops claiming
+// ahead until handlers are short again.
+func (d *dispatcher) handBackStale() {
+	w := d.w
+	now := time.Now()
+	w.mu.Lock()
+	n := 0
+	for n < len(w.ahead) && now.Sub(w.ahead[n].claimedAt) >= w.cfg.PrefetchWait {
+		n++
+	}
+	stale := w.ahead[:n:n]
+	w.ahead = append([]*execution(nil), w.ahead[n:]...)
+	w.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	w.log.Info("jobs claimed ahead waited too long for a slot; handing them back", "jobs", n, "wait", w.cfg.PrefetchWait)
+	d.p.unclaim = append(d.p.unclaim, stale...)
+	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
+}
+
+// acknowledge sends a round: jobs handed back and failures each in a
+// statement of their own, then completions and the claim together in
+// another, so that the common case, a job finished and a slot to fill,
+// costs one round trip and one commit. It touches nothing but r, so that it
+// can run beside the dispatcher.
 func (w *Worker) acknowledge(ctx context.Context, r *round) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
 	defer cancel()
 
+	if len(r.batch.unclaim) > 0 {
+		ids, err := w.unclaim(ctx, r.batch.unclaim)
+		if err != nil {
+			r.err = err
+			return
+		}
+		r.unclaimed, r.unclaimSent = ids, true
+	}
 	if len(r.batch.failed) > 0 {
 		states, err := w.fail(ctx, r.batch.failed)
 		if err != nil {
@@ -212,6 +363,25 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 	}
 }
 
+// unclaim hands back jobs claimed ahead and never started, and returns
+// those the database took back.
+func (w *Worker) unclaim(ctx context.Context, ahead []*execution) (map[int64]bool, error) {
+	params := db.JobUnclaimManyParams{Ids: make([]int64, len(ahead)), Tokens: make([]uuid.UUID, len(ahead))}
+	for i, e := range ahead {
+		params.Ids[i] = e.job.ID
+		params.Tokens[i] = e.token
+	}
+	ids, err := w.q.JobUnclaimMany(ctx, params)
+	if err != nil {
+		return nil, fmt.Errorf("hand back jobs claimed ahead: %w", err)
+	}
+	taken := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		taken[id] = true
+	}
+	return taken, nil
+}
+
 // fail records failed outcomes, each with its retry delay, and returns the
 // state each accepted failure moved its job to.
 func (w *Worker) fail(ctx context.Context, failed []outcome) (map[int64]db.JobState, error) {
@@ -241,8 +411,20 @@ func (w *Worker) fail(ctx context.Context, failed []outcome) (map[int64]db.JobSt
 }
 
 // finish reports what became of a round's outcomes, starts the jobs it
-// claimed, and puts back in p whatever must be sent again.
-func (w *Worker) finish(r *round, p *pending) {
+// claimed (or holds them ahead), and puts back in the pending batch
+// whatever must be sent again.
+func (d *dispatcher) finish(r *round) {
+	w := d.w
+	if r.unclaimSent {
+		for _, e := range r.batch.unclaim {
+			w.mu.Lock()
+			delete(w.held, e.job.ID)
+			w.mu.Unlock()
+			e.cancel(nil)
+			w.log.Debug("handed back job claimed ahead", "job", e.job.ID, "accepted", r.unclaimed[e.job.ID])
+		}
+		r.batch.unclaim = nil
+	}
 	if r.failsSent {
 		for _, o := range r.batch.failed {
 			state, ok := r.failStates[o.exec.job.ID]
@@ -257,7 +439,7 @@ func (w *Worker) finish(r *round, p *pending) {
 		r.batch.failed = nil
 	}
 	if r.err != nil {
-		p.restore(r.batch)
+		d.p.restore(r.batch)
 		return
 	}
 	for _, o := range r.batch.done {
@@ -267,13 +449,33 @@ func (w *Worker) finish(r *round, p *pending) {
 		}
 		w.report(o, OutcomeCompleted, ok)
 	}
-	for _, row := range r.claimed {
-		w.start(row, r.sentAt)
+	if len(r.claimed) == 0 {
+		return
+	}
+	claimed := make([]*execution, len(r.claimed))
+	for i, row := range r.claimed {
+		claimed[i] = w.newExecution(row, r.sentAt)
+	}
+	w.mu.Lock()
+	for _, e := range claimed {
+		w.held[e.job.ID] = e
+	}
+	w.ahead = append(w.ahead, claimed...)
+	// Free slots start the new jobs; slots that are busy take them as
+	// their handlers return.
+	spawn := min(w.cfg.Slots-w.slotsBusy, len(w.ahead))
+	if w.stopping {
+		spawn = 0
+	}
+	w.slotsBusy += spawn
+	w.mu.Unlock()
+	for range spawn {
+		go w.runSlot()
 	}
 }
 
-// start runs the handler of a claimed job in its own goroutine.
-func (w *Worker) start(r db.JobCompleteAndClaimRow, sentAt time.Time) {
+// newExecution makes the execution of a job just claimed.
+func (w *Worker) newExecution(r db.JobCompleteAndClaimRow, sentAt time.Time) *execution {
 	job := Job{
 		ID:          *r.ID,
 		Queue:       deref(r.Queue),
@@ -289,9 +491,6 @@ func (w *Worker) start(r db.JobCompleteAndClaimRow, sentAt time.Time) {
 		job.CreatedAt = *r.CreatedAt
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	e := &execution{job: job, token: deref(r.LeaseToken), ctx: ctx, cancel: cancel, renewedAt: sentAt}
-	w.mu.Lock()
-	w.running[job.ID] = e
-	w.mu.Unlock()
-	go w.execute(e)
+	return &execution{job: job, token: deref(r.LeaseToken), ctx: ctx, cancel: cancel,
+		renewedAt: sentAt, claimedAt: time.Now()}
 }

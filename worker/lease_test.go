@@ -496,6 +496,44 @@ func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
 	}
 }
 
+func TestUnclaim_UndoesTheClaimButKeepsTheFenceAndTheHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	_, token := b.claimOne(t, "ahead", time.Minute)
+
+	ids, err := b.q.JobUnclaimMany(b.ctx, db.JobUnclaimManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{uuid.New()}})
+	if err != nil || len(ids) != 0 {
+		t.Fatalf("unclaim with a stranger's token: %v, %v; want nothing handed back", ids, err)
+	}
+	ids, err = b.q.JobUnclaimMany(b.ctx, db.JobUnclaimManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("unclaim: %v, %v", ids, err)
+	}
+	got := b.get(t, job.ID)
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 || got.LeaseToken != nil ||
+		string(got.Errors) != "[]" || got.LastError != nil || !got.RunAt.Equal(job.RunAt) {
+		t.Errorf("unclaimed: state %s attempt %d fence %d token %v errors %s last error %v run_at %s (was %s); "+
+			"want available, attempt 0, fence 1, no lease, no history, run_at kept",
+			got.State, got.Attempt, got.Fence, got.LeaseToken, got.Errors, deref(got.LastError), got.RunAt, job.RunAt)
+	}
+	if ok := b.complete(t, job.ID, token, `{}`); ok {
+		t.Error("completion under the handed-back claim was accepted")
+	}
+
+	// A job someone asked to cancel while it waited ends cancelled.
+	_, token = b.claimOne(t, "ahead", time.Minute)
+	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	if _, err := b.q.JobUnclaimMany(b.ctx, db.JobUnclaimManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}}); err != nil {
+		t.Fatalf("unclaim: %v", err)
+	}
+	if got := b.get(t, job.ID); got.State != db.JobStateCancelled || got.FinishedAt == nil || got.Fence != 2 {
+		t.Errorf("unclaimed after a cancel request: state %s finished %v fence %d; want cancelled, finished, fence 2", got.State, got.FinishedAt, got.Fence)
+	}
+}
+
 func TestCancel_AvailableJobEndsAtOnceRunningJobIsMarked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -1,7 +1,8 @@
 // Package worker runs job handlers against Relay's queue in PostgreSQL.
 //
-// A Worker claims ready jobs of one queue, as many as it has free slots, in
-// one statement; runs each claimed job's handler in its own goroutine; renews
+// A Worker claims ready jobs of one queue, as many as it has free slots
+// (and, while its jobs are short, a few ahead of them), in one statement;
+// runs each claimed job's handler in its own goroutine; renews
 // all the leases it holds in one heartbeat statement; and acknowledges each
 // outcome under the lease token of its claim, so that an acknowledgement from
 // a claim that is no longer current is refused by the database. It also
@@ -51,10 +52,21 @@ type Worker struct {
 	beatNow   chan struct{} // renew leases now, without waiting for the ticker
 	outcomes  chan outcome
 	mu        sync.Mutex
-	running   map[int64]*execution
+	// held holds every job this worker holds a lease on, from its claim
+	// until its outcome is collected: those claimed ahead and waiting for
+	// a slot, and those started.
+	held map[int64]*execution
+	// ahead lists the held jobs waiting for a slot, oldest claim first.
+	ahead []*execution
+	// startedJobs counts the held jobs started and not yet collected.
+	startedJobs int
+	// slotsBusy counts the slot goroutines running; at most Slots.
+	slotsBusy int
+	// stopping keeps slots from starting jobs once shutdown began.
+	stopping bool
 }
 
-// execution is one claimed job while its handler runs.
+// execution is one claimed job, from its claim until its outcome is known.
 type execution struct {
 	job    Job
 	token  uuid.UUID
@@ -66,6 +78,8 @@ type execution struct {
 	// worker that cannot reach the database stop handlers whose leases have
 	// surely run out.
 	renewedAt time.Time
+	// claimedAt is when the claim came back, by the same clock.
+	claimedAt time.Time
 	// lost is set, under Worker.mu, once the lease is known lost or the
 	// job released: the outcome is then dropped, never written.
 	lost bool
@@ -75,6 +89,8 @@ type outcome struct {
 	exec   *execution
 	result json.RawMessage
 	err    error
+	// ran is how long the handler took; negative when it never ran.
+	ran time.Duration
 }
 
 // New returns a Worker that uses pool for its statements, and a connection
@@ -97,8 +113,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		handlers: map[string]Handler{},
 		wake:     make(chan struct{}, 1),
 		beatNow:  make(chan struct{}, 1),
-		outcomes: make(chan outcome, cfg.Slots),
-		running:  map[int64]*execution{},
+		// One outcome per held job at most, so sending never blocks.
+		outcomes: make(chan outcome, cfg.Slots+max(cfg.Prefetch, 0)),
+		held:     map[int64]*execution{},
 	}, nil
 }
 
@@ -152,9 +169,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
-	var p pending
-	w.dispatch(ctx, &p)
-	w.drain(bg, &p)
+	d := &dispatcher{w: w}
+	d.dispatch(ctx)
+	d.drain(bg)
 
 	stopBackground()
 	wg.Wait()
@@ -162,10 +179,47 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// execute runs one handler and hands its outcome to the dispatcher.
-func (w *Worker) execute(e *execution) {
+// runSlot is one slot: it runs the first job waiting for a slot, then the
+// next, as long as jobs are waiting, so that a job claimed ahead starts the
+// moment the one before it returns. It hands each outcome to the
+// dispatcher.
+func (w *Worker) runSlot() {
+	e := w.nextForSlot()
+	for e != nil {
+		o := w.execute(e)
+		e = w.nextForSlot()
+		// The channel holds an outcome for every job held, so this never
+		// blocks.
+		w.outcomes <- o
+	}
+}
+
+// nextForSlot returns the next job waiting for a slot, marked started, or
+// nil when none is waiting or the worker is stopping, in which case the slot
+// ends.
+func (w *Worker) nextForSlot() *execution {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopping || len(w.ahead) == 0 {
+		w.slotsBusy--
+		return nil
+	}
+	e := w.ahead[0]
+	w.ahead[0] = nil
+	w.ahead = w.ahead[1:]
+	w.startedJobs++
+	return e
+}
+
+// execute runs one job's handler, unless its lease was lost or someone
+// cancelled it while it waited for a slot, and returns its outcome.
+func (w *Worker) execute(e *execution) outcome {
+	if e.ctx.Err() != nil {
+		return outcome{exec: e, err: context.Cause(e.ctx), ran: -1}
+	}
+	began := time.Now()
 	result, err := w.call(e)
-	o := outcome{exec: e, err: err}
+	o := outcome{exec: e, err: err, ran: time.Since(began)}
 	if err == nil && result != nil {
 		b, merr := json.Marshal(result)
 		switch {
@@ -178,8 +232,7 @@ func (w *Worker) execute(e *execution) {
 			o.result = b
 		}
 	}
-	// The channel holds one outcome per slot, so this never blocks.
-	w.outcomes <- o
+	return o
 }
 
 // call runs the handler, turning a panic or a missing handler into an error.
@@ -203,35 +256,51 @@ func (w *Worker) call(e *execution) (result any, err error) {
 	return result, err
 }
 
-// drain runs after Run's context is cancelled: it acknowledges what
-// finishes within the grace period, then releases the rest.
-func (w *Worker) drain(ctx context.Context, p *pending) {
+// drain runs after Run's context is cancelled: it hands back the jobs
+// claimed ahead, acknowledges what finishes within the grace period, then
+// releases the rest.
+func (d *dispatcher) drain(ctx context.Context) {
+	w := d.w
+	w.mu.Lock()
+	w.stopping = true
+	d.p.unclaim = append(d.p.unclaim, w.ahead...)
+	w.ahead = nil
+	w.mu.Unlock()
+	d.acknowledgeAtShutdown(ctx)
 	grace := time.NewTimer(max(w.cfg.ShutdownGrace, 0))
 	defer grace.Stop()
-	if w.numRunning() > 0 {
-		w.log.Info("waiting for running jobs", "running", w.numRunning(), "grace", w.cfg.ShutdownGrace)
+	if n := w.numStarted(); n > 0 {
+		w.log.Info("waiting for running jobs", "running", n, "grace", w.cfg.ShutdownGrace)
 	}
-	for w.numRunning() > 0 {
+	for w.numStarted() > 0 {
 		select {
 		case o := <-w.outcomes:
-			w.collect(o, p)
-			w.acknowledgeAtShutdown(ctx, p)
+			d.collect(o)
+			d.acknowledgeAtShutdown(ctx)
 			continue
 		case <-grace.C:
 		}
 		break
 	}
-	w.acknowledgeAtShutdown(ctx, p)
+	d.acknowledgeAtShutdown(ctx)
 	w.release(ctx)
 }
 
-func (w *Worker) acknowledgeAtShutdown(ctx context.Context, p *pending) {
-	for attempt := 0; !p.empty() && attempt < 3; attempt++ {
-		r := &round{batch: p.take()}
-		w.acknowledge(ctx, r)
-		w.finish(r, p)
+// numStarted returns how many jobs were started and their outcomes not yet
+// collected.
+func (w *Worker) numStarted() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.startedJobs
+}
+
+func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
+	for attempt := 0; !d.p.empty() && attempt < 3; attempt++ {
+		r := &round{batch: d.p.take()}
+		d.w.acknowledge(ctx, r)
+		d.finish(r)
 		if r.err != nil {
-			w.log.Warn("acknowledge at shutdown failed", "err", r.err)
+			d.w.log.Warn("acknowledge at shutdown failed", "err", r.err)
 			time.Sleep(minRetryDelay)
 		}
 	}
@@ -241,7 +310,7 @@ func (w *Worker) acknowledgeAtShutdown(ctx context.Context, p *pending) {
 func (w *Worker) release(ctx context.Context) {
 	w.mu.Lock()
 	var left []*execution
-	for _, e := range w.running {
+	for _, e := range w.held {
 		if !e.lost {
 			e.lost = true
 			left = append(left, e)
@@ -292,8 +361,8 @@ func (w *Worker) runHeartbeats(ctx context.Context) {
 
 func (w *Worker) heartbeat(ctx context.Context) {
 	w.mu.Lock()
-	held := make([]*execution, 0, len(w.running))
-	for _, e := range w.running {
+	held := make([]*execution, 0, len(w.held))
+	for _, e := range w.held {
 		if !e.lost {
 			held = append(held, e)
 		}
@@ -358,13 +427,13 @@ func (w *Worker) heartbeat(ctx context.Context) {
 // dropped.
 func (w *Worker) lose(e *execution, why string) {
 	w.mu.Lock()
-	_, stillRunning := w.running[e.job.ID]
+	_, stillHeld := w.held[e.job.ID]
 	already := e.lost
-	if stillRunning {
+	if stillHeld {
 		e.lost = true
 	}
 	w.mu.Unlock()
-	if !stillRunning || already {
+	if !stillHeld || already {
 		return
 	}
 	w.log.Warn("lease lost; cancelling handler", "job", e.job.ID, "attempt", e.job.Attempt, "why", why)
@@ -418,12 +487,6 @@ func (w *Worker) reclaim(ctx context.Context) (int, error) {
 		notify(w.wake)
 	}
 	return len(rows), nil
-}
-
-func (w *Worker) numRunning() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.running)
 }
 
 func (w *Worker) report(o outcome, kind Outcome, accepted bool) {

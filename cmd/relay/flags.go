@@ -226,6 +226,8 @@ type workerFlags struct {
 	heartbeat       time.Duration
 	poll            time.Duration
 	reclaimInterval time.Duration
+	prefetch        int
+	prefetchWait    time.Duration
 	shutdownGrace   time.Duration
 	backoffBase     time.Duration
 }
@@ -238,6 +240,8 @@ func (w *workerFlags) register(fs *flagSet, defaultSlots int, slotsHelp string) 
 	fs.DurationVar(&w.heartbeat, "heartbeat", 0, "how often leases are renewed (default lease/3)")
 	fs.DurationVar(&w.poll, "poll", worker.DefaultPollInterval, "how often an idle worker looks for jobs no notification announced")
 	fs.DurationVar(&w.reclaimInterval, "reclaim-interval", worker.DefaultReclaimInterval, "how often jobs of dead workers and expired leases are taken back")
+	fs.IntVar(&w.prefetch, "prefetch", 0, "jobs claimed ahead of a free slot while jobs are short (default: as many as --slots; -1: none)")
+	fs.DurationVar(&w.prefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is handed back")
 	fs.DurationVar(&w.shutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (negative: release at once)")
 	fs.DurationVar(&w.backoffBase, "backoff-base", worker.DefaultBackoffBase,
 		fmt.Sprintf("retry backoff after the first failure, doubling each attempt up to %s (for tests and demos)", worker.DefaultBackoffMax))
@@ -256,6 +260,8 @@ func (w *workerFlags) config(logger *slog.Logger) (worker.Config, error) {
 		HeartbeatInterval: w.heartbeat,
 		PollInterval:      w.poll,
 		ReclaimInterval:   w.reclaimInterval,
+		Prefetch:          w.prefetch,
+		PrefetchWait:      w.prefetchWait,
 		ShutdownGrace:     w.shutdownGrace,
 		Backoff:           worker.ExponentialBackoff(w.backoffBase, worker.DefaultBackoffMax),
 		Logger:            logger,

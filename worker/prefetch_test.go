@@ -1,0 +1,262 @@
+package worker_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/worker"
+)
+
+// These tests specify claiming ahead (Config.Prefetch): a worker whose jobs
+// are short holds a few claimed jobs beyond its free slots, never runs more
+// handlers than it has slots, and never keeps a job waiting long.
+
+// heldWatch samples, until stop is called, how many jobs the database shows
+// as running under a worker's lease, and reports the most it saw.
+func (b *bundle) heldWatch(t *testing.T, workerID string) (stop func() int) {
+	t.Helper()
+	var most atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			var n int64
+			err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM jobs WHERE state = 'running' AND leased_by = $1", workerID).Scan(&n)
+			if err != nil {
+				t.Errorf("count held jobs: %v", err)
+				return
+			}
+			if n > most.Load() {
+				most.Store(n)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	})
+	return func() int {
+		close(done)
+		wg.Wait()
+		return int(most.Load())
+	}
+}
+
+// concurrency counts handlers running at once and remembers the most.
+type concurrency struct{ now, most atomic.Int64 }
+
+func (c *concurrency) enter() {
+	n := c.now.Add(1)
+	for {
+		m := c.most.Load()
+		if n <= m || c.most.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (c *concurrency) leave() { c.now.Add(-1) }
+
+func TestWorker_HoldsJobsAheadOnlyWhileTheyAreShortAndNeverRunsMoreThanItsSlots(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		cfg      worker.Config
+		run      time.Duration
+		jobs     int
+		wantHeld int
+	}{
+		{"short jobs: one claimed ahead per slot", worker.Config{Slots: 2}, 3 * time.Millisecond, 80, 4},
+		{"short jobs, prefetch off: only what runs", worker.Config{Slots: 2, Prefetch: -1}, 3 * time.Millisecond, 80, 2},
+		{"jobs longer than half the prefetch wait: only what runs", worker.Config{Slots: 1, PrefetchWait: 100 * time.Millisecond}, 60 * time.Millisecond, 6, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var ids []int64
+			for range tt.jobs {
+				ids = append(ids, b.enqueue(t, "work", `{}`, 1).ID)
+			}
+			var c concurrency
+			w, _ := b.startWorker(t, tt.cfg, func(w *worker.Worker) {
+				w.HandleFunc("work", func(ctx context.Context, j *worker.Job) (any, error) {
+					c.enter()
+					defer c.leave()
+					time.Sleep(tt.run)
+					return nil, nil
+				})
+			})
+			stop := b.heldWatch(t, w.ID())
+			for _, id := range ids {
+				b.waitForState(t, id, db.JobStateSucceeded, 30*time.Second)
+			}
+			if held := stop(); held != tt.wantHeld {
+				t.Errorf("most jobs held at once: %d, want %d", held, tt.wantHeld)
+			}
+			if most := c.most.Load(); most > int64(w.Config().Slots) {
+				t.Errorf("%d handlers ran at once on %d slots", most, w.Config().Slots)
+			}
+			for _, id := range ids {
+				if got := b.get(t, id); got.Attempt != 1 || got.Fence != 1 {
+					t.Errorf("job %d: attempt %d fence %d, want 1 1: claimed ahead is claimed once", id, got.Attempt, got.Fence)
+				}
+			}
+		})
+	}
+}
+
+// queueBehindBlocker enqueues short jobs that switch claiming ahead on, then
+// a job of kind "block", then one of kind "next", which the worker claims
+// ahead while "block" runs.
+func (b *bundle) queueBehindBlocker(t *testing.T) (blocker, next db.Job) {
+	t.Helper()
+	for range 12 {
+		b.enqueue(t, "quick", `{}`, 1)
+	}
+	return b.enqueue(t, "block", `{}`, 1), b.enqueue(t, "next", `{}`, 1)
+}
+
+func quick(ctx context.Context, j *worker.Job) (any, error) {
+	time.Sleep(time.Millisecond)
+	return nil, nil
+}
+
+// waitHeldBy waits until the job is running under the given worker's lease.
+func (b *bundle) waitHeldBy(t *testing.T, id int64, workerID string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := b.get(t, id)
+		if got.State == db.JobStateRunning && deref(got.LeasedBy) == workerID {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %d never held by %s: state %s", id, workerID, got.State)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	blocker, next := b.queueBehindBlocker(t)
+	release := make(chan struct{})
+	blocking := make(chan struct{})
+	busy, _ := b.startWorker(t, worker.Config{Slots: 1, PrefetchWait: 150 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("quick", quick)
+		w.HandleFunc("block", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(blocking)
+			<-release
+			return nil, nil
+		})
+		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
+			t.Errorf("next ran on the busy worker")
+			return nil, nil
+		})
+	})
+	defer close(release)
+	<-blocking
+	b.waitHeldBy(t, next.ID, busy.ID())
+
+	// An idle worker, started now, finds nothing ready until the busy one
+	// hands next back.
+	ranBy := make(chan string, 1)
+	idle, _ := b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
+			ranBy <- j.WorkerID
+			return nil, nil
+		})
+	})
+	select {
+	case who := <-ranBy:
+		if who != idle.ID() {
+			t.Errorf("next ran on %s, want the idle worker %s", who, idle.ID())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("next was never handed back to the idle worker")
+	}
+	got := b.waitForState(t, next.ID, db.JobStateSucceeded, 10*time.Second)
+	if got.Attempt != 1 || got.Fence != 2 || string(got.Errors) != "[]" {
+		t.Errorf("next: attempt %d fence %d errors %s; want attempt 1 (the handed-back claim undone), fence 2, no history",
+			got.Attempt, got.Fence, got.Errors)
+	}
+	if got := b.get(t, blocker.ID); got.State != db.JobStateRunning {
+		t.Errorf("blocker is %s, want still running on the busy worker", got.State)
+	}
+}
+
+func TestWorker_ShutdownHandsBackJobsClaimedAheadWithoutTouchingTheirHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	blocker, next := b.queueBehindBlocker(t)
+	blocking := make(chan struct{})
+	w, stop := b.startWorker(t, worker.Config{Slots: 1, ShutdownGrace: 100 * time.Millisecond, PrefetchWait: 10 * time.Second}, func(w *worker.Worker) {
+		w.HandleFunc("quick", quick)
+		w.HandleFunc("block", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(blocking)
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		})
+		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
+			t.Errorf("next started during shutdown")
+			return nil, nil
+		})
+	})
+	<-blocking
+	b.waitHeldBy(t, next.ID, w.ID())
+	stop()
+
+	got := b.get(t, next.ID)
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 || string(got.Errors) != "[]" {
+		t.Errorf("next after shutdown: state %s attempt %d fence %d errors %s; want available, attempt 0, fence 1, no history",
+			got.State, got.Attempt, got.Fence, got.Errors)
+	}
+	got = b.get(t, blocker.ID)
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || !strings.Contains(string(got.Errors), "released") {
+		t.Errorf("blocker after shutdown: state %s attempt %d errors %s; want released", got.State, got.Attempt, got.Errors)
+	}
+}
+
+func TestWorker_JobCancelledWhileWaitingForASlotEndsCancelledWithoutRunning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, next := b.queueBehindBlocker(t)
+	release := make(chan struct{})
+	blocking := make(chan struct{})
+	var ran atomic.Bool
+	w, _ := b.startWorker(t, worker.Config{Slots: 1, Lease: 5 * time.Second, HeartbeatInterval: 50 * time.Millisecond, PrefetchWait: 4 * time.Second}, func(w *worker.Worker) {
+		w.HandleFunc("quick", quick)
+		w.HandleFunc("block", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(blocking)
+			<-release
+			return nil, nil
+		})
+		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
+			ran.Store(true)
+			return nil, nil
+		})
+	})
+	<-blocking
+	b.waitHeldBy(t, next.ID, w.ID())
+	if _, err := b.q.JobCancel(b.ctx, next.ID); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // a few heartbeats: the worker learns of it
+	close(release)
+
+	got := b.waitForState(t, next.ID, db.JobStateCancelled, 10*time.Second)
+	if ran.Load() {
+		t.Error("the handler of a job cancelled before it started ran")
+	}
+	if !strings.Contains(deref(got.LastError), worker.ErrJobCancelled.Error()) {
+		t.Errorf("last error %q, want it to say the job was cancelled", deref(got.LastError))
+	}
+}
