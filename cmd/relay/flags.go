@@ -135,6 +135,12 @@ func (d *dbFlags) resolve(getenv func(string) string) (string, error) {
 // connectTimeout bounds the first connection to the database.
 const connectTimeout = 10 * time.Second
 
+// minConns is how many connections a pool keeps open even when idle, unless
+// the URL sets pool_min_conns: a worker's acknowledgements, heartbeats and
+// reclaims, or the API's first requests after a quiet spell, then never
+// wait for a new PostgreSQL backend to start.
+const minConns = 3
+
 // connect opens a pool on dsn and checks that the database answers.
 // appName shows in pg_stat_activity unless the URL sets application_name.
 func connect(ctx context.Context, dsn, appName string) (*pgxpool.Pool, error) {
@@ -147,6 +153,9 @@ func connect(ctx context.Context, dsn, appName string) (*pgxpool.Pool, error) {
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if cfg.MinConns == 0 {
+		cfg.MinConns = min(minConns, cfg.MaxConns)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
