@@ -245,7 +245,12 @@ func wait(ctx context.Context, ms int64) error {
 	if ms <= 0 {
 		return context.Cause(ctx)
 	}
-	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+	return sleep(ctx, time.Duration(ms)*time.Millisecond)
+}
+
+// timerSleep is sleep on a Go timer.
+func timerSleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
