@@ -70,7 +70,7 @@ func (r *BurstResult) WriteSummary(w io.Writer) error {
 			p.Handler.P50, p.Handler.P95, p.HashOnly.P50)
 	}
 	if t := r.WorkerTrace; t != nil {
-		fmt.Fprintf(w, "one-slot worker traced in-process (%d jobs), p50/p95: handler %.2f/%.2f ms; handler end → next handler start %.2f/%.2f ms = end → completion accepted %.2f/%.2f ms + accepted → next start %.2f/%.2f ms; cycle %.2f/%.2f ms\n",
+		fmt.Fprintf(w, "one-slot worker traced in-process (%d jobs), p50/p95: handler %.2f/%.2f ms; handler end → next handler start %.2f/%.2f ms = end → completion accepted %.2f/%.2f ms + accepted → next start %.2f/%.2f ms (negative: the next job, claimed ahead, started first); cycle %.2f/%.2f ms\n",
 			t.Jobs, t.Handler.P50, t.Handler.P95, t.EndToNextStart.P50, t.EndToNextStart.P95,
 			t.EndToAck.P50, t.EndToAck.P95, t.AckToNextStart.P50, t.AckToNextStart.P95, t.Cycle.P50, t.Cycle.P95)
 	}
@@ -87,10 +87,10 @@ func (r *BurstResult) WriteSummary(w io.Writer) error {
 			continue
 		}
 		handler, stmt := r.Probe.Handler.P50, run.Probe.CompleteAndClaimPaced.P50
-		fmt.Fprintf(w, "%s cycle between two claims (database clock): p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.0f ms; p50 ≈ handler %.2f ms (sleep %d + timer and hash %.2f) + paced complete-and-claim %.2f ms (WAL flush %.2f) + the rest %.2f ms\n",
+		fmt.Fprintf(w, "%s cycle between two claims (database clock): p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.0f ms; p50 ≈ handler %.2f ms (sleep %d + timer and hash %.2f) + the rest %.2f ms, the complete-and-claim statement (paced %.2f ms, WAL flush %.2f) running beside the next job claimed ahead\n",
 			run.Config, si.P50, si.P95, si.P99, si.Max, handler, r.Settings.Workload.SleepMs,
-			handler-float64(r.Settings.Workload.SleepMs), stmt,
-			max(0, run.Probe.InTxSyncCommit.P50-run.Probe.InTxAsyncCommit.P50), si.P50-handler-stmt)
+			handler-float64(r.Settings.Workload.SleepMs), si.P50-handler, stmt,
+			max(0, run.Probe.InTxSyncCommit.P50-run.Probe.InTxAsyncCommit.P50))
 	}
 	for _, run := range r.Runs {
 		if !run.Check.OK {
