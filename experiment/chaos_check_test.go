@@ -366,6 +366,45 @@ func TestCheckChaosHistory_CatchesPoisonRetriedBeforeItsBackoff(t *testing.T) {
 	wantFindings(t, h.check(), map[string]int64{"poison misbehaved": 1})
 }
 
+// claimAhead claims the next ready job for worker without starting it, as
+// a worker claiming ahead of a free slot does.
+func (h *history) claimAhead(worker string) claimed {
+	h.t.Helper()
+	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
+		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		Queue: "default", MaxJobs: 1, LeaseMs: time.Minute.Milliseconds(), WorkerID: worker,
+	})
+	if err != nil || len(rows) != 1 || rows[0].ID == nil {
+		h.t.Fatalf("claim ahead: %v (%d rows)", err, len(rows))
+	}
+	return claimed{id: *rows[0].ID, fence: *rows[0].Fence, token: *rows[0].LeaseToken, worker: worker}
+}
+
+func TestCheckChaosHistory_AHandedBackClaimIsNoAttempt(t *testing.T) {
+	h := newHistory(t)
+	h.enqueue(KindChaosFail, 2)
+	ahead := h.claimAhead("w1")
+	ids, err := h.q.JobUnclaimMany(h.ctx, db.JobUnclaimManyParams{Ids: []int64{ahead.id}, Tokens: []uuid.UUID{ahead.token}})
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("hand back: %v, %v", ids, err)
+	}
+	h.fail(h.claim("w1", time.Minute), 0)
+	h.fail(h.claim("w2", time.Minute), 0)
+	wantFindings(t, h.check(), map[string]int64{})
+}
+
+func TestCheckChaosHistory_CatchesAHandBackAppliedAfterTheLeaseExpired(t *testing.T) {
+	h := newHistory(t)
+	h.enqueue("sleep", 1)
+	ahead := h.claimAhead("w1")
+	// A broken hand-back that ignores the lease.
+	h.exec(`UPDATE jobs SET state = 'available', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL
+	        WHERE id = $1`, ahead.id)
+	h.exec(`UPDATE chaos_transitions SET old_lease_expires_at = tx_at - interval '1 second' WHERE job_id = $1 AND action = 'unclaim'`, ahead.id)
+	h.complete(h.claim("w2", time.Minute))
+	wantFindings(t, h.check(), map[string]int64{"stale accepted": 1})
+}
+
 func TestCheckChaosHistory_CatchesAWrongOutcome(t *testing.T) {
 	h := newHistory(t)
 	h.enqueue(KindChaosPanic, 3) // must end dead after 3 attempts

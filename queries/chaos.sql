@@ -184,9 +184,9 @@ ORDER BY j.id;
 
 -- name: ChaosStaleTransitions :many
 -- Acknowledgements the database applied although they were stale: a
--- complete, fail, heartbeat or release applied when the lease had already
--- expired by the statement's own clock (now(), the time every fence
--- compares with); a completion whose result was produced by another claim
+-- complete, fail, heartbeat, release or hand back (unclaim) applied when
+-- the lease had already expired by the statement's own clock (now(), the
+-- time every fence compares with); a completion whose result was produced by another claim
 -- than the current one (the result's fence); a failure whose error names
 -- another claim's fence (the chaos kinds put fence=N in their errors).
 -- @sqlc-vet-disable sqlc/db-prepare
@@ -199,7 +199,7 @@ SELECT t.id, t.job_id, t.kind, t.action, t.old_fence,
            ELSE 'error produced by another claim'
        END::text AS reason
 FROM chaos_transitions AS t
-WHERE t.action IN ('complete', 'fail', 'heartbeat', 'release')
+WHERE t.action IN ('complete', 'fail', 'heartbeat', 'release', 'unclaim')
   AND (t.old_lease_expires_at IS NULL
        OR t.old_lease_expires_at <= t.tx_at
        OR (t.action = 'complete' AND t.result_fence IS NOT NULL AND t.result_fence <> t.old_fence)
@@ -303,7 +303,8 @@ SELECT count(*) FILTER (WHERE p.deliveries > 1 AND p.kind NOT IN ('chaos_panic',
 FROM per_job AS p;
 
 -- name: ChaosPoisonJobs :many
--- Every job of a poison kind: how it ended, how many times it was claimed,
+-- Every job of a poison kind: how it ended, how many times it was claimed
+-- (a claim handed back unstarted, which undoes its attempt, does not count),
 -- how many of its claims followed a failure (a reclaim sets no backoff),
 -- how many of those came before the retry time the failure set (a backoff
 -- not honoured), and by how little the earliest one came after it (0 when
@@ -318,7 +319,8 @@ WITH t AS (
     WINDOW w AS (PARTITION BY c.job_id ORDER BY c.id)
 )
 SELECT j.id, j.kind, j.state, j.attempt, j.max_attempts,
-       count(t.job_id) FILTER (WHERE t.action = 'claim')::bigint AS claims,
+       (count(t.job_id) FILTER (WHERE t.action = 'claim')
+        - count(t.job_id) FILTER (WHERE t.action = 'unclaim'))::bigint AS claims,
        count(t.job_id) FILTER (WHERE t.action = 'claim' AND t.prev_action = 'fail')::bigint AS retries_after_failure,
        count(t.job_id) FILTER (WHERE t.action = 'claim' AND t.prev_action = 'fail' AND t.tx_at < t.prev_run_at)::bigint AS early_claims,
        COALESCE(1000 * EXTRACT(EPOCH FROM min(t.tx_at - t.prev_run_at) FILTER (WHERE t.action = 'claim' AND t.prev_action = 'fail')), 0)::float8

@@ -145,6 +145,10 @@ BEGIN
         WHEN OLD.state = 'running' AND NEW.state <> 'running'
              AND entry ->> 'error' LIKE 'released:%' THEN 'release'
         WHEN OLD.state = 'running' AND NEW.state <> 'running' AND entry IS NOT NULL THEN 'fail'
+        -- A job claimed ahead and handed back unstarted: the attempt undone,
+        -- nothing added to its history.
+        WHEN OLD.state = 'running' AND NEW.state <> 'running' AND entry IS NULL
+             AND NEW.attempt = OLD.attempt - 1 THEN 'unclaim'
         ELSE 'other'
     END;
     INSERT INTO chaos_transitions (
