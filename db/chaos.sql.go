@@ -90,6 +90,51 @@ func (q *Queries) ChaosAmbiguousCompletions(ctx context.Context) ([]ChaosAmbiguo
 	return items, nil
 }
 
+const chaosAppliedOutcomes = `-- name: ChaosAppliedOutcomes :many
+SELECT t.job_id, t.old_fence AS fence, t.action, t.at
+FROM chaos_transitions AS t
+WHERE t.action IN ('complete', 'fail', 'release')
+ORDER BY t.id
+`
+
+type ChaosAppliedOutcomesRow struct {
+	JobID  int64
+	Fence  int64
+	Action string
+	At     time.Time
+}
+
+// When the database applied each completion, failure or release, by its
+// clock, keyed by the claim it ended (job and fence). A worker learns of
+// an acknowledgement only when the answer reaches it, which for a worker
+// frozen with a statement in flight is after it wakes, however long
+// before the database applied it.
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) ChaosAppliedOutcomes(ctx context.Context) ([]ChaosAppliedOutcomesRow, error) {
+	rows, err := q.db.Query(ctx, chaosAppliedOutcomes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ChaosAppliedOutcomesRow{}
+	for rows.Next() {
+		var i ChaosAppliedOutcomesRow
+		if err := rows.Scan(
+			&i.JobID,
+			&i.Fence,
+			&i.Action,
+			&i.At,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const chaosDuplicates = `-- name: ChaosDuplicates :one
 WITH per_job AS (
     SELECT x.job_id, x.kind,

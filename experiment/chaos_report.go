@@ -131,6 +131,10 @@ type ChaosPauseResult struct {
 	CancelLatency     Percentiles `json:"cancel_latency"`
 	// Unknown counts zombie executions with no acknowledgement recorded.
 	Unknown int `json:"unknown"`
+	// AcceptedBeforeFreeze counts acknowledgements the database applied
+	// before the worker woke (sent just before it froze), which the worker
+	// learned of only when it woke.
+	AcceptedBeforeFreeze int `json:"accepted_before_freeze"`
 	// AcceptedAfterWake lists zombie acknowledgements accepted after the
 	// worker woke. Must be empty.
 	AcceptedAfterWake ChaosFinding `json:"accepted_after_wake"`
@@ -332,7 +336,9 @@ func (r *chaosRun) evaluate(ctx context.Context, res *ChaosResult, windowStart, 
 		res.some("backends terminated", int64(c.Faults["backend_kill"]+c.Faults["backend_kill_session"]))
 		res.some("worker sessions terminated", int64(c.Faults["backend_kill_session"]))
 	case ChaosPause:
-		r.evaluatePause(res, details, faults, execs)
+		if err := r.evaluatePause(ctx, res, details, faults, execs); err != nil {
+			return err
+		}
 	case ChaosPartition:
 		if err := r.evaluatePartition(ctx, res, details, survivors); err != nil {
 			return err
@@ -394,8 +400,20 @@ func (r *chaosRun) completions(ctx context.Context, from, until time.Time) (int6
 }
 
 // evaluatePause follows the executions each paused worker was running when
-// it froze.
-func (r *chaosRun) evaluatePause(res *ChaosResult, d chaosDetails, faults []db.ChaosFault, execs []db.ChaosExecution) {
+// it froze. An acknowledgement counts as accepted after the worker woke when
+// the database applied it after then: one the worker sent just before it
+// froze may be applied at once, within its lease, and reported to the
+// worker only when it wakes.
+func (r *chaosRun) evaluatePause(ctx context.Context, res *ChaosResult, d chaosDetails, faults []db.ChaosFault, execs []db.ChaosExecution) error {
+	applied, err := r.q.ChaosAppliedOutcomes(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: read the applied outcomes: %w", err)
+	}
+	type claim struct{ job, fence int64 }
+	appliedAt := make(map[claim]time.Time, len(applied))
+	for _, a := range applied {
+		appliedAt[claim{a.JobID, a.Fence}] = a.At
+	}
 	p := &ChaosPauseResult{Pauses: len(d.pauses), PauseMs: ms(r.cfg.Lease * 7 / 4)}
 	byID := map[int64]db.ChaosFault{}
 	for _, f := range faults {
@@ -418,8 +436,11 @@ func (r *chaosRun) evaluatePause(res *ChaosResult, d chaosDetails, faults []db.C
 			switch {
 			case e.Ack == nil:
 				p.Unknown++
-			case accepted && e.AckedAt != nil && e.AckedAt.After(woke):
-				p.AcceptedAfterWake.add("job %d (fence %d): %s accepted %s after %s woke", e.JobID, e.Fence, ack, e.AckedAt.Sub(woke), pz.worker)
+			case accepted && appliedAt[claim{e.JobID, e.Fence}].After(woke):
+				at := appliedAt[claim{e.JobID, e.Fence}]
+				p.AcceptedAfterWake.add("job %d (fence %d): %s applied %s after %s woke", e.JobID, e.Fence, ack, at.Sub(woke), pz.worker)
+			case accepted:
+				p.AcceptedBeforeFreeze++
 			case ack == "completed" && !accepted:
 				p.CompletionsRefused++
 			case ack == "failed" && !accepted:
@@ -449,6 +470,7 @@ func (r *chaosRun) evaluatePause(res *ChaosResult, d chaosDetails, faults []db.C
 	res.some("zombie executions (in flight when frozen)", int64(p.InFlight))
 	res.zero("zombie acknowledgements accepted after waking", p.AcceptedAfterWake)
 	res.some("zombie handlers cancelled (lease lost)", int64(p.HandlersCancelled))
+	return nil
 }
 
 // evaluatePartition checks that every partitioned worker came back by

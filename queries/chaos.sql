@@ -339,6 +339,18 @@ SELECT id, job_id, kind, attempt, fence, worker, pid, started_at, ended_at,
 FROM chaos_executions
 ORDER BY id;
 
+-- name: ChaosAppliedOutcomes :many
+-- When the database applied each completion, failure or release, by its
+-- clock, keyed by the claim it ended (job and fence). A worker learns of
+-- an acknowledgement only when the answer reaches it, which for a worker
+-- frozen with a statement in flight is after it wakes, however long
+-- before the database applied it.
+-- @sqlc-vet-disable sqlc/db-prepare
+SELECT t.job_id, t.old_fence AS fence, t.action, t.at
+FROM chaos_transitions AS t
+WHERE t.action IN ('complete', 'fail', 'release')
+ORDER BY t.id;
+
 -- name: ChaosActionCounts :many
 -- How many transitions of each action happened between two instants.
 -- @sqlc-vet-disable sqlc/db-prepare
