@@ -357,6 +357,8 @@ func TestNew_RejectsInvalidConfig(t *testing.T) {
 		{"tiny lease", worker.Config{Lease: time.Millisecond}},
 		{"heartbeat not shorter than lease", worker.Config{Lease: time.Second, HeartbeatInterval: time.Second}},
 		{"long queue name", worker.Config{Queue: strings.Repeat("q", 129)}},
+		{"negative prefetch wait", worker.Config{PrefetchWait: -time.Millisecond}},
+		{"prefetch wait not shorter than lease", worker.Config{Lease: time.Second, PrefetchWait: time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := worker.New(b.pool, tc.cfg); err == nil {
