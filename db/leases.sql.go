@@ -363,10 +363,13 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
     lease_token         = NULL,
     lease_expires_at    = NULL,
     cancel_requested_at = NULL,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.leased_by, 'error', 'released: worker shutting down', 'at', now()))
-FROM (SELECT unnest($1::bigint[]) AS id,
-          unnest($2::uuid[]) AS token) AS r
+    errors = CASE
+        WHEN $1::text IS NULL THEN j.errors
+        ELSE j.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempt, 'worker', j.leased_by, 'error', $1::text, 'at', now()))
+    END
+FROM (SELECT unnest($2::bigint[]) AS id,
+          unnest($3::uuid[]) AS token) AS r
 WHERE j.id = r.id
   AND j.lease_token = r.token
   AND j.state = 'running'
@@ -375,68 +378,22 @@ RETURNING j.id
 `
 
 type JobReleaseManyParams struct {
+	Note   *string
 	Ids    []int64
 	Tokens []uuid.UUID
 }
 
-// Hands jobs back from a worker that is shutting down, so that others can
-// run them at once instead of waiting for the leases to expire. The
-// interrupted attempt is given back (the fence still grows at the next
-// claim), and a job someone asked to cancel ends cancelled. Fenced like an
-// acknowledgement; returns the jobs released. The job keeps its run_at, and
-// so its place in the queue ahead of jobs that became ready after it.
+// Hands jobs back from the worker that holds them, so that others can run
+// them at once instead of waiting for the leases to expire: a worker
+// shutting down releases the jobs it interrupted, with a note for their
+// error history ("released: worker shutting down"); a worker hands back,
+// with no note, jobs it claimed ahead of a free slot and never started. The
+// attempt is given back either way (the fence still grew at the claim), and
+// a job someone asked to cancel ends cancelled. Fenced like an
+// acknowledgement; returns the jobs handed back. The job keeps its run_at,
+// and so its place in the queue ahead of jobs that became ready after it.
 func (q *Queries) JobReleaseMany(ctx context.Context, arg JobReleaseManyParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, jobReleaseMany, arg.Ids, arg.Tokens)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []int64{}
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		items = append(items, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const jobUnclaimMany = `-- name: JobUnclaimMany :many
-UPDATE jobs AS j
-SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
-    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
-    attempt     = j.attempt - 1,
-    lease_token         = NULL,
-    lease_expires_at    = NULL,
-    cancel_requested_at = NULL
-FROM (SELECT unnest($1::bigint[]) AS id,
-          unnest($2::uuid[]) AS token) AS u
-WHERE j.id = u.id
-  AND j.lease_token = u.token
-  AND j.state = 'running'
-  AND j.lease_expires_at > now()
-RETURNING j.id
-`
-
-type JobUnclaimManyParams struct {
-	Ids    []int64
-	Tokens []uuid.UUID
-}
-
-// Hands back jobs a worker claimed ahead of a free slot and never started,
-// because no slot freed in time or because it is shutting down. The job
-// becomes available as if the claim had not happened: the attempt is given
-// back, nothing is added to its error history, and it keeps its run_at, and
-// so its place in the queue. The fence keeps its growth, so the handed-back
-// claim can never be mistaken for a later one. A job someone asked to cancel
-// ends cancelled. Fenced like an acknowledgement; returns the jobs handed
-// back.
-func (q *Queries) JobUnclaimMany(ctx context.Context, arg JobUnclaimManyParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, jobUnclaimMany, arg.Ids, arg.Tokens)
+	rows, err := q.db.Query(ctx, jobReleaseMany, arg.Note, arg.Ids, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}

@@ -384,7 +384,7 @@ func TestCheckChaosHistory_AHandedBackClaimIsNoAttempt(t *testing.T) {
 	h := newHistory(t)
 	h.enqueue(KindChaosFail, 2)
 	ahead := h.claimAhead("w1")
-	ids, err := h.q.JobUnclaimMany(h.ctx, db.JobUnclaimManyParams{Ids: []int64{ahead.id}, Tokens: []uuid.UUID{ahead.token}})
+	ids, err := h.q.JobReleaseMany(h.ctx, db.JobReleaseManyParams{Ids: []int64{ahead.id}, Tokens: []uuid.UUID{ahead.token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("hand back: %v, %v", ids, err)
 	}

@@ -35,12 +35,12 @@ const runMeanWeight = 8
 // pending holds what waits to be sent to the database.
 type pending struct {
 	done, failed []outcome
-	// unclaim holds jobs claimed ahead that are to be handed back unstarted.
-	unclaim []*execution
+	// toHandBack holds jobs claimed ahead that are to be handed back unstarted.
+	toHandBack []*execution
 }
 
 func (p *pending) empty() bool {
-	return len(p.done) == 0 && len(p.failed) == 0 && len(p.unclaim) == 0
+	return len(p.done) == 0 && len(p.failed) == 0 && len(p.toHandBack) == 0
 }
 
 // take moves everything pending into a new batch.
@@ -54,7 +54,7 @@ func (p *pending) take() pending {
 func (p *pending) restore(b pending) {
 	p.done = append(b.done, p.done...)
 	p.failed = append(b.failed, p.failed...)
-	p.unclaim = append(b.unclaim, p.unclaim...)
+	p.toHandBack = append(b.toHandBack, p.toHandBack...)
 }
 
 // round is one acknowledgement of a batch of outcomes together with a claim
@@ -64,14 +64,14 @@ type round struct {
 	claim int
 
 	// Filled in by acknowledge.
-	unclaimed   map[int64]bool // jobs the database took back unstarted
-	unclaimSent bool
-	failStates  map[int64]db.JobState // failures the database accepted
-	failsSent   bool
-	completed   map[int64]bool // completions the database accepted
-	claimed     []db.JobCompleteAndClaimRow
-	sentAt      time.Time
-	err         error
+	handedBack   map[int64]bool // jobs the database took back unstarted
+	handBackSent bool
+	failStates   map[int64]db.JobState // failures the database accepted
+	failsSent    bool
+	completed    map[int64]bool // completions the database accepted
+	claimed      []db.JobCompleteAndClaimRow
+	sentAt       time.Time
+	err          error
 }
 
 // dispatcher is the state of the loop that claims jobs and acknowledges
@@ -220,9 +220,9 @@ const maxLinger = 5 * time.Millisecond
 func (d *dispatcher) sendNow(claim int) bool {
 	n := d.outcomes()
 	switch {
-	case n == 0 && len(d.p.unclaim) == 0:
+	case n == 0 && len(d.p.toHandBack) == 0:
 		return claim > 0
-	case len(d.p.unclaim) > 0:
+	case len(d.p.toHandBack) > 0:
 		return true
 	}
 	limit := d.aheadLimit()
@@ -300,7 +300,7 @@ func (d *dispatcher) handBackStale() {
 		return
 	}
 	w.log.Info("jobs claimed ahead waited too long for a slot; handing them back", "jobs", n, "wait", w.cfg.PrefetchWait)
-	d.p.unclaim = append(d.p.unclaim, stale...)
+	d.p.toHandBack = append(d.p.toHandBack, stale...)
 	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
 }
 
@@ -313,13 +313,13 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
 	defer cancel()
 
-	if len(r.batch.unclaim) > 0 {
-		ids, err := w.unclaim(ctx, r.batch.unclaim)
+	if len(r.batch.toHandBack) > 0 {
+		ids, err := w.handBack(ctx, r.batch.toHandBack, nil)
 		if err != nil {
-			r.err = err
+			r.err = fmt.Errorf("hand back jobs claimed ahead: %w", err)
 			return
 		}
-		r.unclaimed, r.unclaimSent = ids, true
+		r.handedBack, r.handBackSent = ids, true
 	}
 	if len(r.batch.failed) > 0 {
 		states, err := w.fail(ctx, r.batch.failed)
@@ -364,17 +364,18 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 	}
 }
 
-// unclaim hands back jobs claimed ahead and never started, and returns
-// those the database took back.
-func (w *Worker) unclaim(ctx context.Context, ahead []*execution) (map[int64]bool, error) {
-	params := db.JobUnclaimManyParams{Ids: make([]int64, len(ahead)), Tokens: make([]uuid.UUID, len(ahead))}
-	for i, e := range ahead {
+// handBack hands the jobs of execs back to the queue (JobReleaseMany),
+// with note in their error history if it is not nil, and returns those the
+// database took back.
+func (w *Worker) handBack(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
+	params := db.JobReleaseManyParams{Note: note, Ids: make([]int64, len(execs)), Tokens: make([]uuid.UUID, len(execs))}
+	for i, e := range execs {
 		params.Ids[i] = e.job.ID
 		params.Tokens[i] = e.token
 	}
-	ids, err := w.q.JobUnclaimMany(ctx, params)
+	ids, err := w.q.JobReleaseMany(ctx, params)
 	if err != nil {
-		return nil, fmt.Errorf("hand back jobs claimed ahead: %w", err)
+		return nil, err
 	}
 	taken := make(map[int64]bool, len(ids))
 	for _, id := range ids {
@@ -416,15 +417,15 @@ func (w *Worker) fail(ctx context.Context, failed []outcome) (map[int64]db.JobSt
 // whatever must be sent again.
 func (d *dispatcher) finish(r *round) {
 	w := d.w
-	if r.unclaimSent {
-		for _, e := range r.batch.unclaim {
+	if r.handBackSent {
+		for _, e := range r.batch.toHandBack {
 			w.mu.Lock()
 			delete(w.held, e.job.ID)
 			w.mu.Unlock()
 			e.cancel(nil)
-			w.log.Debug("handed back job claimed ahead", "job", e.job.ID, "accepted", r.unclaimed[e.job.ID])
+			w.log.Debug("handed back job claimed ahead", "job", e.job.ID, "accepted", r.handedBack[e.job.ID])
 		}
-		r.batch.unclaim = nil
+		r.batch.toHandBack = nil
 	}
 	if r.failsSent {
 		for _, o := range r.batch.failed {

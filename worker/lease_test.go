@@ -481,13 +481,17 @@ func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
 	b := setup(t)
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "leaving", time.Minute)
-	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	note := "released: worker shutting down"
+	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Note: &note, Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("release: %v, %v", ids, err)
 	}
 	got := b.get(t, job.ID)
 	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 {
 		t.Errorf("released: state %s attempt %d fence %d; want available 0 1", got.State, got.Attempt, got.Fence)
+	}
+	if !strings.Contains(string(got.Errors), `"error": "released: worker shutting down"`) || !strings.Contains(string(got.Errors), `"worker": "leaving"`) {
+		t.Errorf("history %s does not record the release by its worker", got.Errors)
 	}
 	// The single attempt it had is still there to use, and the fence grows.
 	b.claimOne(t, "next", time.Minute)
@@ -496,24 +500,24 @@ func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
 	}
 }
 
-func TestUnclaim_UndoesTheClaimButKeepsTheFenceAndTheHistory(t *testing.T) {
+func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "ahead", time.Minute)
 
-	ids, err := b.q.JobUnclaimMany(b.ctx, db.JobUnclaimManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{uuid.New()}})
+	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{uuid.New()}})
 	if err != nil || len(ids) != 0 {
-		t.Fatalf("unclaim with a stranger's token: %v, %v; want nothing handed back", ids, err)
+		t.Fatalf("hand back with a stranger's token: %v, %v; want nothing handed back", ids, err)
 	}
-	ids, err = b.q.JobUnclaimMany(b.ctx, db.JobUnclaimManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	ids, err = b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
 	if err != nil || len(ids) != 1 {
-		t.Fatalf("unclaim: %v, %v", ids, err)
+		t.Fatalf("hand back: %v, %v", ids, err)
 	}
 	got := b.get(t, job.ID)
 	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 || got.LeaseToken != nil ||
 		string(got.Errors) != "[]" || got.LastError != nil || !got.RunAt.Equal(job.RunAt) {
-		t.Errorf("unclaimed: state %s attempt %d fence %d token %v errors %s last error %v run_at %s (was %s); "+
+		t.Errorf("handed back: state %s attempt %d fence %d token %v errors %s last error %v run_at %s (was %s); "+
 			"want available, attempt 0, fence 1, no lease, no history, run_at kept",
 			got.State, got.Attempt, got.Fence, got.LeaseToken, got.Errors, deref(got.LastError), got.RunAt, job.RunAt)
 	}
@@ -526,11 +530,11 @@ func TestUnclaim_UndoesTheClaimButKeepsTheFenceAndTheHistory(t *testing.T) {
 	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
-	if _, err := b.q.JobUnclaimMany(b.ctx, db.JobUnclaimManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}}); err != nil {
-		t.Fatalf("unclaim: %v", err)
+	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}}); err != nil {
+		t.Fatalf("hand back: %v", err)
 	}
 	if got := b.get(t, job.ID); got.State != db.JobStateCancelled || got.FinishedAt == nil || got.Fence != 2 {
-		t.Errorf("unclaimed after a cancel request: state %s finished %v fence %d; want cancelled, finished, fence 2", got.State, got.FinishedAt, got.Fence)
+		t.Errorf("handed back after a cancel request: state %s finished %v fence %d; want cancelled, finished, fence 2", got.State, got.FinishedAt, got.Fence)
 	}
 }
 

@@ -263,7 +263,7 @@ func (d *dispatcher) drain(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
 	w.stopping = true
-	d.p.unclaim = append(d.p.unclaim, w.ahead...)
+	d.p.toHandBack = append(d.p.toHandBack, w.ahead...)
 	w.ahead = nil
 	w.mu.Unlock()
 	d.acknowledgeAtShutdown(ctx)
@@ -306,6 +306,9 @@ func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
 	}
 }
 
+// releaseNote is what a release at shutdown adds to a job's error history.
+const releaseNote = "released: worker shutting down"
+
 // release cancels the handlers still running and hands their jobs back.
 func (w *Worker) release(ctx context.Context) {
 	w.mu.Lock()
@@ -321,21 +324,13 @@ func (w *Worker) release(ctx context.Context) {
 	if len(left) == 0 {
 		return
 	}
-	params := db.JobReleaseManyParams{Ids: make([]int64, len(left)), Tokens: make([]uuid.UUID, len(left))}
-	for i, e := range left {
-		params.Ids[i] = e.job.ID
-		params.Tokens[i] = e.token
-	}
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
 	defer cancel()
-	ids, err := w.q.JobReleaseMany(ctx, params)
+	note := releaseNote
+	released, err := w.handBack(ctx, left, &note)
 	if err != nil {
-		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", params.Ids)
+		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", len(left))
 		return
-	}
-	released := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		released[id] = true
 	}
 	for _, e := range left {
 		w.log.Info("released job", "job", e.job.ID, "accepted", released[e.job.ID])
