@@ -1,12 +1,9 @@
 package experiment
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -398,14 +395,14 @@ type chaosKinds struct {
 }
 
 func (k *chaosKinds) panic(_ context.Context, job *worker.Job) (any, error) {
-	if err := decodeChaosPayload(job, &struct{}{}); err != nil {
+	if err := builtin.DecodePayload(job, &struct{}{}); err != nil {
 		return nil, err
 	}
 	panic(fmt.Sprintf("chaos_panic: deliberate panic (fence=%d)", job.Fence))
 }
 
 func (k *chaosKinds) fail(_ context.Context, job *worker.Job) (any, error) {
-	if err := decodeChaosPayload(job, &struct{}{}); err != nil {
+	if err := builtin.DecodePayload(job, &struct{}{}); err != nil {
 		return nil, err
 	}
 	return nil, fmt.Errorf("chaos_fail: deliberate failure (fence=%d)", job.Fence)
@@ -414,7 +411,7 @@ func (k *chaosKinds) fail(_ context.Context, job *worker.Job) (any, error) {
 // exit records a self_exit fault, then ends the process at once, as a
 // crash would: no deferred function runs, nothing is flushed or released.
 func (k *chaosKinds) exit(ctx context.Context, job *worker.Job) (any, error) {
-	if err := decodeChaosPayload(job, &struct{}{}); err != nil {
+	if err := builtin.DecodePayload(job, &struct{}{}); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(2 * time.Second)
@@ -445,7 +442,7 @@ type ChaosHoldConnsPayload struct {
 
 func (k *chaosKinds) holdConns(ctx context.Context, job *worker.Job) (any, error) {
 	var p ChaosHoldConnsPayload
-	if err := decodeChaosPayload(job, &p); err != nil {
+	if err := builtin.DecodePayload(job, &p); err != nil {
 		return nil, err
 	}
 	if p.HoldMs < 0 || p.HoldMs > builtin.MaxSleepMs {
@@ -472,10 +469,10 @@ func (k *chaosKinds) holdConns(ctx context.Context, job *worker.Job) (any, error
 		held = append(held, c)
 	}
 	<-k.acquiring
-	if err := chaosSleep(ctx, time.Duration(p.HoldMs)*time.Millisecond); err != nil {
+	if err := builtin.Sleep(ctx, time.Duration(p.HoldMs)*time.Millisecond); err != nil {
 		return nil, fmt.Errorf("chaos_hold_conns: interrupted (fence=%d): %w", job.Fence, err)
 	}
-	return chaosResult(job), nil
+	return builtin.NewResult(job), nil
 }
 
 // ChaosFlakyPayload is the payload of a chaos_flaky job.
@@ -488,56 +485,17 @@ type ChaosFlakyPayload struct {
 
 func (k *chaosKinds) flaky(ctx context.Context, job *worker.Job) (any, error) {
 	p := ChaosFlakyPayload{FailAttempts: 1}
-	if err := decodeChaosPayload(job, &p); err != nil {
+	if err := builtin.DecodePayload(job, &p); err != nil {
 		return nil, err
 	}
 	if p.Ms < 0 || p.Ms > builtin.MaxSleepMs {
 		return nil, worker.Permanent(fmt.Errorf("chaos_flaky: ms must be between 0 and %d", builtin.MaxSleepMs))
 	}
-	if err := chaosSleep(ctx, time.Duration(p.Ms)*time.Millisecond); err != nil {
+	if err := builtin.Sleep(ctx, time.Duration(p.Ms)*time.Millisecond); err != nil {
 		return nil, fmt.Errorf("chaos_flaky: interrupted (fence=%d): %w", job.Fence, err)
 	}
 	if int64(job.Attempt) <= p.FailAttempts {
 		return nil, fmt.Errorf("chaos_flaky: attempt %d fails as asked (fence=%d)", job.Attempt, job.Fence)
 	}
-	return chaosResult(job), nil
-}
-
-// chaosResult is the result of a chaos kind: which execution produced it,
-// as the built-in kinds record it.
-func chaosResult(job *worker.Job) *builtin.Result {
-	return &builtin.Result{Worker: job.WorkerID, PID: os.Getpid(), Attempt: job.Attempt, Fence: job.Fence}
-}
-
-// decodeChaosPayload reads a JSON object payload strictly into v; a missing
-// or null payload leaves v as is. Any malformed payload is permanent.
-func decodeChaosPayload(job *worker.Job, v any) error {
-	payload := bytes.TrimSpace(job.Payload)
-	if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
-		return nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return worker.Permanent(fmt.Errorf("%s: invalid payload: %w", job.Kind, err))
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return worker.Permanent(fmt.Errorf("%s: invalid payload: data after the JSON object", job.Kind))
-	}
-	return nil
-}
-
-// chaosSleep waits d, or returns the cause of ctx's end if that comes first.
-func chaosSleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return builtin.NewResult(job), nil
 }

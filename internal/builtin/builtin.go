@@ -139,7 +139,7 @@ type FailPayload struct {
 
 func hashJob(ctx context.Context, job *worker.Job) (any, error) {
 	p := HashPayload{SleepMs: DefaultHashSleepMs, Iterations: DefaultHashIterations}
-	if err := decode(job, &p); err != nil {
+	if err := DecodePayload(job, &p); err != nil {
 		return nil, err
 	}
 	if err := inRange(job.Kind, "sleep_ms", p.SleepMs, MaxSleepMs); err != nil {
@@ -148,7 +148,7 @@ func hashJob(ctx context.Context, job *worker.Job) (any, error) {
 	if err := inRange(job.Kind, "iterations", p.Iterations, MaxHashIterations); err != nil {
 		return nil, err
 	}
-	if err := wait(ctx, p.SleepMs); err != nil {
+	if err := Sleep(ctx, time.Duration(p.SleepMs)*time.Millisecond); err != nil {
 		return nil, err
 	}
 	var buf [sha256.Size]byte
@@ -158,7 +158,7 @@ func hashJob(ctx context.Context, job *worker.Job) (any, error) {
 		}
 		buf = sha256.Sum256(buf[:])
 	}
-	r := result(job)
+	r := NewResult(job)
 	r.Digest = hex.EncodeToString(buf[:])
 	r.Iterations = &p.Iterations
 	r.SleptMs = &p.SleepMs
@@ -167,23 +167,23 @@ func hashJob(ctx context.Context, job *worker.Job) (any, error) {
 
 func sleepJob(ctx context.Context, job *worker.Job) (any, error) {
 	var p SleepPayload
-	if err := decode(job, &p); err != nil {
+	if err := DecodePayload(job, &p); err != nil {
 		return nil, err
 	}
 	if err := inRange(job.Kind, "ms", p.Ms, MaxSleepMs); err != nil {
 		return nil, err
 	}
-	if err := wait(ctx, p.Ms); err != nil {
+	if err := Sleep(ctx, time.Duration(p.Ms)*time.Millisecond); err != nil {
 		return nil, err
 	}
-	r := result(job)
+	r := NewResult(job)
 	r.SleptMs = &p.Ms
 	return r, nil
 }
 
 func failJob(_ context.Context, job *worker.Job) (any, error) {
 	p := FailPayload{Times: DefaultFailTimes}
-	if err := decode(job, &p); err != nil {
+	if err := DecodePayload(job, &p); err != nil {
 		return nil, err
 	}
 	if err := inRange(job.Kind, "times", p.Times, MaxFailTimes); err != nil {
@@ -192,27 +192,28 @@ func failJob(_ context.Context, job *worker.Job) (any, error) {
 	if int64(job.Attempt) <= p.Times {
 		return nil, fmt.Errorf("fail: attempt %d fails as asked (times %d)", job.Attempt, p.Times)
 	}
-	r := result(job)
+	r := NewResult(job)
 	r.FailedAttempts = &p.Times
 	return r, nil
 }
 
 func noopJob(_ context.Context, job *worker.Job) (any, error) {
-	if err := decode(job, &struct{}{}); err != nil {
+	if err := DecodePayload(job, &struct{}{}); err != nil {
 		return nil, err
 	}
-	return result(job), nil
+	return NewResult(job), nil
 }
 
-// result starts a Result for job, run by this process.
-func result(job *worker.Job) *Result {
+// NewResult starts a Result for job, run by this process.
+func NewResult(job *worker.Job) *Result {
 	return &Result{Worker: job.WorkerID, PID: os.Getpid(), Attempt: job.Attempt, Fence: job.Fence}
 }
 
-// decode reads job's payload into v, which holds the defaults: a field the
-// payload leaves out keeps its default. Any malformed payload is a permanent
-// error.
-func decode(job *worker.Job, v any) error {
+// DecodePayload reads job's payload, a JSON object, strictly into v, which
+// holds the defaults: a field the payload leaves out keeps its default, and
+// a missing or null payload leaves v as it is. Any malformed payload is a
+// permanent error.
+func DecodePayload(job *worker.Job, v any) error {
 	payload := bytes.TrimSpace(job.Payload)
 	if len(payload) == 0 || bytes.Equal(payload, []byte("null")) {
 		return nil
@@ -239,13 +240,14 @@ func inRange(kind, field string, n, max int64) error {
 	return nil
 }
 
-// wait sleeps for ms milliseconds, or returns the cause of ctx's
-// cancellation if that comes first.
-func wait(ctx context.Context, ms int64) error {
-	if ms <= 0 {
+// Sleep waits for d, or returns the cause of ctx's cancellation if that
+// comes first. On Linux it is precise to the kernel's timer, not to Go's
+// millisecond timer granularity (see sleep).
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
 		return context.Cause(ctx)
 	}
-	return sleep(ctx, time.Duration(ms)*time.Millisecond)
+	return sleep(ctx, d)
 }
 
 // timerSleep is sleep on a Go timer.
