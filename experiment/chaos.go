@@ -22,6 +22,7 @@ import (
 	"github.com/relayq/relay/experiment/faultproxy"
 	"github.com/relayq/relay/experiment/schema"
 	"github.com/relayq/relay/internal/devdb"
+	"github.com/relayq/relay/internal/pgurl"
 )
 
 // ChaosScenario names one fault scenario of `relay experiment chaos`.
@@ -701,7 +702,7 @@ func (r *chaosRun) cleanup() error {
 func chaosHostPort(dsn string) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil || u.Host == "" {
-		return "", fmt.Errorf("chaos: the partition scenario needs a postgres:// URL with a host and port, got %s", redact(dsn))
+		return "", fmt.Errorf("chaos: the partition scenario needs a postgres:// URL with a host and port, got %s", pgurl.Redact(dsn))
 	}
 	host, port := u.Hostname(), u.Port()
 	if port == "" {

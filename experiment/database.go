@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -51,7 +50,7 @@ func CreateDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, 
 		return nil, fmt.Errorf("create database: %w", err)
 	}
 	name := prefix + hex.EncodeToString(suffix[:])
-	dsn, err := withDatabase(adminURL, name)
+	dsn, err := pgurl.WithDatabase(adminURL, name)
 	if err != nil {
 		return nil, err
 	}
@@ -116,37 +115,11 @@ func (d *Database) Now(ctx context.Context) (time.Time, error) {
 func adminExec(ctx context.Context, adminURL, sql string) error {
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return fmt.Errorf("connect to the admin database %s: %w", redact(adminURL), err)
+		return fmt.Errorf("connect to the admin database %s: %w", pgurl.Redact(adminURL), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = conn.Exec(ctx, sql)
 	return err
-}
-
-// withDatabase returns dsn pointing at another database on the same server.
-func withDatabase(dsn, database string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("parse the admin database URL: %w", err)
-		}
-		u.Path = "/" + database
-		return u.String(), nil
-	}
-	if strings.TrimSpace(dsn) == "" {
-		return "", errors.New("empty admin database URL")
-	}
-	// Keyword/value form: a later keyword overrides an earlier one.
-	return dsn + " dbname=" + database, nil
-}
-
-// redact shows a URL without its password.
-func redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		u.RawQuery = ""
-		return u.Redacted()
-	}
-	return "(connection string)"
 }
 
 // pollInterval is how often the experiments poll the database while

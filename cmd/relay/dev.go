@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/internal/devdb"
+	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -46,7 +47,7 @@ removed, with all its data, when relay stops (Ctrl-C or SIGTERM).`)
 	}
 
 	dsn, _ := opts.db.resolve(env.getenv)
-	where := "the database at " + redact(dsn)
+	where := "the database at " + pgurl.Redact(dsn)
 	if dsn == "" {
 		cluster, err := devdb.Start(ctx, logger)
 		if err != nil {
@@ -60,7 +61,7 @@ removed, with all its data, when relay stops (Ctrl-C or SIGTERM).`)
 			}
 		}()
 		dsn = cluster.URL()
-		where = "a throwaway PostgreSQL at " + redact(dsn)
+		where = "a throwaway PostgreSQL at " + pgurl.Redact(dsn)
 		if dir := cluster.Dir(); dir != "" {
 			where += " (in " + dir + ")"
 		}

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/worker"
 )
@@ -168,7 +168,7 @@ func connect(ctx context.Context, dsn, appName string) (*pgxpool.Pool, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("connect to the database: %w", context.Cause(ctx))
 		}
-		return nil, &connectError{dsn: redact(dsn), err: err}
+		return nil, &connectError{dsn: pgurl.Redact(dsn), err: err}
 	}
 	return pool, nil
 }
@@ -210,20 +210,6 @@ func requireMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("check the schema: %w", err)
 	}
 	return nil
-}
-
-// redact shows a URL with its password hidden, and other DSN forms not at
-// all.
-func redact(dsn string) string {
-	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
-		return "(from the connection string)"
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	u.RawQuery = ""
-	return u.Redacted()
 }
 
 // workerFlags configure a worker.

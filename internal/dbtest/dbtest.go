@@ -13,10 +13,8 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -30,6 +28,7 @@ import (
 	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -90,7 +89,7 @@ func NewURL(t testing.TB) string {
 			t.Errorf("dbtest: drop database %s: %v", name, err)
 		}
 	})
-	dsn, err := withDatabase(admin, name)
+	dsn, err := pgurl.WithDatabase(admin, name)
 	if err != nil {
 		t.Fatalf("dbtest: %v", err)
 	}
@@ -113,7 +112,7 @@ func Named(ctx context.Context, prefix string) (string, error) {
 	name := prefix + strings.TrimPrefix(template, "relay_template")
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return "", fmt.Errorf("connect to %s: %w", redact(admin), err)
+		return "", fmt.Errorf("connect to %s: %w", pgurl.Redact(admin), err)
 	}
 	defer conn.Close(context.Background())
 	exists, err := db.New(conn).DatabaseExists(ctx, name)
@@ -125,7 +124,7 @@ func Named(ctx context.Context, prefix string) (string, error) {
 			return "", fmt.Errorf("create database: %w", err)
 		}
 	}
-	return withDatabase(admin, name)
+	return pgurl.WithDatabase(admin, name)
 }
 
 // adminURL resolves the server once per test process.
@@ -184,7 +183,7 @@ func ensureTemplate(ctx context.Context, admin string) (string, error) {
 
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return "", fmt.Errorf("connect to %s: %w", redact(admin), err)
+		return "", fmt.Errorf("connect to %s: %w", pgurl.Redact(admin), err)
 	}
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", templateLockKey); err != nil {
@@ -218,7 +217,7 @@ func ensureTemplate(ctx context.Context, admin string) (string, error) {
 }
 
 func migrate(ctx context.Context, admin, database string) error {
-	dsn, err := withDatabase(admin, database)
+	dsn, err := pgurl.WithDatabase(admin, database)
 	if err != nil {
 		return err
 	}
@@ -261,38 +260,11 @@ func templateName() (string, error) {
 func adminExec(ctx context.Context, admin, sql string) error {
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redact(admin), err)
+		return fmt.Errorf("connect to %s: %w", pgurl.Redact(admin), err)
 	}
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(ctx, sql)
 	return err
-}
-
-// withDatabase returns dsn pointing at another database on the same server.
-func withDatabase(dsn, database string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("parse %s: %w", EnvURL, err)
-		}
-		u.Path = "/" + database
-		return u.String(), nil
-	}
-	if strings.TrimSpace(dsn) == "" {
-		return "", errors.New("empty database URL")
-	}
-	// Keyword/value form: a later keyword overrides an earlier one.
-	return dsn + " dbname=" + database, nil
-}
-
-func redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-		return u.String()
-	}
-	return "the database"
 }
 
 func randomSuffix() string {

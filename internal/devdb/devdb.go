@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -41,6 +40,8 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/relayq/relay/internal/pgurl"
 )
 
 // ContainerImage is the image of the fallback container.
@@ -417,15 +418,6 @@ func startContainer(ctx context.Context, logger *slog.Logger) (c *Cluster, err e
 		_ = ctr.Terminate(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("container address: %w", err)
 	}
-	logger.Info("started a throwaway PostgreSQL container", "image", ContainerImage, "url", redact(dsn))
+	logger.Info("started a throwaway PostgreSQL container", "image", ContainerImage, "url", pgurl.Redact(dsn))
 	return &Cluster{log: logger, url: dsn, container: ctr}, nil
-}
-
-// redact hides the password of a URL, for logs.
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }
