@@ -78,12 +78,7 @@ func CreateDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, 
 		return nil, fmt.Errorf("connect to %s: %w", name, err)
 	}
 	d.Q = db.New(d.Pool)
-	m, err := migrations.NewMigrator(d.Pool)
-	if err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", name, err)
-	}
-	defer m.Close()
-	if _, err := m.Up(ctx); err != nil {
+	if _, err := migrations.Up(ctx, d.Pool); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", name, err)
 	}
 	return d, nil

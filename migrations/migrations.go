@@ -45,6 +45,28 @@ func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 	return &Migrator{db: db, provider: provider}, nil
 }
 
+// Up applies every pending migration to the database behind pool and
+// returns the versions applied.
+func Up(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
+	m, err := NewMigrator(pool)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	return m.Up(ctx)
+}
+
+// CheckCurrent returns ErrNotMigrated unless every migration this build
+// carries is applied to the database behind pool.
+func CheckCurrent(ctx context.Context, pool *pgxpool.Pool) error {
+	m, err := NewMigrator(pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return m.CheckCurrent(ctx)
+}
+
 // Close releases the Migrator's handle on the pool.
 func (m *Migrator) Close() error { return m.db.Close() }
 

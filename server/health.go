@@ -49,12 +49,7 @@ func checkReady(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := pool.Ping(ctx); err != nil {
 		return fmt.Errorf("ping database: %w", err)
 	}
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		return fmt.Errorf("ready check: %w", err)
-	}
-	defer m.Close()
-	if err := m.CheckCurrent(ctx); err != nil {
+	if err := migrations.CheckCurrent(ctx, pool); err != nil {
 		return fmt.Errorf("ready check: %w", err)
 	}
 	return nil

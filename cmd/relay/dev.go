@@ -82,12 +82,7 @@ func migrateUp(ctx context.Context, logger *slog.Logger, dsn string) error {
 		return err
 	}
 	defer pool.Close()
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	applied, err := m.Up(ctx)
+	applied, err := migrations.Up(ctx, pool)
 	if err != nil {
 		return err
 	}

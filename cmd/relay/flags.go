@@ -197,12 +197,7 @@ var errNotMigrated = errors.New(`database not migrated: run "relay migrate up"`)
 // requireMigrated fails with errNotMigrated unless every migration this
 // build carries is applied.
 func requireMigrated(ctx context.Context, pool *pgxpool.Pool) error {
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	err = m.CheckCurrent(ctx)
+	err := migrations.CheckCurrent(ctx, pool)
 	if errors.Is(err, migrations.ErrNotMigrated) {
 		return errNotMigrated
 	}

@@ -226,12 +226,7 @@ func migrate(ctx context.Context, admin, database string) error {
 		return err
 	}
 	defer pool.Close()
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	_, err = m.Up(ctx)
+	_, err = migrations.Up(ctx, pool)
 	return err
 }
 
