@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -23,11 +24,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
-	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/devdb"
 	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
 )
@@ -134,7 +133,13 @@ func adminURL(ctx context.Context) (string, error) {
 			serverURL = u
 			return
 		}
-		serverURL, serverErr = startContainer(ctx)
+		// The container lives as long as the test process: testcontainers'
+		// reaper removes it.
+		c, err := devdb.StartContainer(ctx, slog.New(slog.DiscardHandler))
+		if err == nil {
+			serverURL = c.URL()
+		}
+		serverErr = err
 		if serverErr != nil {
 			serverErr = fmt.Errorf("no database for tests: %s is not set and a PostgreSQL container could not be started (%v); "+
 				"set %s to a PostgreSQL URL whose user may create databases, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
@@ -142,29 +147,6 @@ func adminURL(ctx context.Context) (string, error) {
 		}
 	})
 	return serverURL, serverErr
-}
-
-func startContainer(ctx context.Context) (dsn string, err error) {
-	defer func() {
-		// testcontainers panics when no Docker engine can be found.
-		if r := recover(); r != nil {
-			err = fmt.Errorf("testcontainers: %v", r)
-		}
-	}()
-	ctr, err := tcpostgres.Run(ctx, "postgres:15-alpine",
-		tcpostgres.WithDatabase("postgres"),
-		tcpostgres.WithUsername("postgres"),
-		tcpostgres.WithPassword("postgres"),
-		testcontainers.WithWaitStrategy(
-			wait.ForLog("database system is ready to accept connections").
-				WithOccurrence(2).
-				WithStartupTimeout(time.Minute)),
-	)
-	if err != nil {
-		return "", err
-	}
-	// The container is removed by testcontainers' reaper when this process exits.
-	return ctr.ConnectionString(ctx, "sslmode=disable")
 }
 
 // ensureTemplate creates, once per schema version, a migrated database that

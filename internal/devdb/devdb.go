@@ -99,7 +99,7 @@ func Start(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
 		return nil, localErr
 	}
 	logger.Info("no local PostgreSQL cluster; trying a container", "reason", localErr)
-	c, containerErr := startContainer(ctx, logger)
+	c, containerErr := StartContainer(ctx, logger)
 	if containerErr != nil {
 		return nil, fmt.Errorf("devdb: cannot start a throwaway PostgreSQL: %v; and no container either: %v "+
 			"(install PostgreSQL's server binaries or Docker, or set DATABASE_URL)", localErr, containerErr)
@@ -390,8 +390,11 @@ func lastLine(b []byte) string {
 	return string(bytes.TrimSpace(lines[len(lines)-1]))
 }
 
-// startContainer starts the fallback container.
-func startContainer(ctx context.Context, logger *slog.Logger) (c *Cluster, err error) {
+// StartContainer starts a PostgreSQL server in a container of
+// ContainerImage with testcontainers-go, which needs a Docker engine: the
+// fallback of Start. Stop removes it; so does testcontainers' reaper when
+// the process exits.
+func StartContainer(ctx context.Context, logger *slog.Logger) (c *Cluster, err error) {
 	defer func() {
 		// testcontainers panics when it finds no Docker engine.
 		if r := recover(); r != nil {
