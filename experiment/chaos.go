@@ -1,6 +1,7 @@
 package experiment
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -212,21 +213,21 @@ func (c ChaosConfig) withDefaults() (ChaosConfig, error) {
 	if c.AdminURL == "" {
 		c.AdminURL = d.AdminURL
 	}
-	chaosDefault(&c.Jobs, d.Jobs)
-	chaosDefault(&c.Workers, d.Workers)
-	chaosDefault(&c.Slots, d.Slots)
-	chaosDefault(&c.Lease, d.Lease)
+	c.Jobs = cmp.Or(c.Jobs, d.Jobs)
+	c.Workers = cmp.Or(c.Workers, d.Workers)
+	c.Slots = cmp.Or(c.Slots, d.Slots)
+	c.Lease = cmp.Or(c.Lease, d.Lease)
 	if c.Heartbeat == 0 {
 		c.Heartbeat = c.Lease / 5
 	}
-	chaosDefault(&c.BackoffBase, d.BackoffBase)
-	chaosDefault(&c.Duration, d.Duration)
-	chaosDefault(&c.FaultEvery, d.FaultEvery)
-	chaosDefault(&c.Downtime, d.Downtime)
-	chaosDefault(&c.Restarts, d.Restarts)
-	chaosDefault(&c.CommitCuts, d.CommitCuts)
-	chaosDefault(&c.BadInputRounds, d.BadInputRounds)
-	chaosDefault(&c.DrainTimeout, d.DrainTimeout)
+	c.BackoffBase = cmp.Or(c.BackoffBase, d.BackoffBase)
+	c.Duration = cmp.Or(c.Duration, d.Duration)
+	c.FaultEvery = cmp.Or(c.FaultEvery, d.FaultEvery)
+	c.Downtime = cmp.Or(c.Downtime, d.Downtime)
+	c.Restarts = cmp.Or(c.Restarts, d.Restarts)
+	c.CommitCuts = cmp.Or(c.CommitCuts, d.CommitCuts)
+	c.BadInputRounds = cmp.Or(c.BadInputRounds, d.BadInputRounds)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, d.DrainTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -247,13 +248,6 @@ func (c ChaosConfig) withDefaults() (ChaosConfig, error) {
 		return c, errors.New("chaos: the restart scenario runs on a private cluster, not on DatabaseURL")
 	}
 	return c, nil
-}
-
-func chaosDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 // chaosRun is the state of one scenario run.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -80,15 +81,15 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		if short {
 			cfg = experiment.ShortChaosConfig(s)
 		}
-		chaosOverride(&cfg.Jobs, base.Jobs)
-		chaosOverride(&cfg.Workers, base.Workers)
-		chaosOverride(&cfg.Slots, base.Slots)
-		chaosOverride(&cfg.Lease, base.Lease)
-		chaosOverride(&cfg.Heartbeat, base.Heartbeat)
-		chaosOverride(&cfg.Duration, base.Duration)
-		chaosOverride(&cfg.FaultEvery, base.FaultEvery)
-		chaosOverride(&cfg.Downtime, base.Downtime)
-		chaosOverride(&cfg.Seed, base.Seed)
+		cfg.Jobs = cmp.Or(base.Jobs, cfg.Jobs)
+		cfg.Workers = cmp.Or(base.Workers, cfg.Workers)
+		cfg.Slots = cmp.Or(base.Slots, cfg.Slots)
+		cfg.Lease = cmp.Or(base.Lease, cfg.Lease)
+		cfg.Heartbeat = cmp.Or(base.Heartbeat, cfg.Heartbeat)
+		cfg.Duration = cmp.Or(base.Duration, cfg.Duration)
+		cfg.FaultEvery = cmp.Or(base.FaultEvery, cfg.FaultEvery)
+		cfg.Downtime = cmp.Or(base.Downtime, cfg.Downtime)
+		cfg.Seed = cmp.Or(base.Seed, cfg.Seed)
 		if base.Lease > 0 && base.Heartbeat == 0 {
 			cfg.Heartbeat = cfg.Lease / 5
 		}
@@ -118,14 +119,6 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// chaosOverride sets *v to o unless o is zero.
-func chaosOverride[T comparable](v *T, o T) {
-	var zero T
-	if o != zero {
-		*v = o
-	}
 }
 
 // runChaosWorker runs `relay experiment chaos-worker [flags]`, the worker
