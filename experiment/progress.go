@@ -89,31 +89,26 @@ func (p *Progress) Update(done int, note string) {
 
 // Note shows a line of text: on a terminal it replaces the progress line,
 // elsewhere it is written as is.
-func (p *Progress) Note(format string, args ...any) {
-	if p == nil || p.w == nil {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	msg := fmt.Sprintf(format, args...)
-	if p.tty {
-		fmt.Fprintf(p.w, "\r%s %s\x1b[K", p.label, msg)
-	} else {
-		fmt.Fprintf(p.w, "%s %s\n", p.label, msg)
-	}
-}
+func (p *Progress) Note(format string, args ...any) { p.show(false, format, args...) }
 
 // Finish ends the progress line with a last message.
-func (p *Progress) Finish(format string, args ...any) {
+func (p *Progress) Finish(format string, args ...any) { p.show(true, format, args...) }
+
+// show writes a message in place of the progress line, and on a terminal
+// ends that line when last is set.
+func (p *Progress) show(last bool, format string, args ...any) {
 	if p == nil || p.w == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	msg := fmt.Sprintf(format, args...)
-	if p.tty {
-		fmt.Fprintf(p.w, "\r%s %s\x1b[K\n", p.label, msg)
-	} else {
+	switch {
+	case !p.tty:
 		fmt.Fprintf(p.w, "%s %s\n", p.label, msg)
+	case last:
+		fmt.Fprintf(p.w, "\r%s %s\x1b[K\n", p.label, msg)
+	default:
+		fmt.Fprintf(p.w, "\r%s %s\x1b[K", p.label, msg)
 	}
 }
