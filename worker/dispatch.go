@@ -116,15 +116,13 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	retryDelay := minRetryDelay
 
 	for {
+		held, waiting, oldest := w.holding()
 		if retry == nil && inFlight < maxRoundsInFlight {
 			claim := 0
 			if wantClaim && w.sessionUp.Load() {
-				w.mu.Lock()
-				held := len(w.held)
-				w.mu.Unlock()
 				claim = max(w.cfg.Slots+d.aheadLimit()-held-reserved, 0)
 			}
-			if d.sendNow(claim) {
+			if d.sendNow(claim, waiting) {
 				r := &round{batch: d.p.take(), claim: claim}
 				inFlight++
 				reserved += claim
@@ -142,12 +140,10 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		// The oldest job claimed ahead is handed back once it has waited
 		// PrefetchWait for a slot.
 		var holdC <-chan time.Time
-		w.mu.Lock()
-		if len(w.ahead) > 0 {
-			hold.Reset(time.Until(w.ahead[0].claimedAt.Add(w.cfg.PrefetchWait)))
+		if waiting > 0 {
+			hold.Reset(time.Until(oldest.Add(w.cfg.PrefetchWait)))
 			holdC = hold.C
 		}
-		w.mu.Unlock()
 		var lingerC <-chan time.Time
 		if d.outcomes() > 0 && inFlight < maxRoundsInFlight && retry == nil {
 			linger.Reset(time.Until(d.pendingSince.Add(d.linger())))
@@ -199,6 +195,17 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	}
 }
 
+// holding returns how many jobs the worker holds, how many of them wait for
+// a slot, and when the oldest of those was claimed.
+func (w *Worker) holding() (held, waiting int, oldest time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.ahead) > 0 {
+		oldest = w.ahead[0].claimedAt
+	}
+	return len(w.held), len(w.ahead), oldest
+}
+
 // outcomes counts the outcomes waiting to be acknowledged.
 func (d *dispatcher) outcomes() int { return len(d.p.done) + len(d.p.failed) }
 
@@ -216,8 +223,9 @@ const maxLinger = 5 * time.Millisecond
 // costs the database less per job, and costs a slot nothing while it has a
 // job claimed ahead to start; so the worker waits only while it claims
 // ahead, jobs are waiting for slots, and the outcomes are fewer than a
-// quarter of what it may hold and younger than linger.
-func (d *dispatcher) sendNow(claim int) bool {
+// quarter of what it may hold and younger than linger. waiting is how many
+// jobs wait for a slot.
+func (d *dispatcher) sendNow(claim, waiting int) bool {
 	n := d.outcomes()
 	switch {
 	case n == 0 && len(d.p.toHandBack) == 0:
@@ -229,9 +237,6 @@ func (d *dispatcher) sendNow(claim int) bool {
 	if limit == 0 {
 		return true
 	}
-	d.w.mu.Lock()
-	waiting := len(d.w.ahead)
-	d.w.mu.Unlock()
 	return waiting == 0 ||
 		n >= max(1, (d.w.cfg.Slots+limit)/4) ||
 		time.Since(d.pendingSince) >= d.linger()
