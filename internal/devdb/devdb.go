@@ -205,11 +205,8 @@ func (c *Cluster) Stop(ctx context.Context) error {
 func (c *Cluster) StopServer(ctx context.Context, mode ShutdownMode) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.container != nil:
-		return ErrNotLocal
-	case c.stopped:
-		return errors.New("devdb: cluster already removed")
+	if err := c.usableLocally(); err != nil {
+		return err
 	}
 	out, err := c.command(ctx, "pg_ctl", "stop", "-D", c.dataDir, "-m", string(mode), "-w", "-t", "60").CombinedOutput()
 	if err != nil {
@@ -223,13 +220,23 @@ func (c *Cluster) StopServer(ctx context.Context, mode ShutdownMode) error {
 func (c *Cluster) StartServer(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.usableLocally(); err != nil {
+		return err
+	}
+	return c.startServer(ctx)
+}
+
+// usableLocally says why the server cannot be stopped or started on its
+// own: it runs in a container, or the cluster was removed. Called with c.mu
+// held.
+func (c *Cluster) usableLocally() error {
 	switch {
 	case c.container != nil:
 		return ErrNotLocal
 	case c.stopped:
 		return errors.New("devdb: cluster already removed")
 	}
-	return c.startServer(ctx)
+	return nil
 }
 
 // configure appends the cluster's settings to its postgresql.conf; later
