@@ -259,8 +259,11 @@ type BurstRun struct {
 	// experiment. OtherCPUSec is the rest of the machine's busy time: other
 	// databases' backends and other programs, load that is not the
 	// experiment's; PostgresOtherCPUSec is its PostgreSQL part.
+	// MachineStealSec is CPU time the hypervisor gave to other machines
+	// while this one had work to run: it is in none of the others.
 	MachineCPUBusy      float64        `json:"machine_cpu_busy,omitempty"`
 	MachineCPUSec       float64        `json:"machine_cpu_busy_seconds,omitempty"`
+	MachineStealSec     float64        `json:"machine_cpu_steal_seconds,omitempty"`
 	PostgresCPUSec      float64        `json:"postgres_backends_cpu_seconds,omitempty"`
 	PostgresServerCPU   float64        `json:"postgres_server_cpu_seconds,omitempty"`
 	PostgresOtherCPUSec float64        `json:"postgres_other_databases_cpu_seconds,omitempty"`
@@ -534,6 +537,7 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 		if after, ok := ReadCPU(); ok {
 			run.MachineCPUBusy = round3(cpuBefore.Utilization(after))
 			run.MachineCPUSec = round3((after.Busy - cpuBefore.Busy).Seconds())
+			run.MachineStealSec = round3((after.Steal - cpuBefore.Steal).Seconds())
 		}
 	}
 	run.PostgresCPUSec = round3(cpuSince(pgBefore.db, pgAfter.db).Seconds())

@@ -47,7 +47,7 @@ func (r *BurstResult) WriteSummary(w io.Writer) error {
 
 	fmt.Fprintln(w, "\nWhere the time went:")
 	tw = newTable(w)
-	fmt.Fprintln(tw, "config\tstartup\tservice/job/slot\toverhead/job\tjobs/stmt\tCPU busy\tCPU ms/job: pg backends+server\tworkers\tserve\tnot ours\tcomplete+claim p50/p95\tpaced p50/p95\tWAL flush p50\tround trip p50 (paced)")
+	fmt.Fprintln(tw, "config\tstartup\tservice/job/slot\toverhead/job\tjobs/stmt\tCPU busy\tsteal\tCPU ms/job: pg backends+server\tworkers\tserve\tnot ours\tcomplete+claim p50/p95\tpaced p50/p95\tWAL flush p50\tround trip p50 (paced)")
 	for _, run := range r.Runs {
 		stmt, paced, flush, rtt := "-", "-", "-", "-"
 		if p := run.Probe; p != nil {
@@ -57,9 +57,9 @@ func (r *BurstResult) WriteSummary(w io.Writer) error {
 			rtt = fmt.Sprintf("%.2f ms (%.2f ms)", p.RoundTrip.P50, p.RoundTripPaced.P50)
 		}
 		perJob := func(sec float64) float64 { return 1000 * sec / float64(max(run.Jobs, 1)) }
-		fmt.Fprintf(tw, "%s\t%.0f ms\t%.2f ms\t%.2f ms\t%.2f\t%.0f%%\t%.2f+%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%.0f ms\t%.2f ms\t%.2f ms\t%.2f\t%.0f%%\t%.2f s\t%.2f+%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t%s\n",
 			run.Config, run.StartupMs, run.ServiceMsPerJob, run.OverheadMsPerJob, run.JobsPerCompletion,
-			100*run.MachineCPUBusy, perJob(run.PostgresCPUSec), perJob(run.PostgresServerCPU), perJob(run.WorkersCPUSec),
+			100*run.MachineCPUBusy, run.MachineStealSec, perJob(run.PostgresCPUSec), perJob(run.PostgresServerCPU), perJob(run.WorkersCPUSec),
 			perJob(run.ServeCPUSec), perJob(run.OtherCPUSec), stmt, paced, flush, rtt)
 	}
 	if err := tw.Flush(); err != nil {

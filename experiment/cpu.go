@@ -13,8 +13,11 @@ const clockTicks = 100
 
 // CPUSample is the machine's cumulative CPU time, from /proc/stat.
 type CPUSample struct {
-	// Busy is the time spent on anything but idle and I/O wait.
+	// Busy is the time spent on anything but idle, I/O wait and steal.
 	Busy time.Duration
+	// Steal is the time a virtual machine's CPUs were ready to run but the
+	// hypervisor ran something else: load from outside the machine.
+	Steal time.Duration
 	// Total is all CPU time, across every CPU.
 	Total time.Duration
 }
@@ -26,11 +29,17 @@ func ReadCPU() (s CPUSample, ok bool) {
 		return s, false
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
+	return parseCPULine(line)
+}
+
+// parseCPULine reads the first line of /proc/stat: "cpu" and the times
+// user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice.
+func parseCPULine(line string) (s CPUSample, ok bool) {
 	f := strings.Fields(line)
 	if len(f) < 5 || f[0] != "cpu" {
 		return s, false
 	}
-	var total, idle int64
+	var total, idle, steal int64
 	for i, v := range f[1:] {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -42,12 +51,19 @@ func ReadCPU() (s CPUSample, ok bool) {
 			break
 		}
 		total += n
-		if i == 3 || i == 4 { // idle, iowait
+		switch i {
+		case 3, 4: // idle, iowait
 			idle += n
+		case 7:
+			steal = n
 		}
 	}
 	tick := time.Second / clockTicks
-	return CPUSample{Busy: time.Duration(total-idle) * tick, Total: time.Duration(total) * tick}, true
+	return CPUSample{
+		Busy:  time.Duration(total-idle-steal) * tick,
+		Steal: time.Duration(steal) * tick,
+		Total: time.Duration(total) * tick,
+	}, true
 }
 
 // Utilization is the share of the machine's CPU time that was busy
