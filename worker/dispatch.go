@@ -11,17 +11,6 @@ import (
 	"github.com/relayq/relay/db"
 )
 
-// maxRoundsInFlight is how many acknowledge-and-claim statements a worker
-// keeps in flight at once. One: the outcomes that arrive while a statement
-// commits are then sent together in the next one, and on a small host the
-// database's CPU per statement, not the wait for it, is what limits
-// throughput (relay experiment burst at 3x4 slots, before workers claimed
-// ahead: 750 jobs/s with one round in flight, 690-700 with two, which sent
-// 1.1 jobs per statement against 1.25). With jobs claimed ahead, a slot
-// seldom waits for a round at all. The dispatcher still collects outcomes
-// while a round is out.
-const maxRoundsInFlight = 1
-
 const (
 	minRetryDelay = 50 * time.Millisecond
 	maxRetryDelay = 2 * time.Second
@@ -63,15 +52,14 @@ type round struct {
 	batch pending
 	claim int
 
-	// Filled in by acknowledge.
-	handedBack   map[int64]bool // jobs the database took back unstarted
-	handBackSent bool
-	failStates   map[int64]db.JobState // failures the database accepted
-	failsSent    bool
-	completed    map[int64]bool // completions the database accepted
-	claimed      []db.JobCompleteAndClaimRow
-	sentAt       time.Time
-	err          error
+	// Filled in by acknowledge. handedBack and failStates stay nil unless
+	// their statement succeeded.
+	handedBack map[int64]bool        // jobs the database took back unstarted
+	failStates map[int64]db.JobState // failures the database accepted
+	completed  map[int64]bool        // completions the database accepted
+	claimed    []db.JobCompleteAndClaimRow
+	sentAt     time.Time
+	err        error
 }
 
 // dispatcher is the state of the loop that claims jobs and acknowledges
@@ -99,12 +87,21 @@ func (d *dispatcher) aheadLimit() int {
 
 // dispatch claims jobs for free slots (and ahead of them, see
 // Config.Prefetch), starts their handlers and acknowledges their outcomes,
-// until ctx is cancelled. It returns once the rounds it started have come
-// back.
+// until ctx is cancelled. It returns once the round in flight, if any, has
+// come back.
 func (d *dispatcher) dispatch(ctx context.Context) {
 	w := d.w
-	rounds := make(chan *round, maxRoundsInFlight)
-	inFlight, reserved := 0, 0 // rounds in flight, and the jobs they claim
+	// roundOut is whether a round is in flight. There is never more than
+	// one: the outcomes that arrive while a round's statement commits are
+	// then sent together in the next one, and on a small host the
+	// database's CPU per statement, not the wait for it, is what limits
+	// throughput (relay experiment burst at 3x4 slots, before workers
+	// claimed ahead: 750 jobs/s with one round in flight, 690-700 with two,
+	// which sent 1.1 jobs per statement against 1.25). With jobs claimed
+	// ahead, a slot seldom waits for a round at all. The dispatcher still
+	// collects outcomes while a round is out.
+	roundOut := false
+	rounds := make(chan *round, 1)
 	wantClaim := true
 	poll := time.NewTimer(w.cfg.PollInterval)
 	defer poll.Stop()
@@ -117,15 +114,17 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 
 	for {
 		held, waiting, oldest := w.holding()
-		if retry == nil && inFlight < maxRoundsInFlight {
+		// No round starts once ctx is done, though select may still pick
+		// other ready cases before ctx.Done ends the loop: the jobs such a
+		// round claimed would only be handed back.
+		if retry == nil && !roundOut && ctx.Err() == nil {
 			claim := 0
 			if wantClaim && w.sessionUp.Load() {
-				claim = max(w.cfg.Slots+d.aheadLimit()-held-reserved, 0)
+				claim = max(w.cfg.Slots+d.aheadLimit()-held, 0)
 			}
 			if d.sendNow(claim, waiting) {
 				r := &round{batch: d.p.take(), claim: claim}
-				inFlight++
-				reserved += claim
+				roundOut = true
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
 					wantClaim = false
@@ -145,7 +144,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			holdC = hold.C
 		}
 		var lingerC <-chan time.Time
-		if d.outcomes() > 0 && inFlight < maxRoundsInFlight && retry == nil {
+		if d.outcomes() > 0 && !roundOut && retry == nil {
 			linger.Reset(time.Until(d.pendingSince.Add(d.linger())))
 			lingerC = linger.C
 		}
@@ -153,11 +152,9 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		select {
 		case <-lingerC:
 		case r := <-rounds:
-			inFlight--
-			reserved -= r.claim
+			roundOut = false
 			d.finish(r)
 			switch {
-			case r.err != nil && ctx.Err() != nil:
 			case r.err != nil:
 				w.log.Warn("acknowledge or claim failed; will retry", "err", r.err, "retry_in", retryDelay)
 				retry = time.After(retryDelay)
@@ -183,11 +180,12 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		case <-retry:
 			retry = nil
 		case <-ctx.Done():
-			// Jobs the last rounds claim are handed back, not started.
+			// Jobs the last round claims are held for drain to hand back,
+			// not started.
 			w.mu.Lock()
 			w.stopping = true
 			w.mu.Unlock()
-			for ; inFlight > 0; inFlight-- {
+			if roundOut {
 				d.finish(<-rounds)
 			}
 			return
@@ -324,7 +322,7 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 			r.err = fmt.Errorf("hand back jobs claimed ahead: %w", err)
 			return
 		}
-		r.handedBack, r.handBackSent = ids, true
+		r.handedBack = ids
 	}
 	if len(r.batch.failed) > 0 {
 		states, err := w.fail(ctx, r.batch.failed)
@@ -332,7 +330,7 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 			r.err = err
 			return
 		}
-		r.failStates, r.failsSent = states, true
+		r.failStates = states
 	}
 
 	done := r.batch.done
@@ -422,17 +420,19 @@ func (w *Worker) fail(ctx context.Context, failed []outcome) (map[int64]db.JobSt
 // whatever must be sent again.
 func (d *dispatcher) finish(r *round) {
 	w := d.w
-	if r.handBackSent {
+	if r.handedBack != nil {
+		w.mu.Lock()
 		for _, e := range r.batch.toHandBack {
-			w.mu.Lock()
 			delete(w.held, e.job.ID)
-			w.mu.Unlock()
+		}
+		w.mu.Unlock()
+		for _, e := range r.batch.toHandBack {
 			e.cancel(nil)
 			w.log.Debug("handed back job claimed ahead", "job", e.job.ID, "accepted", r.handedBack[e.job.ID])
 		}
 		r.batch.toHandBack = nil
 	}
-	if r.failsSent {
+	if r.failStates != nil {
 		for _, o := range r.batch.failed {
 			state, ok := r.failStates[o.exec.job.ID]
 			if ok {

@@ -131,17 +131,19 @@ func quick(ctx context.Context, j *worker.Job) (any, error) {
 // waitHeldBy waits until the job is running under the given worker's lease.
 func (b *bundle) waitHeldBy(t *testing.T, id int64, workerID string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := b.get(t, id)
-		if got.State == db.JobStateRunning && deref(got.LeasedBy) == workerID {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %d never held by %s: state %s", id, workerID, got.State)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	b.waitFor(t, id, 10*time.Second, "running under "+workerID, func(j db.Job) bool {
+		return j.State == db.JobStateRunning && deref(j.LeasedBy) == workerID
+	})
+}
+
+// waitForRenewal waits until a heartbeat has moved the job's lease expiry
+// past since, and returns the new expiry.
+func (b *bundle) waitForRenewal(t *testing.T, id int64, since time.Time) time.Time {
+	t.Helper()
+	job := b.waitFor(t, id, 10*time.Second, "lease renewed past "+since.String(), func(j db.Job) bool {
+		return j.LeaseExpiresAt != nil && j.LeaseExpiresAt.After(since)
+	})
+	return *job.LeaseExpiresAt
 }
 
 func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t *testing.T) {
@@ -150,7 +152,7 @@ func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t
 	blocker, next := b.queueBehindBlocker(t)
 	release := make(chan struct{})
 	blocking := make(chan struct{})
-	busy, _ := b.startWorker(t, worker.Config{Slots: 1, PrefetchWait: 150 * time.Millisecond}, func(w *worker.Worker) {
+	b.startWorker(t, worker.Config{Slots: 1, PrefetchWait: 150 * time.Millisecond}, func(w *worker.Worker) {
 		w.HandleFunc("quick", quick)
 		w.HandleFunc("block", func(ctx context.Context, j *worker.Job) (any, error) {
 			close(blocking)
@@ -164,10 +166,13 @@ func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t
 	})
 	defer close(release)
 	<-blocking
-	b.waitHeldBy(t, next.ID, busy.ID())
+	// The busy worker, the only one running yet, claims next ahead while
+	// blocker fills its one slot. It may hand next back before this sees it
+	// held, so wait for the claim itself, which grows next's fence.
+	b.waitFor(t, next.ID, 10*time.Second, "claimed by the busy worker", func(j db.Job) bool { return j.Fence > 0 })
 
-	// An idle worker, started now, finds nothing ready until the busy one
-	// hands next back.
+	// An idle worker, started now, can run next only once the busy one
+	// hands it back.
 	ranBy := make(chan string, 1)
 	idle, _ := b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
 		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
@@ -246,10 +251,15 @@ func TestWorker_JobCancelledWhileWaitingForASlotEndsCancelledWithoutRunning(t *t
 	})
 	<-blocking
 	b.waitHeldBy(t, next.ID, w.ID())
-	if _, err := b.q.JobCancel(b.ctx, next.ID); err != nil {
+	cancelled, err := b.q.JobCancel(b.ctx, next.ID)
+	if err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
-	time.Sleep(200 * time.Millisecond) // a few heartbeats: the worker learns of it
+	// The worker learns of the cancel from the first heartbeat to renew the
+	// lease after it. Heartbeats run one after another, so once a second
+	// renewal shows, the worker has handled the first.
+	renewed := b.waitForRenewal(t, next.ID, *cancelled.LeaseExpiresAt)
+	b.waitForRenewal(t, next.ID, renewed)
 	close(release)
 
 	got := b.waitForState(t, next.ID, db.JobStateCancelled, 10*time.Second)

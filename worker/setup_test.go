@@ -117,16 +117,25 @@ func (b *bundle) waitForLeaseExpiry(t *testing.T, id int64) {
 // waitForState polls the job until it reaches state or the timeout passes.
 func (b *bundle) waitForState(t *testing.T, id int64, state db.JobState, timeout time.Duration) db.Job {
 	t.Helper()
+	return b.waitFor(t, id, timeout, "state "+string(state), func(j db.Job) bool { return j.State == state })
+}
+
+// waitFor polls the job until done reports true of it, and returns it. Once
+// the timeout has passed, it fails the test, saying what the job should have
+// become (want) and what it is.
+func (b *bundle) waitFor(t *testing.T, id int64, timeout time.Duration, want string, done func(db.Job) bool) db.Job {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		job := b.get(t, id)
-		if job.State == state {
+		if done(job) {
 			return job
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("job %d: state %s after %s, want %s (last error %v)", id, job.State, timeout, state, deref(job.LastError))
+			t.Fatalf("job %d after %s: state %s, leased by %q (last error %v); want %s",
+				id, timeout, job.State, deref(job.LeasedBy), deref(job.LastError), want)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -2,12 +2,13 @@
 //
 // A Worker claims ready jobs of one queue, as many as it has free slots
 // (and, while its jobs are short, a few ahead of them), in one statement;
-// runs each claimed job's handler in its own goroutine; renews
-// all the leases it holds in one heartbeat statement; and acknowledges each
-// outcome under the lease token of its claim, so that an acknowledgement from
-// a claim that is no longer current is refused by the database. It also
-// takes back the jobs of workers that died, which it recognises at once by
-// their ended PostgreSQL session, and of leases that expired.
+// runs their handlers in its slots, each slot a goroutine that runs one job
+// after another; renews all the leases it holds in one heartbeat statement;
+// and acknowledges each outcome under the lease token of its claim, so that
+// an acknowledgement from a claim that is no longer current is refused by
+// the database. It also takes back the jobs of workers that died, which it
+// recognises at once by their ended PostgreSQL session, and of leases that
+// expired.
 //
 // Delivery is at least once: a job whose worker dies or stalls past its lease
 // runs again, so handlers must tolerate running more than once for the same
@@ -256,13 +257,12 @@ func (w *Worker) call(e *execution) (result any, err error) {
 	return result, err
 }
 
-// drain runs after Run's context is cancelled: it hands back the jobs
-// claimed ahead, acknowledges what finishes within the grace period, then
-// releases the rest.
+// drain runs after dispatch, which stopped slots from starting jobs: it
+// hands back the jobs claimed ahead, acknowledges what finishes within the
+// grace period, then releases the rest.
 func (d *dispatcher) drain(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
-	w.stopping = true
 	d.p.toHandBack = append(d.p.toHandBack, w.ahead...)
 	w.ahead = nil
 	w.mu.Unlock()
