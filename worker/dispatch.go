@@ -253,7 +253,7 @@ func (d *dispatcher) collect(o outcome) {
 			d.observe(o.ran)
 		}
 		w.mu.Lock()
-		delete(w.held, o.exec.job.ID)
+		w.unhold(o.exec)
 		w.startedJobs--
 		lost := o.exec.lost
 		w.mu.Unlock()
@@ -423,7 +423,7 @@ func (d *dispatcher) finish(r *round) {
 	if r.handedBack != nil {
 		w.mu.Lock()
 		for _, e := range r.batch.toHandBack {
-			delete(w.held, e.job.ID)
+			w.unhold(e)
 		}
 		w.mu.Unlock()
 		for _, e := range r.batch.toHandBack {
@@ -463,8 +463,15 @@ func (d *dispatcher) finish(r *round) {
 	for i, row := range r.claimed {
 		claimed[i] = w.newExecution(row, r.sentAt)
 	}
+	var superseded []*execution
 	w.mu.Lock()
 	for _, e := range claimed {
+		// A job claimed again while this worker still holds an older
+		// attempt of it: that attempt's lease is gone.
+		if old, ok := w.held[e.job.ID]; ok && !old.lost {
+			old.lost = true
+			superseded = append(superseded, old)
+		}
 		w.held[e.job.ID] = e
 	}
 	w.ahead = append(w.ahead, claimed...)
@@ -476,6 +483,10 @@ func (d *dispatcher) finish(r *round) {
 	}
 	w.slotsBusy += spawn
 	w.mu.Unlock()
+	for _, old := range superseded {
+		w.log.Warn("lease lost; cancelling handler", "job", old.job.ID, "attempt", old.job.Attempt, "why", "the job was claimed again")
+		old.cancel(ErrLeaseLost)
+	}
 	for range spawn {
 		go w.runSlot()
 	}

@@ -180,6 +180,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
+// unhold forgets e, unless a newer claim of the same job has taken its
+// place in held: an attempt whose lease was lost may outlive it, while this
+// worker runs the job's next attempt. w.mu must be held.
+func (w *Worker) unhold(e *execution) {
+	if w.held[e.job.ID] == e {
+		delete(w.held, e.job.ID)
+	}
+}
+
 // runSlot is one slot: it runs the first job waiting for a slot, then the
 // next, as long as jobs are waiting, so that a job claimed ahead starts the
 // moment the one before it returns. It hands each outcome to the
@@ -422,7 +431,7 @@ func (w *Worker) heartbeat(ctx context.Context) {
 // dropped.
 func (w *Worker) lose(e *execution, why string) {
 	w.mu.Lock()
-	_, stillHeld := w.held[e.job.ID]
+	stillHeld := w.held[e.job.ID] == e
 	already := e.lost
 	if stillHeld {
 		e.lost = true

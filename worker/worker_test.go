@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -386,5 +387,63 @@ func TestExponentialBackoff_GrowsAndStaysWithinCap(t *testing.T) {
 				t.Fatalf("backoff(%d) = %s, want within [%s, %s]", tc.attempt, d, tc.min, tc.max)
 			}
 		}
+	}
+}
+
+func TestWorker_AnAttemptOutlivingItsLostLeaseLeavesTheNextAttemptsLeaseAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "stubborn", `{}`, 5)
+	started := make(chan int, 2)
+	release := map[int]chan struct{}{1: make(chan struct{}), 2: make(chan struct{})}
+	lostAck := make(chan struct{})
+	b.startWorker(t, worker.Config{
+		Slots: 2, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond, ReclaimInterval: 50 * time.Millisecond,
+		OnAck: func(a worker.Ack) {
+			if a.Job.Attempt == 1 && a.Outcome == worker.OutcomeLeaseLost {
+				close(lostAck)
+			}
+		},
+	}, func(w *worker.Worker) {
+		w.HandleFunc("stubborn", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.Attempt
+			// Attempt 1 ignores its cancellation and runs on after its
+			// lease is lost, while the same worker runs attempt 2.
+			<-release[j.Attempt]
+			return fmt.Sprintf("attempt %d", j.Attempt), nil
+		})
+	})
+	if a := <-started; a != 1 {
+		t.Fatalf("first run is attempt %d, want 1", a)
+	}
+	if _, err := b.pool.Exec(b.ctx, "UPDATE jobs SET lease_expires_at = now() WHERE id = $1", job.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-started:
+		if a != 2 {
+			t.Fatalf("second run is attempt %d, want 2", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job was never run again")
+	}
+
+	// Attempt 1 ends; its outcome is dropped. Attempt 2's lease must still
+	// be renewed.
+	close(release[1])
+	select {
+	case <-lostAck:
+	case <-time.After(10 * time.Second):
+		t.Fatal("attempt 1's outcome was never dropped")
+	}
+	before := deref(b.get(t, job.ID).LeaseExpiresAt)
+	b.waitFor(t, job.ID, 3*time.Second, "attempt 2's lease renewed", func(j db.Job) bool {
+		return j.Attempt == 2 && j.LeaseExpiresAt != nil && j.LeaseExpiresAt.After(before)
+	})
+
+	close(release[2])
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	if got.Attempt != 2 || string(got.Result) != `"attempt 2"` {
+		t.Errorf("job ended on attempt %d with %s, want attempt 2's result", got.Attempt, got.Result)
 	}
 }
