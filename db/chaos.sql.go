@@ -386,7 +386,7 @@ func (q *Queries) ChaosFaultEnd(ctx context.Context, id int64) error {
 const chaosFaultRecord = `-- name: ChaosFaultRecord :one
 INSERT INTO chaos_faults (kind, target, pid, detail)
 VALUES ($1, $2, $3, $4)
-RETURNING id, at
+RETURNING id
 `
 
 type ChaosFaultRecordParams struct {
@@ -396,23 +396,18 @@ type ChaosFaultRecordParams struct {
 	Detail string
 }
 
-type ChaosFaultRecordRow struct {
-	ID int64
-	At time.Time
-}
-
 // Records a fault just before it is injected, at the database's clock.
 // @sqlc-vet-disable sqlc/db-prepare
-func (q *Queries) ChaosFaultRecord(ctx context.Context, arg ChaosFaultRecordParams) (ChaosFaultRecordRow, error) {
+func (q *Queries) ChaosFaultRecord(ctx context.Context, arg ChaosFaultRecordParams) (int64, error) {
 	row := q.db.QueryRow(ctx, chaosFaultRecord,
 		arg.Kind,
 		arg.Target,
 		arg.Pid,
 		arg.Detail,
 	)
-	var i ChaosFaultRecordRow
-	err := row.Scan(&i.ID, &i.At)
-	return i, err
+	var id int64
+	err := row.Scan(&id)
+	return id, err
 }
 
 const chaosFaults = `-- name: ChaosFaults :many
@@ -1091,21 +1086,6 @@ func (q *Queries) ChaosWorkerBackends(ctx context.Context) ([]ChaosWorkerBackend
 		return nil, err
 	}
 	return items, nil
-}
-
-const chaosWorkerSessionAlive = `-- name: ChaosWorkerSessionAlive :one
-SELECT EXISTS (
-    SELECT 1 FROM workers AS w WHERE w.id = $1 AND worker_session_alive(w.session_key)
-)::boolean AS alive
-`
-
-// Whether a worker is registered with a live session.
-// @sqlc-vet-disable sqlc/db-prepare
-func (q *Queries) ChaosWorkerSessionAlive(ctx context.Context, id string) (bool, error) {
-	row := q.db.QueryRow(ctx, chaosWorkerSessionAlive, id)
-	var alive bool
-	err := row.Scan(&alive)
-	return alive, err
 }
 
 const chaosWrongOutcome = `-- name: ChaosWrongOutcome :many

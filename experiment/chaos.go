@@ -17,8 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/experiment/faultproxy"
 	"github.com/relayq/relay/experiment/schema"
@@ -90,8 +88,12 @@ func ParseChaosScenarios(s string) ([]ChaosScenario, error) {
 	return out, nil
 }
 
-// ChaosConfig configures one scenario run. Zero fields take the defaults
-// of DefaultChaosConfig.
+// ChaosConfig configures one scenario run. Scenario and RelayBin are
+// required. Other zero fields take the defaults of DefaultChaosConfig,
+// except Heartbeat (a fifth of Lease), Seed (zero is a seed like any other)
+// and the optional DatabaseURL, LogDir, OutDir, Progress and Logger, whose
+// zero values each field's comment describes. Negative numbers and
+// durations are refused.
 type ChaosConfig struct {
 	// Scenario is the fault to inject.
 	Scenario ChaosScenario
@@ -138,7 +140,8 @@ type ChaosConfig struct {
 	BadInputRounds int
 	// DrainTimeout bounds the wait for every job to finish after Duration.
 	DrainTimeout time.Duration
-	// Seed makes the workload and the choice of victims repeatable.
+	// Seed makes the workload and the choice of victims repeatable. Zero
+	// is used as is, not replaced by DefaultChaosConfig's.
 	Seed uint64
 	// LogDir keeps the processes' logs; default: a temporary directory,
 	// removed at the end.
@@ -244,6 +247,12 @@ func (c ChaosConfig) withDefaults() (ChaosConfig, error) {
 		return c, fmt.Errorf("chaos: want a lease of at least 500ms and a shorter, positive heartbeat; got %s and %s", c.Lease, c.Heartbeat)
 	case c.Duration < 2*time.Second:
 		return c, fmt.Errorf("chaos: a duration of at least 2s, got %s", c.Duration)
+	case c.BackoffBase < 0 || c.FaultEvery < 0 || c.Downtime < 0 || c.DrainTimeout < 0:
+		return c, fmt.Errorf("chaos: durations must not be negative; got a backoff base of %s, a fault period of %s, a downtime of %s and a drain timeout of %s",
+			c.BackoffBase, c.FaultEvery, c.Downtime, c.DrainTimeout)
+	case c.Restarts < 0 || c.CommitCuts < 0 || c.BadInputRounds < 0:
+		return c, fmt.Errorf("chaos: counts must not be negative; got %d restarts, %d commit cuts and %d bad-input rounds",
+			c.Restarts, c.CommitCuts, c.BadInputRounds)
 	case c.Scenario == ChaosRestart && c.DatabaseURL != "":
 		return c, errors.New("chaos: the restart scenario runs on a private cluster, not on DatabaseURL")
 	}
@@ -286,10 +295,9 @@ type chaosRun struct {
 
 // chaosWorker is one chaos worker process.
 type chaosWorker struct {
-	id      string
-	proc    *Proc
-	proxy   *faultproxy.Proxy // the partition scenario's, else nil
-	started time.Time
+	id    string
+	proc  *Proc
+	proxy *faultproxy.Proxy // the partition scenario's, else nil
 	// killed is set before the harness kills the process on purpose.
 	killed atomic.Bool
 }
@@ -401,15 +409,9 @@ func (r *chaosRun) setupDatabase(ctx context.Context) error {
 
 // chaosOpenDatabase opens a pool on an existing database, for DatabaseURL.
 func chaosOpenDatabase(ctx context.Context, dsn string) (*Database, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
+	pool, err := openPool(ctx, dsn, "relay experiment chaos", experimentPoolSize, 0)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: parse the database URL: %w", err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "relay experiment chaos"
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("chaos: connect to the database: %w", err)
+		return nil, fmt.Errorf("chaos: %w", err)
 	}
 	name := ""
 	if u, err := url.Parse(dsn); err == nil {
@@ -436,10 +438,8 @@ func (r *chaosRun) startProcesses(ctx context.Context) error {
 		}
 		ids = append(ids, w.id)
 	}
-	for _, id := range ids {
-		if err := r.waitRegistered(ctx, r.worker(id)); err != nil {
-			return err
-		}
+	if err := WaitWorkers(ctx, r.q, r.procs, ids...); err != nil {
+		return fmt.Errorf("chaos: %w", err)
 	}
 	if r.needsServer() {
 		args := []string{"--database-url", r.dbURL, "--shutdown-timeout", "5s"}
@@ -468,16 +468,16 @@ func (r *chaosRun) startWorker(ctx context.Context) (*chaosWorker, error) {
 	w := &chaosWorker{id: id}
 	workerURL := r.dbURL
 	if r.cfg.Scenario == ChaosPartition {
-		target, err := chaosHostPort(r.dbURL)
+		target, err := pgurl.HostPort(r.dbURL)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("chaos: the partition scenario needs the server's TCP host and port in %s: %w", pgurl.Redact(r.dbURL), err)
 		}
 		if w.proxy, err = faultproxy.Start(target); err != nil {
 			return nil, fmt.Errorf("chaos: start the fault proxy of %s: %w", id, err)
 		}
-		if workerURL, err = chaosWithHostPort(r.dbURL, w.proxy.Addr()); err != nil {
+		if workerURL, err = pgurl.WithHostPort(r.dbURL, w.proxy.Addr()); err != nil {
 			w.proxy.Close()
-			return nil, err
+			return nil, fmt.Errorf("chaos: point worker %s at its fault proxy: %w", id, err)
 		}
 	}
 	args := append(slices.Clone(r.cfg.WorkerArgs),
@@ -509,7 +509,7 @@ func (r *chaosRun) startWorker(ctx context.Context) (*chaosWorker, error) {
 		}
 		return nil, fmt.Errorf("chaos: start worker %s: %w", id, err)
 	}
-	w.proc, w.started = p, time.Now()
+	w.proc = p
 	r.workers = append(r.workers, w)
 	go r.watch(w)
 	return w, nil
@@ -575,44 +575,23 @@ func (r *chaosRun) liveWorkers() []*chaosWorker {
 	return out
 }
 
-// waitRegistered waits until w has a live session.
-func (r *chaosRun) waitRegistered(ctx context.Context, w *chaosWorker) error {
-	for {
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		alive, err := r.q.ChaosWorkerSessionAlive(qctx, w.id)
-		cancel()
-		if err == nil && alive {
-			return nil
-		}
-		if w.proc.Exited() {
-			lines, _ := w.proc.Logs()
-			return fmt.Errorf("chaos: worker %s exited before registering (%v):\n%s", w.id, w.proc.ExitErr(), tail(lines, 8))
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("chaos: wait for worker %s to register: %w", w.id, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 // recordFault records a fault in chaos_faults, at the database's clock,
-// and returns its id and time. A failure is logged, not returned: the
-// fault happens anyway (the restart scenario records faults while the
-// database is coming back).
-func (r *chaosRun) recordFault(ctx context.Context, kind, target string, pid int, detail string) (int64, time.Time) {
+// and returns its id, for endFault. A failure is logged, not returned, and
+// the id is then 0: the fault happens anyway (the restart scenario records
+// faults while the database is coming back).
+func (r *chaosRun) recordFault(ctx context.Context, kind, target string, pid int, detail string) int64 {
 	for attempt := 0; ; attempt++ {
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		row, err := r.q.ChaosFaultRecord(fctx, db.ChaosFaultRecordParams{Kind: kind, Target: target, Pid: int32(pid), Detail: detail})
+		id, err := r.q.ChaosFaultRecord(fctx, db.ChaosFaultRecordParams{Kind: kind, Target: target, Pid: int32(pid), Detail: detail})
 		cancel()
 		if err == nil {
 			r.faultCount.Add(1)
 			r.log.Info("fault", "kind", kind, "target", target, "detail", detail)
-			return row.ID, row.At
+			return id
 		}
 		if attempt == 2 || ctx.Err() != nil {
 			r.log.Error("record a fault", "kind", kind, "target", target, "err", err)
-			return 0, time.Now()
+			return 0
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -690,27 +669,4 @@ func (r *chaosRun) cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// chaosHostPort returns the host:port of a postgres:// URL.
-func chaosHostPort(dsn string) (string, error) {
-	u, err := url.Parse(dsn)
-	if err != nil || u.Host == "" {
-		return "", fmt.Errorf("chaos: the partition scenario needs a postgres:// URL with a host and port, got %s", pgurl.Redact(dsn))
-	}
-	host, port := u.Hostname(), u.Port()
-	if port == "" {
-		port = "5432"
-	}
-	return host + ":" + port, nil
-}
-
-// chaosWithHostPort returns dsn pointing at another host:port.
-func chaosWithHostPort(dsn, hostport string) (string, error) {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "", fmt.Errorf("chaos: parse the database URL: %w", err)
-	}
-	u.Host = hostport
-	return u.String(), nil
 }

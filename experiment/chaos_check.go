@@ -184,7 +184,7 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 		return nil, fmt.Errorf("chaos check: stale executions: %w", err)
 	}
 	for _, s := range staleX {
-		c.StaleAccepted.add("job %d: %s of fence %d on %s reported accepted, but no such transition exists", s.JobID, chaosDeref(s.Ack), s.Fence, s.Worker)
+		c.StaleAccepted.add("job %d: %s of fence %d on %s reported accepted, but no such transition exists", s.JobID, valueOf(s.Ack), s.Fence, s.Worker)
 	}
 
 	terminal, err := q.ChaosTerminalChanges(ctx)
@@ -348,12 +348,4 @@ func chaosLeaseLeft(rc db.ChaosReclaimsRow) string {
 		return "(no lease)"
 	}
 	return rc.OldLeaseExpiresAt.Sub(rc.TxAt).String()
-}
-
-func chaosDeref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

@@ -129,7 +129,7 @@ func (r *chaosRun) pauseWorkers(ctx context.Context, start time.Time) error {
 			next = time.Now().Add(100 * time.Millisecond)
 			continue
 		}
-		id, _ := r.recordFault(ctx, "pause", w.id, w.proc.PID(), fmt.Sprintf("SIGSTOP for %s", pause))
+		id := r.recordFault(ctx, "pause", w.id, w.proc.PID(), fmt.Sprintf("SIGSTOP for %s", pause))
 		if err := w.proc.Pause(); err != nil {
 			return fmt.Errorf("chaos: pause %s: %w", w.id, err)
 		}
@@ -235,7 +235,7 @@ func (r *chaosRun) partitionWorkers(ctx context.Context, start time.Time) error 
 		if !chaosSleepUntil(ctx, at) {
 			return
 		}
-		id, _ := r.recordFault(ctx, kind, w.id, w.proc.PID(), detail)
+		id := r.recordFault(ctx, kind, w.id, w.proc.PID(), detail)
 		cut()
 		chaosSleepUntil(ctx, time.Now().Add(length))
 		healCtx := context.WithoutCancel(ctx)
@@ -375,7 +375,7 @@ func (r *chaosRun) restartDatabase(ctx context.Context, start time.Time) error {
 		if i%2 == 1 {
 			mode = devdb.ShutdownFast
 		}
-		id, _ := r.recordFault(ctx, "db_restart", "*", 0, fmt.Sprintf("%s shutdown, down for %s", mode, r.cfg.Downtime))
+		id := r.recordFault(ctx, "db_restart", "*", 0, fmt.Sprintf("%s shutdown, down for %s", mode, r.cfg.Downtime))
 		rs := chaosRestart{mode: mode, down: time.Now(), readyzDown: map[int]int{}}
 		r.http.markDown(rs.down)
 		if err := r.cluster.StopServer(ctx, mode); err != nil {

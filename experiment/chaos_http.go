@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -336,14 +335,20 @@ func (r *chaosRun) sendBadInput(ctx context.Context) error {
 	header := http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {key}}
 	r.ledger.sent(key)
 	status, body, err := r.http.do(ctx, r, "POST", "/v1/jobs", header, original, true)
-	if err != nil || status != http.StatusCreated {
-		return fmt.Errorf("chaos: set up the bad-input burst: enqueue under a key: status %d, %v: %s", status, err, body)
+	if err != nil {
+		return fmt.Errorf("chaos: set up the bad-input burst: enqueue under a key: %w", err)
+	}
+	if status != http.StatusCreated {
+		return fmt.Errorf("chaos: set up the bad-input burst: enqueue under a key: status %d: %s", status, body)
 	}
 	var job struct {
 		ID int64 `json:"id"`
 	}
-	if err := json.Unmarshal(body, &job); err != nil || job.ID == 0 {
-		return fmt.Errorf("chaos: set up the bad-input burst: read the job: %v", err)
+	if err := json.Unmarshal(body, &job); err != nil {
+		return fmt.Errorf("chaos: set up the bad-input burst: read the job: %w", err)
+	}
+	if job.ID == 0 {
+		return fmt.Errorf("chaos: set up the bad-input burst: no job id in the answer: %s", body)
 	}
 	r.ledger.ack([]int64{job.ID}, "http")
 
@@ -428,7 +433,7 @@ func (r *chaosRun) sendBadInput(ctx context.Context) error {
 	r.details.badInput = res
 	r.mu.Unlock()
 	if ctx.Err() != nil {
-		return errors.New("chaos: bad-input burst interrupted")
+		return fmt.Errorf("chaos: bad-input burst interrupted: %w", ctx.Err())
 	}
 	return nil
 }

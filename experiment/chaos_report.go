@@ -2,6 +2,7 @@ package experiment
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -356,7 +357,7 @@ func (r *chaosRun) evaluate(ctx context.Context, res *ChaosResult, windowStart, 
 	case ChaosBadInput:
 		b := details.badInput
 		if b == nil {
-			return fmt.Errorf("chaos: the bad-input burst did not run")
+			return errors.New("chaos: the bad-input burst did not run")
 		}
 		res.BadInput = b
 		var not4xx, leaks ChaosFinding
@@ -432,7 +433,7 @@ func (r *chaosRun) evaluatePause(ctx context.Context, res *ChaosResult, d chaosD
 				continue
 			}
 			p.InFlight++
-			ack, accepted := chaosDeref(e.Ack), e.Accepted != nil && *e.Accepted
+			ack, accepted := valueOf(e.Ack), e.Accepted != nil && *e.Accepted
 			switch {
 			case e.Ack == nil:
 				p.Unknown++
@@ -448,7 +449,7 @@ func (r *chaosRun) evaluatePause(ctx context.Context, res *ChaosResult, d chaosD
 			case ack == "lease_lost":
 				p.Dropped++
 			}
-			if strings.Contains(chaosDeref(e.Cause), "lease lost") && e.EndedAt != nil {
+			if strings.Contains(valueOf(e.Cause), "lease lost") && e.EndedAt != nil {
 				p.HandlersCancelled++
 				latencies = append(latencies, ms(e.EndedAt.Sub(woke)))
 			}
@@ -675,7 +676,7 @@ func (r *chaosRun) evaluateStarvation(res *ChaosResult, execs []db.ChaosExecutio
 	}
 	var lost, reruns ChaosFinding
 	for _, e := range execs {
-		if chaosDeref(e.Ack) == "lease_lost" || strings.Contains(chaosDeref(e.Cause), "lease lost") {
+		if valueOf(e.Ack) == "lease_lost" || strings.Contains(valueOf(e.Cause), "lease lost") {
 			s.LeaseLost++
 			lost.add("job %d (%s, fence %d) lost its lease on %s", e.JobID, e.Kind, e.Fence, e.Worker)
 		}

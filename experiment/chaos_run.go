@@ -229,13 +229,7 @@ func (r *chaosRun) enqueue(ctx context.Context, jobs []chaosJob) error {
 		chunk := jobs[i:min(i+batch, len(jobs))]
 		p := db.JobInsertManyParams{}
 		for _, j := range chunk {
-			p.Queues = append(p.Queues, "default")
-			p.Kinds = append(p.Kinds, j.Kind)
-			p.Payloads = append(p.Payloads, j.Payload)
-			p.Priorities = append(p.Priorities, 0)
-			p.MaxAttempts = append(p.MaxAttempts, j.MaxAttempts)
-			p.RunAts = append(p.RunAts, time.Time{})
-			p.DelaysMs = append(p.DelaysMs, 0)
+			addJob(&p, "default", j.Kind, j.Payload, j.MaxAttempts)
 		}
 		ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		ids, err := r.q.JobInsertMany(ictx, p)

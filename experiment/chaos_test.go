@@ -170,3 +170,24 @@ func TestParseChaosScenarios(t *testing.T) {
 		t.Errorf("ParseChaosScenarios accepted an unknown scenario")
 	}
 }
+
+func TestChaosConfig_RefusesNegativeValues(t *testing.T) {
+	for name, set := range map[string]func(*ChaosConfig){
+		"FaultEvery":     func(c *ChaosConfig) { c.FaultEvery = -time.Second },
+		"Downtime":       func(c *ChaosConfig) { c.Downtime = -time.Second },
+		"BackoffBase":    func(c *ChaosConfig) { c.BackoffBase = -time.Second },
+		"DrainTimeout":   func(c *ChaosConfig) { c.DrainTimeout = -time.Second },
+		"Restarts":       func(c *ChaosConfig) { c.Restarts = -1 },
+		"CommitCuts":     func(c *ChaosConfig) { c.CommitCuts = -1 },
+		"BadInputRounds": func(c *ChaosConfig) { c.BadInputRounds = -1 },
+	} {
+		c := ChaosConfig{Scenario: ChaosKill, RelayBin: "relay"}
+		set(&c)
+		if _, err := c.withDefaults(); err == nil {
+			t.Errorf("a negative %s was accepted", name)
+		}
+	}
+	if _, err := (ChaosConfig{Scenario: ChaosKill, RelayBin: "relay"}).withDefaults(); err != nil {
+		t.Errorf("the zero configuration was refused: %v", err)
+	}
+}

@@ -50,11 +50,6 @@ const ChaosExitCode = 3
 // pool, the one chaos_hold_conns exhausts.
 const DefaultChaosHandlerPoolSize = 2
 
-// chaosPoisonKind reports whether jobs of kind must end dead.
-func chaosPoisonKind(kind string) bool {
-	return kind == KindChaosPanic || kind == KindChaosFail || kind == KindChaosExit
-}
-
 // ChaosWorkerConfig configures one chaos worker process: the standard
 // worker library with the built-in handlers and the chaos kinds, every
 // execution recorded in the run's database.
@@ -72,12 +67,17 @@ type ChaosWorkerConfig struct {
 	HandlerPoolSize int
 	// Worker configures the worker. ID is required: the worker's
 	// connections are named relay-worker-<ID> (application_name), which is
-	// how the backend-kill scenario finds them. OnAck is set by
-	// RunChaosWorker.
+	// how the backend-kill scenario finds them. RunChaosWorker sets its
+	// OnAck (to record acknowledgements) and its Logger (to Logger below),
+	// replacing any given.
 	Worker worker.Config
 	// Logger receives the logs. Default: slog.Default().
 	Logger *slog.Logger
 }
+
+// chaosConnectTimeout bounds each connection attempt of a chaos worker's
+// pools, whose database may be out of reach (a blackhole never answers).
+const chaosConnectTimeout = 5 * time.Second
 
 // chaosRecordTimeout bounds one statement of the execution record.
 const chaosRecordTimeout = 5 * time.Second
@@ -102,17 +102,17 @@ func RunChaosWorker(ctx context.Context, cfg ChaosWorkerConfig) error {
 	}
 	id := cfg.Worker.ID
 
-	workerPool, err := chaosPool(ctx, cfg.DatabaseURL, "relay-worker-"+id, 0)
+	workerPool, err := openPool(ctx, cfg.DatabaseURL, "relay-worker-"+id, 0, chaosConnectTimeout)
 	if err != nil {
 		return fmt.Errorf("chaos worker: worker pool: %w", err)
 	}
 	defer workerPool.Close()
-	handlerPool, err := chaosPool(ctx, cfg.DatabaseURL, "relay-handlers-"+id, int32(cfg.HandlerPoolSize))
+	handlerPool, err := openPool(ctx, cfg.DatabaseURL, "relay-handlers-"+id, int32(cfg.HandlerPoolSize), chaosConnectTimeout)
 	if err != nil {
 		return fmt.Errorf("chaos worker: handlers' pool: %w", err)
 	}
 	defer handlerPool.Close()
-	recordPool, err := chaosPool(ctx, cfg.RecordURL, "relay-chaos-record-"+id, 4)
+	recordPool, err := openPool(ctx, cfg.RecordURL, "relay-chaos-record-"+id, 4, chaosConnectTimeout)
 	if err != nil {
 		return fmt.Errorf("chaos worker: record pool: %w", err)
 	}
@@ -158,27 +158,6 @@ func RunChaosWorker(ctx context.Context, cfg ChaosWorkerConfig) error {
 		return fmt.Errorf("chaos worker: record: %w", flushErr)
 	}
 	return nil
-}
-
-// chaosPool opens a pool (without connecting: the database may be out of
-// reach, which the worker must survive) with an application_name.
-func chaosPool(ctx context.Context, dsn, appName string, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("invalid database URL: %w", err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = appName
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
-	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open pool: %w", err)
-	}
-	return pool, nil
 }
 
 // chaosRecorder writes the record of a chaos worker's executions: the

@@ -68,14 +68,8 @@ func CreateDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, 
 			_ = d.Drop(dropCtx)
 		}
 	}()
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "relay experiment"
-	cfg.MaxConns = 8
-	if d.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", name, err)
+	if d.Pool, err = openPool(ctx, dsn, "relay experiment", experimentPoolSize, 0); err != nil {
+		return nil, fmt.Errorf("database %s: %w", name, err)
 	}
 	d.Q = db.New(d.Pool)
 	if _, err := migrations.Up(ctx, d.Pool); err != nil {
@@ -105,6 +99,34 @@ func (d *Database) Now(ctx context.Context) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("read the database clock: %w", err)
 	}
 	return t, nil
+}
+
+// experimentPoolSize is the size of an experiment's own pool.
+const experimentPoolSize = 8
+
+// openPool opens a pool on dsn whose connections carry appName as their
+// application_name, of at most maxConns connections (pgxpool's default if
+// 0). A connection attempt gives up after connectTimeout, unless dsn sets
+// connect_timeout itself; if connectTimeout is 0, only the context of the
+// attempt bounds it. The pool connects lazily: the database need not be
+// reachable yet.
+func openPool(ctx context.Context, dsn, appName string, maxConns int32, connectTimeout time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse the database URL: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open a pool: %w", err)
+	}
+	return pool, nil
 }
 
 func adminExec(ctx context.Context, adminURL, sql string) error {

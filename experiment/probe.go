@@ -91,13 +91,7 @@ func probeStatements(ctx context.Context, d *Database, n int, pace time.Duration
 
 	params := db.JobInsertManyParams{}
 	for range 4*n + 4 {
-		params.Queues = append(params.Queues, burstProbeQueue)
-		params.Kinds = append(params.Kinds, builtin.KindNoop)
-		params.Payloads = append(params.Payloads, json.RawMessage(`{}`))
-		params.Priorities = append(params.Priorities, 0)
-		params.MaxAttempts = append(params.MaxAttempts, 1)
-		params.RunAts = append(params.RunAts, time.Time{})
-		params.DelaysMs = append(params.DelaysMs, 0)
+		addJob(&params, burstProbeQueue, builtin.KindNoop, json.RawMessage(`{}`), 1)
 	}
 	if _, err := q.JobInsertMany(ctx, params); err != nil {
 		return nil, fmt.Errorf("probe: insert jobs: %w", err)

@@ -108,13 +108,7 @@ func traceWorker(ctx context.Context, adminURL string, workload builtin.HashPayl
 	payload, _ := json.Marshal(workload)
 	params := db.JobInsertManyParams{}
 	for range n {
-		params.Queues = append(params.Queues, queue)
-		params.Kinds = append(params.Kinds, builtin.KindHash)
-		params.Payloads = append(params.Payloads, payload)
-		params.Priorities = append(params.Priorities, 0)
-		params.MaxAttempts = append(params.MaxAttempts, 1)
-		params.RunAts = append(params.RunAts, time.Time{})
-		params.DelaysMs = append(params.DelaysMs, 0)
+		addJob(&params, queue, builtin.KindHash, payload, 1)
 	}
 	if _, err := d.Q.JobInsertMany(ctx, params); err != nil {
 		return nil, fmt.Errorf("trace: insert jobs: %w", err)

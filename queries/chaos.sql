@@ -49,7 +49,7 @@ WHERE e.job_id = a.job_id AND e.fence = a.fence;
 -- @sqlc-vet-disable sqlc/db-prepare
 INSERT INTO chaos_faults (kind, target, pid, detail)
 VALUES (@kind, @target, @pid, @detail)
-RETURNING id, at;
+RETURNING id;
 
 -- name: ChaosFaultEnd :exec
 -- Records when a lasting fault was healed.
@@ -126,13 +126,6 @@ FROM jobs AS j
 WHERE j.state = 'running'
 GROUP BY j.leased_by
 ORDER BY long_running DESC, running DESC;
-
--- name: ChaosWorkerSessionAlive :one
--- Whether a worker is registered with a live session.
--- @sqlc-vet-disable sqlc/db-prepare
-SELECT EXISTS (
-    SELECT 1 FROM workers AS w WHERE w.id = @id AND worker_session_alive(w.session_key)
-)::boolean AS alive;
 
 -- name: ChaosLost :many
 -- Acknowledged jobs that did not end succeeded or dead, or are missing.

@@ -93,9 +93,6 @@ func Start(target string) (*Proxy, error) {
 // Addr returns the address clients connect to, host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Target returns the address of the server.
-func (p *Proxy) Target() string { return p.target }
-
 // Stats returns the proxy's counters.
 func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
@@ -225,8 +222,7 @@ func (p *Proxy) CutAfterCommit(c CommitCut) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cc := c
-	p.commitCut = &cc
+	p.commitCut = &c
 }
 
 // Disarm cancels CutAfterCommit.
@@ -246,7 +242,9 @@ func (p *Proxy) Armed() int {
 	return p.commitCut.Times
 }
 
-// armedStatement returns the statement text of interest, or "".
+// armedStatement returns the statement text of interest ("" when the proxy
+// is not armed) and whether only executions with a non-empty first array
+// parameter are of interest (CommitCut.NonEmptyFirstArray).
 func (p *Proxy) armedStatement() (string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

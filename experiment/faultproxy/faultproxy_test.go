@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/pgurl"
 )
 
 // proxied returns a fresh migrated database's URL, and a proxy to its
@@ -22,21 +22,20 @@ import (
 func proxied(t *testing.T) (direct, through string, p *Proxy) {
 	t.Helper()
 	direct = dbtest.NewURL(t)
-	u, err := url.Parse(direct)
+	target, err := pgurl.HostPort(direct)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := u.Port()
-	if port == "" {
-		port = "5432"
-	}
-	p, err = Start(u.Hostname() + ":" + port)
+	p, err = Start(target)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	u.Host = p.Addr()
-	return direct, u.String(), p
+	through, err = pgurl.WithHostPort(direct, p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return direct, through, p
 }
 
 func connect(t *testing.T, ctx context.Context, dsn string) *pgx.Conn {

@@ -86,6 +86,9 @@ CREATE TABLE IF NOT EXISTS chaos_sessions (
 --   reclaim    running -> available | dead | cancelled, 'lease expired' or
 --              'worker session ended'
 --   release    running -> available | cancelled, at a worker's shutdown
+--   unclaim    running -> another state, the attempt undone and nothing
+--              added to the error history: a job claimed ahead and handed
+--              back unstarted
 --   other      anything else (cancel marks, retries, and whatever should
 --              never happen, such as leaving succeeded)
 CREATE TABLE IF NOT EXISTS chaos_transitions (

@@ -5,8 +5,12 @@ package pgurl
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // isURL reports whether dsn is in the URL form.
@@ -29,6 +33,59 @@ func WithDatabase(dsn, database string) (string, error) {
 	}
 	// Keyword/value form: a later keyword overrides an earlier one.
 	return dsn + " dbname=" + database, nil
+}
+
+// HostPort returns the host:port dsn connects to over TCP, as pgx reads
+// it (the port 5432 if dsn names none). It fails if dsn names several
+// hosts, or a Unix-domain socket (as it does when it names no host).
+func HostPort(dsn string) (string, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "", fmt.Errorf("parse the connection string: %w", err)
+	}
+	if strings.HasPrefix(cfg.Host, "/") {
+		return "", fmt.Errorf("the connection string names the Unix-domain socket %s, not a TCP host", cfg.Host)
+	}
+	for _, f := range cfg.Fallbacks {
+		// pgx adds fallbacks of the same server for sslmode=prefer.
+		if f.Host != cfg.Host || f.Port != cfg.Port {
+			return "", errors.New("the connection string names several hosts")
+		}
+	}
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), nil
+}
+
+// WithHostPort returns dsn pointing at another server, hostport
+// ("host:port"), with the same database, credentials and options.
+func WithHostPort(dsn, hostport string) (string, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return "", fmt.Errorf("split %q into host and port: %w", hostport, err)
+	}
+	if isURL(dsn) {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parse the database URL: %w", err)
+		}
+		u.Host = net.JoinHostPort(host, port)
+		if q := u.Query(); q.Has("host") || q.Has("port") {
+			q.Del("host")
+			q.Del("port")
+			u.RawQuery = q.Encode()
+		}
+		return u.String(), nil
+	}
+	if strings.TrimSpace(dsn) == "" {
+		return "", errors.New("empty database URL")
+	}
+	// Keyword/value form: a later keyword overrides an earlier one.
+	return dsn + " host=" + quoteValue(host) + " port=" + quoteValue(port), nil
+}
+
+// quoteValue quotes a value of the keyword/value form.
+func quoteValue(v string) string {
+	r := strings.NewReplacer(`\`, `\\`, `'`, `\'`)
+	return "'" + r.Replace(v) + "'"
 }
 
 // Redact shows a URL for logs and messages: its password hidden and its
