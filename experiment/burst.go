@@ -2,6 +2,7 @@ package experiment
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +37,16 @@ func (c ProcSlots) TotalSlots() int { return c.Procs * c.Slots }
 // DefaultBurstConfigs are the reference study's configurations: one slot,
 // four slots, twelve slots across three processes.
 var DefaultBurstConfigs = []ProcSlots{{1, 1}, {1, 4}, {3, 4}}
+
+// FormatConfigs writes configurations as ParseConfigs reads them, e.g.
+// "1x1,1x4,3x4".
+func FormatConfigs(cs []ProcSlots) string {
+	parts := make([]string, len(cs))
+	for i, c := range cs {
+		parts[i] = c.String()
+	}
+	return strings.Join(parts, ",")
+}
 
 // ParseConfigs parses a comma-separated list of PROCSxSLOTS, such as
 // "1x1,1x4,3x4".
@@ -83,38 +94,44 @@ type BurstConfig struct {
 	Timeout time.Duration
 	// KeepDatabases keeps each configuration's database instead of dropping it.
 	KeepDatabases bool
-	// ProbeSamples is how many samples each latency probe takes after a
-	// configuration. Default 200; negative: no probes.
+	// ProbeSamples is how many samples each statement probe takes after a
+	// configuration, how many jobs the worker trace follows at the end, and
+	// how many samples the handler probe takes of each timing (at most 100).
+	// Default 200; negative: no probes and no trace.
 	ProbeSamples int
 	// Progress receives the progress bar (stderr). Nil: none.
 	Progress io.Writer
 }
 
-func (c BurstConfig) withDefaults() (BurstConfig, error) {
-	if c.AdminURL == "" {
-		c.AdminURL = DefaultAdminURL
+// DefaultBurstConfig returns the defaults of the burst experiment: 3,000
+// jobs of the default hash workload at each of DefaultBurstConfigs,
+// submitted in batches of 100 by 4 clients, with 200 probe samples.
+func DefaultBurstConfig() BurstConfig {
+	return BurstConfig{
+		AdminURL:     DefaultAdminURL,
+		Jobs:         3000,
+		Configs:      DefaultBurstConfigs,
+		Workload:     &builtin.HashPayload{SleepMs: builtin.DefaultHashSleepMs, Iterations: builtin.DefaultHashIterations},
+		BatchSize:    100,
+		Submitters:   4,
+		ProbeSamples: 200,
 	}
+}
+
+func (c BurstConfig) withDefaults() (BurstConfig, error) {
 	if c.RelayBin == "" {
 		return c, errors.New("burst: no relay binary given")
 	}
-	if c.Jobs == 0 {
-		c.Jobs = 3000
-	}
+	d := DefaultBurstConfig()
+	c.AdminURL = cmp.Or(c.AdminURL, d.AdminURL)
+	c.Jobs = cmp.Or(c.Jobs, d.Jobs)
 	if len(c.Configs) == 0 {
-		c.Configs = DefaultBurstConfigs
+		c.Configs = d.Configs
 	}
-	if c.Workload == nil {
-		c.Workload = &builtin.HashPayload{SleepMs: builtin.DefaultHashSleepMs, Iterations: builtin.DefaultHashIterations}
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 100
-	}
-	if c.Submitters == 0 {
-		c.Submitters = 4
-	}
-	if c.ProbeSamples == 0 {
-		c.ProbeSamples = 200
-	}
+	c.Workload = cmp.Or(c.Workload, d.Workload)
+	c.BatchSize = cmp.Or(c.BatchSize, d.BatchSize)
+	c.Submitters = cmp.Or(c.Submitters, d.Submitters)
+	c.ProbeSamples = cmp.Or(c.ProbeSamples, d.ProbeSamples)
 	switch {
 	case c.Jobs < 1:
 		return c, fmt.Errorf("burst: jobs must be at least 1, got %d", c.Jobs)
@@ -212,7 +229,8 @@ type BurstRun struct {
 	SubmitRate float64 `json:"submit_rate"`
 	// DrainSeconds is last finish − first submit.
 	DrainSeconds float64 `json:"drain_seconds"`
-	// Throughput is Jobs / DrainSeconds.
+	// Throughput is the jobs that finished (those of JobTimings) over
+	// DrainSeconds.
 	Throughput float64 `json:"throughput"`
 	// Bound is TotalSlots / the workload's sleep: what the slots could do
 	// if each job took exactly its sleep and nothing else.
@@ -233,7 +251,8 @@ type BurstRun struct {
 
 	// Where the time went. StartupMs is first claim − first submit.
 	// ServiceMsPerJob is how long each job held its slot on average, from
-	// first claim to last finish: TotalSlots·(last finish − first start)/Jobs.
+	// first claim to last finish: TotalSlots·(last finish − first start)
+	// over the jobs that finished.
 	// OverheadMsPerJob is ServiceMsPerJob minus the sleep.
 	// SlotUtilization is Σ(finished − started) / (TotalSlots·(last finish −
 	// first start)): below 1, slots stood idle without a job. A slot waiting
@@ -243,7 +262,8 @@ type BurstRun struct {
 	// ClaimStatements and CompleteStatements count the statements that
 	// claimed and that completed the jobs (distinct worker and database
 	// timestamp: every statement has its own now()); JobsPerClaim and
-	// JobsPerCompletion are Jobs over them: how much the workers batch.
+	// JobsPerCompletion are the jobs that finished over them: how much the
+	// workers batch.
 	ClaimStatements    int     `json:"claim_statements"`
 	CompleteStatements int     `json:"complete_statements"`
 	JobsPerClaim       float64 `json:"jobs_per_claim_statement"`
@@ -279,8 +299,9 @@ type BurstRun struct {
 	// over and the processes are stopped.
 	Probe *StatementProbe `json:"statement_probe,omitempty"`
 	Check BurstCheck      `json:"check"`
-	// JobTimings holds every job as [id, created, started, finished], in
-	// milliseconds from FirstSubmit, ordered by id.
+	// JobTimings holds every job that started and finished, as [id,
+	// created, started, finished] in milliseconds from FirstSubmit, ordered
+	// by id. Jobs left unfinished are in Check, not here.
 	JobTimings []JobTiming `json:"job_timings"`
 }
 
@@ -366,9 +387,12 @@ func Burst(ctx context.Context, cfg BurstConfig) (*BurstResult, error) {
 		res.Settings.Configs = append(res.Settings.Configs, pc.String())
 	}
 	for i, pc := range cfg.Configs {
-		run, err := burstRun(ctx, cfg, pc, logDir, i == 0, res)
+		run, env, err := burstRun(ctx, cfg, pc, logDir)
 		if err != nil {
 			return nil, fmt.Errorf("configuration %s: %w", pc, err)
+		}
+		if i == 0 {
+			res.Environment = env
 		}
 		res.Runs = append(res.Runs, *run)
 	}
@@ -391,13 +415,14 @@ func Burst(ctx context.Context, cfg BurstConfig) (*BurstResult, error) {
 	return res, nil
 }
 
-// burstRun runs one configuration on a database of its own.
-func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string, first bool, res *BurstResult) (_ *BurstRun, err error) {
+// burstRun runs one configuration on a database of its own, and returns
+// its record and the environment it ran in, read as it started.
+func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string) (_ *BurstRun, env Environment, err error) {
 	prog := NewProgress(cfg.Progress, fmt.Sprintf("burst %-5s", pc), cfg.Jobs)
 	prog.Note("creating and migrating a database")
 	d, err := CreateDatabase(ctx, cfg.AdminURL, "relay_exp_burst_")
 	if err != nil {
-		return nil, err
+		return nil, env, err
 	}
 	defer func() {
 		if cfg.KeepDatabases {
@@ -410,9 +435,7 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 			err = dropErr
 		}
 	}()
-	if first {
-		res.Environment = collectEnvironment(ctx, d, cfg.RelayBin)
-	}
+	env = collectEnvironment(ctx, d, cfg.RelayBin)
 
 	procs := NewProcs(cfg.RelayBin, logDir, "DATABASE_URL="+d.URL)
 	defer procs.KillAll()
@@ -427,7 +450,7 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 	defer cancel()
 	serve, base, err := StartServe(startCtx, procs, "burst-"+pc.String()+"-serve")
 	if err != nil {
-		return nil, err
+		return nil, env, err
 	}
 	var workers []*Proc
 	var ids []string
@@ -436,23 +459,23 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 		p, err := procs.Start(startCtx, id, "work", "--id", id, "--queue", burstQueue,
 			"--slots", strconv.Itoa(pc.Slots), "--log-format", "json")
 		if err != nil {
-			return nil, err
+			return nil, env, err
 		}
 		workers = append(workers, p)
 		ids = append(ids, id)
 	}
 	if err := WaitWorkers(startCtx, d.Q, procs, ids...); err != nil {
-		return nil, err
+		return nil, env, err
 	}
 	cancel()
 
 	bodies, err := batchBodies(cfg)
 	if err != nil {
-		return nil, err
+		return nil, env, err
 	}
-	floor := time.Duration(math.Ceil(float64(cfg.Jobs)/float64(pc.TotalSlots()))) * time.Duration(cfg.Workload.SleepMs) * time.Millisecond
 	timeout := cfg.Timeout
 	if timeout == 0 {
+		floor := slotsFloor(cfg.Jobs, pc.TotalSlots(), time.Duration(cfg.Workload.SleepMs)*time.Millisecond)
 		timeout = 4*floor + time.Minute
 	}
 	runCtx, cancelRun := context.WithTimeout(ctx, timeout)
@@ -476,9 +499,9 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 	selfBefore, _ := ProcCPU(os.Getpid())
 
 	// The bar's clock starts with the submission.
-	prog = NewProgress(cfg.Progress, prog.label, cfg.Jobs)
+	prog.Restart()
 	if run.FirstSubmit, err = d.Now(runCtx); err != nil {
-		return nil, err
+		return nil, env, err
 	}
 	type submitResult struct {
 		ids []int64
@@ -499,27 +522,27 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 		select {
 		case s := <-submitted:
 			if s.err != nil {
-				return nil, fmt.Errorf("submit: %w", s.err)
+				return nil, env, fmt.Errorf("submit: %w", s.err)
 			}
 			jobIDs = s.ids
 			submitting = false
 			if run.SubmitDone, err = d.Now(runCtx); err != nil {
-				return nil, err
+				return nil, env, err
 			}
 			continue
 		case <-tick.C:
 		case <-runCtx.Done():
-			return nil, fmt.Errorf("jobs not drained within %s: %w", timeout, runCtx.Err())
+			return nil, env, fmt.Errorf("jobs not drained within %s: %w", timeout, runCtx.Err())
 		}
 		if gone := procs.Exited(); len(gone) > 0 {
 			lines, _ := gone[0].Logs()
-			return nil, fmt.Errorf("%s exited during the run: %v; last lines:\n%s", gone[0].Name, gone[0].ExitErr(), tail(lines, 5))
+			return nil, env, fmt.Errorf("%s exited during the run: %v; last lines:\n%s", gone[0].Name, gone[0].ExitErr(), tail(lines, 5))
 		}
 		pctx, cancel := context.WithTimeout(runCtx, 5*time.Second)
 		p, err := d.Q.ExperimentQueueProgress(pctx, burstQueue)
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("progress: %w", err)
+			return nil, env, fmt.Errorf("progress: %w", err)
 		}
 		note := fmt.Sprintf("running %d", p.Running)
 		if submitting {
@@ -565,7 +588,7 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 	defer cancelRead()
 	rows, err := d.Q.ExperimentJobTimes(readCtx, burstQueue)
 	if err != nil {
-		return nil, fmt.Errorf("read job timestamps: %w", err)
+		return nil, env, fmt.Errorf("read job timestamps: %w", err)
 	}
 	analyzeBurst(run, cfg, rows, jobIDs)
 	prog.Finish("%d jobs in %.2fs: %.0f jobs/s of a %.0f bound (efficiency %.3f), completion p95 %.0f ms; all once: %v",
@@ -576,16 +599,16 @@ func burstRun(ctx context.Context, cfg BurstConfig, pc ProcSlots, logDir string,
 	stopCtx, cancelStop := context.WithTimeout(ctx, 2*burstStopGrace)
 	defer cancelStop()
 	if err := procs.StopAll(stopCtx, burstStopGrace); err != nil {
-		return nil, fmt.Errorf("stop processes: %w", err)
+		return nil, env, fmt.Errorf("stop processes: %w", err)
 	}
 	if cfg.ProbeSamples > 0 {
 		probe, err := probeStatements(ctx, d, cfg.ProbeSamples, time.Duration(cfg.Workload.SleepMs)*time.Millisecond)
 		if err != nil {
-			return nil, err
+			return nil, env, err
 		}
 		run.Probe = probe
 	}
-	return run, nil
+	return run, env, nil
 }
 
 // batchBodies encodes the request bodies of the whole burst.
@@ -757,10 +780,11 @@ func analyzeBurst(run *BurstRun, cfg BurstConfig, rows []db.ExperimentJobTimesRo
 	if run.SubmitSeconds > 0 {
 		run.SubmitRate = math.Round(float64(cfg.Jobs) / run.SubmitDone.Sub(run.FirstSubmit).Seconds())
 	}
+	finished := len(run.JobTimings)
 	drain := run.LastFinish.Sub(run.FirstSubmit)
 	run.DrainSeconds = round3(drain.Seconds())
 	if drain > 0 {
-		run.Throughput = round3(float64(len(rows)) / drain.Seconds())
+		run.Throughput = round3(float64(finished) / drain.Seconds())
 	}
 	if sleep > 0 {
 		run.Bound = round3(float64(run.TotalSlots) / sleep.Seconds())
@@ -768,22 +792,22 @@ func analyzeBurst(run *BurstRun, cfg BurstConfig, rows []db.ExperimentJobTimesRo
 	}
 	run.ClaimStatements, run.CompleteStatements = len(claims), len(completes)
 	if len(claims) > 0 && len(completes) > 0 {
-		run.JobsPerClaim = round3(float64(len(rows)) / float64(len(claims)))
-		run.JobsPerCompletion = round3(float64(len(rows)) / float64(len(completes)))
+		run.JobsPerClaim = round3(float64(finished) / float64(len(claims)))
+		run.JobsPerCompletion = round3(float64(finished) / float64(len(completes)))
 	}
 	run.QueueWait = percentiles(wait)
 	run.Completion = percentiles(completion)
 	// The 95th percentile job cannot finish before the slots have run
 	// ceil(0.95·N) jobs at exactly their sleep each.
 	nth := int(math.Ceil(0.95 * float64(cfg.Jobs)))
-	p95Floor := time.Duration(math.Ceil(float64(nth)/float64(run.TotalSlots))) * sleep
+	p95Floor := slotsFloor(nth, run.TotalSlots, sleep)
 	run.CompletionP95FloorMs = ms(p95Floor)
 	if p95Floor > 0 {
 		run.P95OverFloor = round3(run.Completion.P95 / ms(p95Floor))
 	}
 	run.StartupMs = ms(run.FirstStart.Sub(run.FirstSubmit))
-	if span := run.LastFinish.Sub(run.FirstStart); span > 0 && len(rows) > 0 {
-		service := time.Duration(float64(run.TotalSlots) * float64(span) / float64(len(rows)))
+	if span := run.LastFinish.Sub(run.FirstStart); span > 0 && finished > 0 {
+		service := time.Duration(float64(run.TotalSlots) * float64(span) / float64(finished))
 		run.ServiceMsPerJob = ms(service)
 		run.OverheadMsPerJob = ms(service - sleep)
 		run.SlotUtilization = round3(float64(busy) / (float64(run.TotalSlots) * float64(span)))
@@ -802,4 +826,11 @@ func analyzeBurst(run *BurstRun, cfg BurstConfig, rows []db.ExperimentJobTimesRo
 		run.ServiceInterval = &p
 	}
 	sort.Slice(run.JobTimings, func(i, j int) bool { return run.JobTimings[i].ID < run.JobTimings[j].ID })
+}
+
+// slotsFloor is the least time slots need to run jobs that take exactly
+// sleep each: ceil(jobs/slots) rounds of sleep.
+func slotsFloor(jobs, slots int, sleep time.Duration) time.Duration {
+	rounds := (jobs + slots - 1) / slots
+	return time.Duration(rounds) * sleep
 }

@@ -49,8 +49,7 @@ type Proc struct {
 	logFile *os.File
 	done    chan struct{}
 	// Set before done is closed.
-	waitErr  error
-	exitedAt time.Time
+	waitErr error
 
 	mu     sync.Mutex
 	paused bool
@@ -90,7 +89,6 @@ func StartProc(ctx context.Context, spec ProcSpec) (*Proc, error) {
 	go func() {
 		err := cmd.Wait()
 		p.waitErr = err
-		p.exitedAt = time.Now()
 		logFile.Close()
 		close(p.done)
 	}()

@@ -18,9 +18,9 @@ type Progress struct {
 	tty   bool
 	label string
 	total int
-	start time.Time
 
 	mu         sync.Mutex
+	start      time.Time
 	lastPrint  time.Time
 	finalShown bool
 }
@@ -44,6 +44,18 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// Restart sets the bar's clock, from which its elapsed time and rate are
+// measured, to now: for a bar whose steps begin after the setup it has
+// reported.
+func (p *Progress) Restart() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.start = time.Now()
+	p.mu.Unlock()
 }
 
 // Update shows done of total steps, with note after the figures.

@@ -153,7 +153,7 @@ func percentiles(ms []float64) Percentiles {
 	}
 }
 
-// rank is the nearest-rank percentile q of sorted.
+// nearestRank is the nearest-rank percentile q of sorted.
 func nearestRank(sorted []float64, q float64) float64 {
 	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
@@ -184,10 +184,10 @@ func medianWorst(vals []float64) (median, worst float64) {
 	return round3(median), s[n-1]
 }
 
-// stamp names the files of a run started at t.
+// runStamp names the files of a run started at t.
 func runStamp(t time.Time) string { return t.UTC().Format("20060102T1504Z") }
 
-// resultBase returns outDir/kind-stamp, with a numeric suffix if a run of
+// resultBase returns outDir/kind-runStamp(t), with a numeric suffix if a run of
 // the same minute already left files there.
 func resultBase(outDir, kind string, t time.Time) (string, error) {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {

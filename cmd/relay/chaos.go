@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,21 +43,22 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		short     bool
 		base      = experiment.DefaultChaosConfig("")
 	)
-	fs := flag.NewFlagSet("experiment chaos", flag.ContinueOnError)
-	common.register(fs)
+	fs := newFlagSet("experiment chaos", "relay experiment chaos [flags]", chaosUsage)
+	common.register(fs.FlagSet)
 	fs.StringVar(&scenarios, "scenarios", "all", "scenarios to run, separated by commas (kill, pause, partition, backend-kill, restart, poison, starvation, bad-input)")
 	fs.BoolVar(&short, "short", false, "the test suite's short form: a few hundred jobs, seconds per scenario (flags below still apply)")
 	fs.IntVar(&base.Jobs, "jobs", 0, fmt.Sprintf("jobs per scenario (default %d; %d with --short)", base.Jobs, experiment.ShortChaosConfig("").Jobs))
 	fs.IntVar(&base.Workers, "workers", 0, fmt.Sprintf("worker processes at once (default %d)", base.Workers))
 	fs.IntVar(&base.Slots, "slots", 0, fmt.Sprintf("slots per worker (default %d)", base.Slots))
 	fs.DurationVar(&base.Lease, "lease", 0, fmt.Sprintf("the workers' lease (default %s)", base.Lease))
-	fs.DurationVar(&base.Heartbeat, "heartbeat", 0, fmt.Sprintf("the workers' heartbeat interval (default %s)", base.Heartbeat))
+	fs.DurationVar(&base.Heartbeat, "heartbeat", 0, fmt.Sprintf("the workers' heartbeat interval (default %s; %s with --short; a fifth of --lease if that is given)",
+		base.Heartbeat, experiment.ShortChaosConfig("").Heartbeat))
 	fs.DurationVar(&base.Duration, "duration", 0, fmt.Sprintf("how long each scenario enqueues and injects faults (default %s)", base.Duration))
 	fs.DurationVar(&base.FaultEvery, "fault-every", 0, fmt.Sprintf("period of the kill and backend-kill faults (default %s)", base.FaultEvery))
 	fs.DurationVar(&base.Downtime, "downtime", 0, fmt.Sprintf("how long the restart scenario keeps PostgreSQL down (default %s)", base.Downtime))
 	fs.Uint64Var(&base.Seed, "seed", 0, "seed of the workload and of the choice of victims (default 1)")
-	if err := parseExperimentFlags(fs, "relay experiment chaos [flags]\n\n"+chaosUsage, args, stderr); err != nil {
-		return helpedExperiment(err)
+	if err := parseExperiment(fs, args, stderr); err != nil {
+		return helped(err)
 	}
 	if err := common.resolve(getenv); err != nil {
 		return err

@@ -2,16 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/relayq/relay/experiment"
-	"github.com/relayq/relay/internal/builtin"
 )
 
 // experimentUsage is the help of `relay experiment`.
@@ -42,7 +39,8 @@ Run "relay experiment NAME -h" for the flags of each.
 
 // runExperiment runs `relay experiment crash|burst|chaos [flags]`; args
 // follow "experiment".
-func runExperiment(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func runExperiment(ctx context.Context, env *environment, args []string) error {
+	getenv, stdout, stderr := env.getenv, env.stdout, env.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, experimentUsage)
 		return usageErrorf("experiment: name an experiment: crash, burst or chaos")
@@ -98,22 +96,15 @@ func (c *experimentCommon) resolve(getenv func(string) string) error {
 	return nil
 }
 
-// parseExperimentFlags parses args into fs, printing the usage on -h
-// (returning flag.ErrHelp) and turning a bad flag into a usage error.
-func parseExperimentFlags(fs *flag.FlagSet, synopsis string, args []string, stderr io.Writer) error {
-	fs.SetOutput(io.Discard)
-	err := fs.Parse(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
-		fs.SetOutput(stderr)
-		fs.PrintDefaults()
-		return flag.ErrHelp
-	}
+// parseExperiment parses an experiment's flags; experiments take no
+// positional arguments. On -h it returns errHelp, as flagSet.parse does.
+func parseExperiment(fs *flagSet, args []string, stderr io.Writer) error {
+	pos, err := fs.parse(args, stderr)
 	if err != nil {
-		return usageErrorf("%s: %v (run \"relay %s -h\" for usage)", fs.Name(), err, fs.Name())
+		return err
 	}
-	if fs.NArg() > 0 {
-		return usageErrorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	if len(pos) > 0 {
+		return usageErrorf("%s: unexpected argument %q", fs.Name(), pos[0])
 	}
 	return nil
 }
@@ -121,22 +112,26 @@ func parseExperimentFlags(fs *flag.FlagSet, synopsis string, args []string, stde
 func runExperimentCrash(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var (
 		common      experimentCommon
-		cfg         experiment.CrashConfig
+		cfg         = experiment.DefaultCrashConfig()
 		workerFlags string
 		noZombie    bool
 	)
-	fs := flag.NewFlagSet("experiment crash", flag.ContinueOnError)
-	common.register(fs)
-	fs.IntVar(&cfg.Trials, "trials", 5, "how many times a worker is killed mid-job")
-	fs.DurationVar(&cfg.JobDuration, "job-duration", 2*time.Second, "how long the sleep job runs")
+	fs := newFlagSet("experiment crash", "relay experiment crash [flags]",
+		`SIGKILLs the worker running a sleep job, --trials times, and times how
+soon another worker re-claims and completes it; then freezes a worker past
+its lease (SIGSTOP) and shows from its own log that its stale
+acknowledgement is rejected once it is thawed (SIGCONT).`)
+	common.register(fs.FlagSet)
+	fs.IntVar(&cfg.Trials, "trials", cfg.Trials, "how many times a worker is killed mid-job")
+	fs.DurationVar(&cfg.JobDuration, "job-duration", cfg.JobDuration, "how long the sleep job runs")
 	fs.DurationVar(&cfg.KillAfter, "kill-after", 0, "how long after the claim the worker is killed (default: half the job)")
 	fs.StringVar(&workerFlags, "worker-flags", "", `extra flags for the killed trials' workers, e.g. "--reclaim-interval 100ms" (default: none, the worker defaults)`)
 	fs.BoolVar(&noZombie, "no-zombie", false, "leave out the zombie (SIGSTOP) case")
-	fs.DurationVar(&cfg.ZombieLease, "zombie-lease", 2*time.Second, "lease of the zombie case's workers")
-	fs.DurationVar(&cfg.ZombieHeartbeat, "zombie-heartbeat", 500*time.Millisecond, "heartbeat interval of the zombie case's workers")
+	fs.DurationVar(&cfg.ZombieLease, "zombie-lease", cfg.ZombieLease, "lease of the zombie case's workers")
+	fs.DurationVar(&cfg.ZombieHeartbeat, "zombie-heartbeat", 0, "heartbeat interval of the zombie case's workers (default: a quarter of --zombie-lease)")
 	fs.DurationVar(&cfg.PauseAfter, "pause-after", 0, "how long after the claim the zombie is frozen (default: a quarter of the job)")
-	if err := parseExperimentFlags(fs, "relay experiment crash [flags]", args, stderr); err != nil {
-		return helpedExperiment(err)
+	if err := parseExperiment(fs, args, stderr); err != nil {
+		return helped(err)
 	}
 	if err := common.resolve(getenv); err != nil {
 		return err
@@ -176,23 +171,26 @@ func runExperimentCrash(ctx context.Context, args []string, getenv func(string) 
 func runExperimentBurst(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var (
 		common   experimentCommon
-		cfg      experiment.BurstConfig
+		cfg      = experiment.DefaultBurstConfig()
 		configs  string
-		workload builtin.HashPayload
+		workload = *cfg.Workload
 	)
-	fs := flag.NewFlagSet("experiment burst", flag.ContinueOnError)
-	common.register(fs)
-	fs.IntVar(&cfg.Jobs, "jobs", 3000, "jobs per configuration")
-	fs.StringVar(&configs, "configs", "1x1,1x4,3x4", "configurations, PROCSxSLOTS separated by commas")
-	fs.Int64Var(&workload.SleepMs, "sleep-ms", builtin.DefaultHashSleepMs, "each hash job's sleep_ms")
-	fs.Int64Var(&workload.Iterations, "iterations", builtin.DefaultHashIterations, "each hash job's iterations")
-	fs.IntVar(&cfg.BatchSize, "batch-size", 100, "jobs per POST /v1/jobs/batch (at most 1000)")
-	fs.IntVar(&cfg.Submitters, "submitters", 4, "concurrent HTTP clients submitting batches")
+	fs := newFlagSet("experiment burst", "relay experiment burst [flags]",
+		`Submits --jobs hash jobs through the HTTP API to each --configs
+configuration (PROCSxSLOTS) and measures throughput and latency from the
+database's timestamps.`)
+	common.register(fs.FlagSet)
+	fs.IntVar(&cfg.Jobs, "jobs", cfg.Jobs, "jobs per configuration")
+	fs.StringVar(&configs, "configs", experiment.FormatConfigs(cfg.Configs), "configurations, PROCSxSLOTS separated by commas")
+	fs.Int64Var(&workload.SleepMs, "sleep-ms", workload.SleepMs, "each hash job's sleep_ms")
+	fs.Int64Var(&workload.Iterations, "iterations", workload.Iterations, "each hash job's iterations")
+	fs.IntVar(&cfg.BatchSize, "batch-size", cfg.BatchSize, "jobs per POST /v1/jobs/batch (at most 1000)")
+	fs.IntVar(&cfg.Submitters, "submitters", cfg.Submitters, "concurrent HTTP clients submitting batches")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "bound on each configuration's run (default: 4× its drain-time floor plus a minute)")
 	fs.BoolVar(&cfg.KeepDatabases, "keep-databases", false, "keep each configuration's database instead of dropping it")
-	fs.IntVar(&cfg.ProbeSamples, "probe-samples", 200, "samples of each latency probe after a configuration (negative: no probes)")
-	if err := parseExperimentFlags(fs, "relay experiment burst [flags]", args, stderr); err != nil {
-		return helpedExperiment(err)
+	fs.IntVar(&cfg.ProbeSamples, "probe-samples", cfg.ProbeSamples, "samples of each latency probe after a configuration (negative: no probes)")
+	if err := parseExperiment(fs, args, stderr); err != nil {
+		return helped(err)
 	}
 	if err := common.resolve(getenv); err != nil {
 		return err
@@ -230,12 +228,4 @@ func runExperimentBurst(ctx context.Context, args []string, getenv func(string) 
 		}
 	}
 	return nil
-}
-
-// helpedExperiment turns a help request into success.
-func helpedExperiment(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
-	return err
 }

@@ -72,9 +72,7 @@ func commands() []command {
 		{"serve", "serve the HTTP API, with --slots N also N worker slots", runServe},
 		{"work", "run a worker with the built-in job handlers", runWork},
 		{"enqueue", "enqueue a job directly in the database and print it", runEnqueue},
-		{"experiment", "run a recorded experiment: crash, burst or chaos", func(ctx context.Context, env *environment, args []string) error {
-			return runExperiment(ctx, args, env.getenv, env.stdout, env.stderr)
-		}},
+		{"experiment", "run a recorded experiment: crash, burst or chaos", runExperiment},
 		{"version", "print the version", runVersion},
 	}
 }
@@ -116,7 +114,7 @@ Usage:
 Commands:
 `)
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, `
 Run "relay COMMAND -h" for the flags of a command.

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// buildTimeout bounds the build; a cold build with -race takes minutes here.
+// buildTimeout bounds the build of the relay command.
 const buildTimeout = 10 * time.Minute
 
 var (
@@ -37,7 +37,7 @@ func Path(t testing.TB) string {
 		p := filepath.Join(dir, "relay")
 		out, buildErr := exec.CommandContext(ctx, "go", "build", "-o", p, "github.com/relayq/relay/cmd/relay").CombinedOutput()
 		if buildErr != nil {
-			err = fmt.Errorf("go build: %v\n%s", buildErr, out)
+			err = fmt.Errorf("go build: %w\n%s", buildErr, out)
 			return
 		}
 		path = p
