@@ -77,7 +77,7 @@ removed, with all its data, when relay stops (Ctrl-C or SIGTERM).`)
 
 // migrateUp applies every pending migration.
 func migrateUp(ctx context.Context, logger *slog.Logger, dsn string) error {
-	pool, err := connect(ctx, dsn, "relay dev")
+	pool, err := connect(ctx, dsn, "relay dev", 0)
 	if err != nil {
 		return err
 	}

@@ -121,7 +121,7 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, dsn, "relay enqueue")
+	pool, err := connect(ctx, dsn, "relay enqueue", 0)
 	if err != nil {
 		return err
 	}

@@ -135,15 +135,17 @@ func (d *dbFlags) resolve(getenv func(string) string) (string, error) {
 // connectTimeout bounds the first connection to the database.
 const connectTimeout = 10 * time.Second
 
-// minConns is how many connections a pool keeps open even when idle, unless
-// the URL sets pool_min_conns: a worker's acknowledgements, heartbeats and
-// reclaims, or the API's first requests after a quiet spell, then never
-// wait for a new PostgreSQL backend to start.
-const minConns = 3
+// servingMinConns is how many connections the pool of a long-running
+// command (serve, work) keeps open even when idle, unless the URL sets
+// pool_min_conns to a positive number: a worker's acknowledgements,
+// heartbeats and reclaims, or the API's first requests after a quiet
+// spell, then never wait for a new PostgreSQL backend to start.
+const servingMinConns = 3
 
-// connect opens a pool on dsn and checks that the database answers.
-// appName shows in pg_stat_activity unless the URL sets application_name.
-func connect(ctx context.Context, dsn, appName string) (*pgxpool.Pool, error) {
+// poolConfig parses dsn into a pool configuration: appName shows in
+// pg_stat_activity unless the URL sets application_name, and the pool keeps
+// minConns connections open unless the URL sets pool_min_conns.
+func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("invalid database URL: %w", err)
@@ -156,6 +158,16 @@ func connect(ctx context.Context, dsn, appName string) (*pgxpool.Pool, error) {
 	}
 	if cfg.MinConns == 0 {
 		cfg.MinConns = min(minConns, cfg.MaxConns)
+	}
+	return cfg, nil
+}
+
+// connect opens a pool on dsn, configured by poolConfig, and checks that
+// the database answers.
+func connect(ctx context.Context, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(dsn, appName, minConns)
+	if err != nil {
+		return nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

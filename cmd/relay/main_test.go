@@ -385,7 +385,7 @@ func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
 
 func mustPool(t *testing.T, dsn string) *pgxpool.Pool {
 	t.Helper()
-	p, err := connect(t.Context(), dsn, "relay test")
+	p, err := connect(t.Context(), dsn, "relay test", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, dsn, "relay migrate")
+	pool, err := connect(ctx, dsn, "relay migrate", 0)
 	if err != nil {
 		return err
 	}

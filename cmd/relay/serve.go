@@ -94,7 +94,7 @@ finish (up to --shutdown-timeout) and running jobs drain (up to
 // then shuts both down gracefully. ready, if not nil, is called with the
 // listening address once requests can be served.
 func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlags, ready func(addr net.Addr)) error {
-	pool, err := connect(ctx, dsn, "relay serve")
+	pool, err := connect(ctx, dsn, "relay serve", servingMinConns)
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,7 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		}
 		// The worker gets a pool of its own, so that a burst of API
 		// requests can never starve its heartbeats.
-		workerPool, err := connect(ctx, dsn, "relay serve worker")
+		workerPool, err := connect(ctx, dsn, "relay serve worker", servingMinConns)
 		if err != nil {
 			return err
 		}

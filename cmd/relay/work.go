@@ -44,7 +44,7 @@ SIGTERM the worker stops claiming, lets running jobs finish for up to
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, dsn, "relay work")
+	pool, err := connect(ctx, dsn, "relay work", servingMinConns)
 	if err != nil {
 		return err
 	}
