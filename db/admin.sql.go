@@ -13,8 +13,8 @@ const databaseExists = `-- name: DatabaseExists :one
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database AS d WHERE d.datname = $1::text)::boolean AS exists
 `
 
-// Whether a database of this name exists on the server; for the tools that
-// create databases (tests, experiments).
+// Whether a database of this name exists on the server; for the test helper
+// that creates a database per test.
 func (q *Queries) DatabaseExists(ctx context.Context, name string) (bool, error) {
 	row := q.db.QueryRow(ctx, databaseExists, name)
 	var exists bool

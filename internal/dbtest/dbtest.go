@@ -136,15 +136,13 @@ func adminURL(ctx context.Context) (string, error) {
 		// The container lives as long as the test process: testcontainers'
 		// reaper removes it.
 		c, err := devdb.StartContainer(ctx, slog.New(slog.DiscardHandler))
-		if err == nil {
-			serverURL = c.URL()
-		}
-		serverErr = err
-		if serverErr != nil {
-			serverErr = fmt.Errorf("no database for tests: %s is not set and a PostgreSQL container could not be started (%v); "+
+		if err != nil {
+			serverErr = fmt.Errorf("no database for tests: %s is not set and a PostgreSQL container could not be started: %w; "+
 				"set %s to a PostgreSQL URL whose user may create databases, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-				EnvURL, serverErr, EnvURL)
+				EnvURL, err, EnvURL)
+			return
 		}
+		serverURL = c.URL()
 	})
 	return serverURL, serverErr
 }

@@ -402,6 +402,9 @@ func lastLine(b []byte) string {
 // fallback of Start. Stop removes it; so does testcontainers' reaper when
 // the process exits.
 func StartContainer(ctx context.Context, logger *slog.Logger) (c *Cluster, err error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
 	defer func() {
 		// testcontainers panics when it finds no Docker engine.
 		if r := recover(); r != nil {
