@@ -21,9 +21,8 @@ type ChaosCheck struct {
 
 	// Lost: acknowledged jobs that did not end succeeded or dead. Must be 0.
 	Lost ChaosFinding `json:"lost"`
-	// WrongOutcome: finished jobs that did not end as their kind must
-	// (poison kinds dead after exactly max_attempts attempts, others
-	// succeeded). Must be 0.
+	// WrongOutcome: acknowledged jobs that finished in another state than
+	// their kind must (poison kinds dead, others succeeded). Must be 0.
 	WrongOutcome ChaosFinding `json:"wrong_outcome"`
 	// Unexpected: executions of jobs the harness never enqueued. Must be 0.
 	Unexpected ChaosFinding `json:"unexpected"`
@@ -45,8 +44,9 @@ type ChaosCheck struct {
 	// PrematureReclaims: reclaims while the lease was valid and the worker
 	// alive (its session not ended by a fault). Must be 0.
 	PrematureReclaims ChaosFinding `json:"premature_reclaims"`
-	// PoisonMisbehaved: poison jobs claimed other than max_attempts times,
-	// or claimed again before the backoff of their last failure. Must be 0.
+	// PoisonMisbehaved: poison jobs that ended dead after other than
+	// max_attempts claims (or with another attempt), or that were claimed
+	// again before the backoff of their last failure. Must be 0.
 	PoisonMisbehaved ChaosFinding `json:"poison_misbehaved"`
 
 	// Duplicates describes the jobs of healthy kinds that ran more than
@@ -117,24 +117,37 @@ var (
 	chaosDeathFaults = map[string]bool{"kill": true, "self_exit": true, "crash": true}
 )
 
+// chaosHistory is what the checker read that a run's report uses too.
+type chaosHistory struct {
+	faults []db.ChaosFault
+	poison []db.ChaosPoisonJobsRow
+}
+
 // CheckChaosHistory checks the history recorded in a run's database (the
 // tables of experiment/schema/chaos.sql) against the invariants of an
 // at-least-once queue. It reads the database alone, so it can judge any
 // history, including one made by hand.
 func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) {
+	c, _, err := checkChaosHistory(ctx, q)
+	return c, err
+}
+
+// checkChaosHistory is CheckChaosHistory, and returns the rows of the
+// history that the report reads too.
+func checkChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, *chaosHistory, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	c := &ChaosCheck{Faults: map[string]int{}, Reclaims: map[string]int{}, ReclaimDelays: map[string]ChaosDelays{}}
 
 	progress, err := q.ChaosProgress(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: progress: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: progress: %w", err)
 	}
 	c.Enqueued = progress.Enqueued
 
 	lost, err := q.ChaosLost(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: lost jobs: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: lost jobs: %w", err)
 	}
 	for _, l := range lost {
 		c.Lost.add("job %d (enqueued via %s) is %s", l.JobID, l.Via, l.State)
@@ -142,7 +155,7 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 
 	wrong, err := q.ChaosWrongOutcome(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: outcomes: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: outcomes: %w", err)
 	}
 	for _, w := range wrong {
 		c.WrongOutcome.add("job %d (%s) ended %s after %d of %d attempts", w.ID, w.Kind, w.State, w.Attempt, w.MaxAttempts)
@@ -150,7 +163,7 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 
 	unexpected, err := q.ChaosUnexpected(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: unexpected executions: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: unexpected executions: %w", err)
 	}
 	for _, u := range unexpected {
 		c.Unexpected.add("job %d (fence %d) ran on %s but was never enqueued", u.JobID, u.Fence, u.Worker)
@@ -158,7 +171,7 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 
 	unacked, err := q.ChaosUnacknowledgedJobs(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: unacknowledged jobs: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: unacknowledged jobs: %w", err)
 	}
 	for _, u := range unacked {
 		if u.SentByHarness {
@@ -170,7 +183,7 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 
 	staleT, err := q.ChaosStaleTransitions(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: stale transitions: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: stale transitions: %w", err)
 	}
 	for _, s := range staleT {
 		expires := "no lease"
@@ -181,7 +194,7 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 	}
 	staleX, err := q.ChaosStaleAcceptedExecutions(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: stale executions: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: stale executions: %w", err)
 	}
 	for _, s := range staleX {
 		c.StaleAccepted.add("job %d: %s of fence %d on %s reported accepted, but no such transition exists", s.JobID, valueOf(s.Ack), s.Fence, s.Worker)
@@ -189,7 +202,7 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 
 	terminal, err := q.ChaosTerminalChanges(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: terminal changes: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: terminal changes: %w", err)
 	}
 	for _, t := range terminal {
 		c.TerminalChanges.add("job %d left %s for %s (%s) at %s", t.JobID, t.OldState, t.NewState, t.Action, t.At.Format(time.RFC3339Nano))
@@ -197,20 +210,20 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 
 	faults, err := q.ChaosFaults(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: faults: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: faults: %w", err)
 	}
 	for _, f := range faults {
 		c.Faults[f.Kind]++
 	}
 	reclaims, err := q.ChaosReclaims(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: reclaims: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: reclaims: %w", err)
 	}
 	c.judgeReclaims(reclaims, faults)
 
 	dups, err := q.ChaosDuplicates(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: duplicates: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: duplicates: %w", err)
 	}
 	c.Executions = dups.Executions
 	c.Duplicates = ChaosDuplicates{Jobs: dups.DuplicatedJobs, ExtraExecutions: dups.ExtraExecutions, MaxRuns: dups.MaxRuns}
@@ -220,23 +233,23 @@ func CheckChaosHistory(ctx context.Context, q *db.Queries) (*ChaosCheck, error) 
 
 	ambiguous, err := q.ChaosAmbiguousCompletions(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: ambiguous completions: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: ambiguous completions: %w", err)
 	}
 	c.AmbiguousCompletions = int64(len(ambiguous))
 
 	poison, err := q.ChaosPoisonJobs(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos check: poison jobs: %w", err)
+		return nil, nil, fmt.Errorf("chaos check: poison jobs: %w", err)
 	}
 	for _, p := range poison {
 		switch {
-		case p.State == db.JobStateDead && p.Claims != int64(p.MaxAttempts):
-			c.PoisonMisbehaved.add("job %d (%s) ended dead after %d claims, not max_attempts %d", p.ID, p.Kind, p.Claims, p.MaxAttempts)
+		case p.State == db.JobStateDead && (p.Claims != int64(p.MaxAttempts) || p.Attempt != p.MaxAttempts):
+			c.PoisonMisbehaved.add("job %d (%s) ended dead after %d claims (attempt %d), not max_attempts %d", p.ID, p.Kind, p.Claims, p.Attempt, p.MaxAttempts)
 		case p.EarlyClaims > 0:
 			c.PoisonMisbehaved.add("job %d (%s) was claimed %d times before its backoff was over (by as much as %.0f ms)", p.ID, p.Kind, p.EarlyClaims, -p.MinBackoffSlackMs)
 		}
 	}
-	return c, nil
+	return c, &chaosHistory{faults: faults, poison: poison}, nil
 }
 
 // judgeReclaims finds the premature reclaims and times the recovery of the

@@ -221,14 +221,16 @@ func TestCheckChaosHistory_AcceptsALegalHistory(t *testing.T) {
 	}
 	h.reclaim(stalled.id, "lease expired")
 	h.complete(h.claim("w2", time.Minute))
-	// A poison job that ends dead after its only attempt.
-	h.enqueue(KindChaosFail, 1)
-	h.fail(h.claim("w2", time.Minute), 0)
+	// A poison job of each kind that ends dead after its only attempt.
+	for _, kind := range []string{KindChaosPanic, KindChaosFail, KindChaosExit} {
+		h.enqueue(kind, 1)
+		h.fail(h.claim("w2", time.Minute), 0)
+	}
 
 	c := h.check()
 	wantFindings(t, c, nil)
-	if c.Enqueued != 4 || c.Executions != 6 {
-		t.Errorf("enqueued %d, executions %d; want 4 and 6", c.Enqueued, c.Executions)
+	if c.Enqueued != 6 || c.Executions != 8 {
+		t.Errorf("enqueued %d, executions %d; want 6 and 8", c.Enqueued, c.Executions)
 	}
 	if c.Duplicates.Jobs != 2 || c.Duplicates.ExtraExecutions != 2 {
 		t.Errorf("duplicates = %+v, want 2 jobs with 2 extra executions", c.Duplicates)
@@ -347,23 +349,63 @@ func TestCheckChaosHistory_CatchesUnexpectedExecutionsAndPhantomJobs(t *testing.
 	}
 }
 
+// brokenClaim claims job id for worker as a broken queue would: whatever
+// its state and run_at, adding attempts to its attempt. It records the
+// execution's start, as a chaos worker does.
+func (h *history) brokenClaim(id int64, worker string, attempts int32) claimed {
+	h.t.Helper()
+	h.exec(`UPDATE jobs SET state = 'running', attempt = attempt + $3, fence = fence + 1, lease_token = gen_random_uuid(),
+	            lease_expires_at = now() + interval '1 minute', leased_by = $2, started_at = now() WHERE id = $1`, id, worker, attempts)
+	c := claimed{worker: worker}
+	var kind string
+	var attempt int32
+	if err := h.pool.QueryRow(h.ctx, `SELECT id, fence, lease_token, kind, attempt FROM jobs WHERE id = $1`, id).
+		Scan(&c.id, &c.fence, &c.token, &kind, &attempt); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.q.ChaosExecutionStart(h.ctx, db.ChaosExecutionStartParams{
+		JobID: c.id, Kind: kind, Attempt: attempt, Fence: c.fence, Worker: worker, Pid: 1,
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+	return c
+}
+
 func TestCheckChaosHistory_CatchesPoisonRetriedBeforeItsBackoff(t *testing.T) {
 	h := newHistory(t)
-	h.enqueue(KindChaosFail, 2)
-	c := h.claim("w1", time.Minute)
-	h.fail(c, time.Hour)
-	// A broken claim that ignores run_at.
-	h.exec(`UPDATE jobs SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_token = gen_random_uuid(),
-	            lease_expires_at = now() + interval '1 minute', leased_by = 'w1', started_at = now() WHERE id = $1`, c.id)
-	var again claimed
-	if err := h.pool.QueryRow(h.ctx, `SELECT id, fence, lease_token FROM jobs WHERE id = $1`, c.id).Scan(&again.id, &again.fence, &again.token); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.q.ChaosExecutionStart(h.ctx, db.ChaosExecutionStartParams{JobID: again.id, Kind: KindChaosFail, Attempt: 2, Fence: again.fence, Worker: "w1", Pid: 1}); err != nil {
-		t.Fatal(err)
-	}
-	h.fail(again, 0)
+	id := h.enqueue(KindChaosFail, 2)
+	h.fail(h.claim("w1", time.Minute), time.Hour)
+	h.fail(h.brokenClaim(id, "w1", 1), 0)
 	wantFindings(t, h.check(), map[string]int64{"poison misbehaved": 1})
+}
+
+// A poison job that dies otherwise than after exactly max_attempts
+// attempts is one finding, of the poison check alone: it ended in the
+// state its kind must.
+func TestCheckChaosHistory_CatchesPoisonDeadAfterOtherThanMaxAttempts(t *testing.T) {
+	t.Run("dead after fewer claims", func(t *testing.T) {
+		h := newHistory(t)
+		id := h.enqueue(KindChaosPanic, 3)
+		h.fail(h.claim("w1", time.Minute), 0)
+		h.exec(`UPDATE jobs SET state = 'dead', finished_at = now() WHERE id = $1`, id)
+		wantFindings(t, h.check(), map[string]int64{"poison misbehaved": 1})
+	})
+	t.Run("dead after more claims", func(t *testing.T) {
+		h := newHistory(t)
+		id := h.enqueue(KindChaosFail, 2)
+		h.fail(h.claim("w1", time.Minute), 0)
+		h.fail(h.brokenClaim(id, "w1", 0), 0) // an attempt not counted
+		h.fail(h.claim("w2", time.Minute), 0)
+		wantFindings(t, h.check(), map[string]int64{"poison misbehaved": 1})
+	})
+	t.Run("dead after max_attempts claims with another attempt", func(t *testing.T) {
+		h := newHistory(t)
+		id := h.enqueue(KindChaosExit, 2)
+		h.fail(h.claim("w1", time.Minute), 0)
+		h.fail(h.brokenClaim(id, "w1", 0), 0)
+		h.exec(`UPDATE jobs SET state = 'dead', finished_at = now() WHERE id = $1`, id)
+		wantFindings(t, h.check(), map[string]int64{"poison misbehaved": 1})
+	})
 }
 
 // claimAhead claims the next ready job for worker without starting it, as

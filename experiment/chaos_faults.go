@@ -41,10 +41,10 @@ type chaosHeal struct {
 type chaosRestart struct {
 	mode devdb.ShutdownMode
 	// down, start and up are when the stop began, when the start command
-	// was given, and when it returned (the host's clock).
+	// was given, and when it returned (the host's clock): the database was
+	// down from down to up.
 	down, start, up time.Time
 	stopTook        time.Duration
-	startTook       time.Duration
 	readyzDown      map[int]int
 }
 
@@ -377,7 +377,6 @@ func (r *chaosRun) restartDatabase(ctx context.Context, start time.Time) error {
 		}
 		id := r.recordFault(ctx, "db_restart", "*", 0, fmt.Sprintf("%s shutdown, down for %s", mode, r.cfg.Downtime))
 		rs := chaosRestart{mode: mode, down: time.Now(), readyzDown: map[int]int{}}
-		r.http.markDown(rs.down)
 		if err := r.cluster.StopServer(ctx, mode); err != nil {
 			return fmt.Errorf("chaos: stop the database: %w", err)
 		}
@@ -394,8 +393,6 @@ func (r *chaosRun) restartDatabase(ctx context.Context, start time.Time) error {
 			return fmt.Errorf("chaos: start the database again: %w", err)
 		}
 		rs.up = time.Now()
-		rs.startTook = rs.up.Sub(rs.start)
-		r.http.markUp(rs.up)
 		r.endFault(context.WithoutCancel(ctx), id)
 		r.mu.Lock()
 		r.details.restarts = append(r.details.restarts, rs)

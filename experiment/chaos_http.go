@@ -25,31 +25,14 @@ type chaosHTTPStats struct {
 	client *http.Client
 
 	mu     sync.Mutex
-	downs  []chaosSpan // when the database was down, by the local clock
 	events []chaosHTTPEvent
 }
-
-type chaosSpan struct{ from, to time.Time }
 
 // chaosHTTPEvent is the answer to one enqueue request.
 type chaosHTTPEvent struct {
 	at     time.Time
 	status int // 0 for a network error
 	leak   string
-}
-
-func (s *chaosHTTPStats) markDown(t time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.downs = append(s.downs, chaosSpan{from: t})
-}
-
-func (s *chaosHTTPStats) markUp(t time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n := len(s.downs); n > 0 && s.downs[n-1].to.IsZero() {
-		s.downs[n-1].to = t
-	}
 }
 
 func (s *chaosHTTPStats) record(ev chaosHTTPEvent) {

@@ -158,7 +158,7 @@ func (r *chaosRun) run(ctx context.Context, started time.Time) (*ChaosResult, er
 
 	evalCtx, cancelEval := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancelEval()
-	check, err := CheckChaosHistory(evalCtx, r.q)
+	check, hist, err := checkChaosHistory(evalCtx, r.q)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +170,7 @@ func (r *chaosRun) run(ctx context.Context, started time.Time) (*ChaosResult, er
 		Drained:     drained,
 		Check:       check,
 	}
-	if err := r.evaluate(evalCtx, res, windowStart, windowEnd, runEnd, survivors); err != nil {
+	if err := r.evaluate(evalCtx, res, hist, windowStart, windowEnd, runEnd, survivors); err != nil {
 		return nil, err
 	}
 	return res, nil

@@ -137,17 +137,15 @@ WHERE j.id IS NULL OR j.state NOT IN ('succeeded', 'dead')
 ORDER BY e.job_id;
 
 -- name: ChaosWrongOutcome :many
--- Acknowledged jobs that finished, but not as their kind must: the poison
--- kinds (chaos_panic, chaos_fail, chaos_exit) dead after exactly
--- max_attempts attempts, every other kind succeeded.
+-- Acknowledged jobs that finished, but not in the state their kind must:
+-- the poison kinds dead, every other kind succeeded. (How a poison job
+-- came to die is judged from ChaosPoisonJobs.)
 -- @sqlc-vet-disable sqlc/db-prepare
 SELECT j.id, j.kind, j.state, j.attempt, j.max_attempts
 FROM chaos_enqueues AS e
 JOIN jobs AS j ON j.id = e.job_id
 WHERE j.state IN ('succeeded', 'dead')
-  AND CASE WHEN j.kind IN ('chaos_panic', 'chaos_fail', 'chaos_exit')
-           THEN j.state <> 'dead' OR j.attempt <> j.max_attempts
-           ELSE j.state <> 'succeeded' END
+  AND j.state <> CASE WHEN chaos_poison_kind(j.kind) THEN 'dead' ELSE 'succeeded' END::job_state
 ORDER BY j.id;
 
 -- name: ChaosUnexpected :many
@@ -289,8 +287,8 @@ WITH per_job AS (
     FROM chaos_executions AS x
     GROUP BY x.job_id, x.kind
 )
-SELECT count(*) FILTER (WHERE p.deliveries > 1 AND p.kind NOT IN ('chaos_panic', 'chaos_fail', 'chaos_exit'))::bigint AS duplicated_jobs,
-       COALESCE(sum(p.deliveries - 1) FILTER (WHERE p.deliveries > 1 AND p.kind NOT IN ('chaos_panic', 'chaos_fail', 'chaos_exit')), 0)::bigint AS extra_executions,
+SELECT count(*) FILTER (WHERE p.deliveries > 1 AND NOT chaos_poison_kind(p.kind))::bigint AS duplicated_jobs,
+       COALESCE(sum(p.deliveries - 1) FILTER (WHERE p.deliveries > 1 AND NOT chaos_poison_kind(p.kind)), 0)::bigint AS extra_executions,
        COALESCE(max(p.runs), 0)::bigint AS max_runs,
        COALESCE(sum(p.runs), 0)::bigint AS executions
 FROM per_job AS p;
@@ -298,29 +296,30 @@ FROM per_job AS p;
 -- name: ChaosPoisonJobs :many
 -- Every job of a poison kind: how it ended, how many times it was claimed
 -- (a claim handed back unstarted, which undoes its attempt, does not count),
--- how many of its claims followed a failure (a reclaim sets no backoff),
--- how many of those came before the retry time the failure set (a backoff
--- not honoured), and by how little the earliest one came after it (0 when
--- none followed a failure).
+-- how many of its claims were retries after a failure (a claim after a
+-- reclaim has no backoff to honour), how many of those came before the
+-- retry time the failure set (a backoff not honoured), and by how little
+-- the earliest one came after it (0 when there was no retry).
 -- @sqlc-vet-disable sqlc/db-prepare
 WITH t AS (
-    SELECT c.job_id, c.action, c.tx_at,
-           lag(c.action) OVER w     AS prev_action,
-           lag(c.new_run_at) OVER w AS prev_run_at
+    SELECT c.job_id, c.action,
+           -- A claim right after a failure: a retry, with a backoff to honour.
+           c.action = 'claim' AND lag(c.action) OVER w = 'fail' AS retry,
+           -- For a retry: how long after the retry time the failure set.
+           c.tx_at - lag(c.new_run_at) OVER w AS slack
     FROM chaos_transitions AS c
-    WHERE c.kind IN ('chaos_panic', 'chaos_fail', 'chaos_exit')
+    WHERE chaos_poison_kind(c.kind)
     WINDOW w AS (PARTITION BY c.job_id ORDER BY c.id)
 )
 SELECT j.id, j.kind, j.state, j.attempt, j.max_attempts,
        (count(t.job_id) FILTER (WHERE t.action = 'claim')
         - count(t.job_id) FILTER (WHERE t.action = 'unclaim'))::bigint AS claims,
-       count(t.job_id) FILTER (WHERE t.action = 'claim' AND t.prev_action = 'fail')::bigint AS retries_after_failure,
-       count(t.job_id) FILTER (WHERE t.action = 'claim' AND t.prev_action = 'fail' AND t.tx_at < t.prev_run_at)::bigint AS early_claims,
-       COALESCE(1000 * EXTRACT(EPOCH FROM min(t.tx_at - t.prev_run_at) FILTER (WHERE t.action = 'claim' AND t.prev_action = 'fail')), 0)::float8
-           AS min_backoff_slack_ms
+       count(t.job_id) FILTER (WHERE t.retry)::bigint AS retries_after_failure,
+       count(t.job_id) FILTER (WHERE t.retry AND t.slack < interval '0')::bigint AS early_claims,
+       COALESCE(1000 * EXTRACT(EPOCH FROM min(t.slack) FILTER (WHERE t.retry)), 0)::float8 AS min_backoff_slack_ms
 FROM jobs AS j
 LEFT JOIN t ON t.job_id = j.id
-WHERE j.kind IN ('chaos_panic', 'chaos_fail', 'chaos_exit')
+WHERE chaos_poison_kind(j.kind)
 GROUP BY j.id
 ORDER BY j.id;
 

@@ -8,6 +8,14 @@
 -- created for the run; it is never part of Relay's own schema. Every
 -- statement can run twice.
 
+-- Whether jobs of a kind are poison: chaos_panic, chaos_fail and chaos_exit
+-- (experiment/chaos_worker.go) never succeed, and must end dead after
+-- exactly max_attempts claims. The one list of them the queries use.
+CREATE OR REPLACE FUNCTION chaos_poison_kind(kind text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT kind IN ('chaos_panic', 'chaos_fail', 'chaos_exit')
+$$;
+
 -- Every job whose enqueue was acknowledged: by the Go call that inserted it
 -- (via 'go') or by a 2xx from the HTTP API (via 'http').
 CREATE TABLE IF NOT EXISTS chaos_enqueues (
