@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jsonb"
 )
 
 // JobView is a job as the API shows it, and as other tools print it. It
@@ -177,7 +178,7 @@ func sameJob(j db.Job, spec jobSpec) bool {
 		j.Queue == spec.Queue &&
 		j.Priority == spec.Priority &&
 		j.MaxAttempts == spec.MaxAttempts &&
-		jsonEqual(j.Payload, spec.Payload)
+		jsonb.Equal(j.Payload, spec.Payload)
 }
 
 // idempotencyKey returns the Idempotency-Key header, or nil without one.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/relayq/relay/internal/jsonb"
 )
 
 // jobRequest is one job to enqueue, as sent by a client: the body of
@@ -80,8 +82,8 @@ func validateJob(req jobRequest, key *string, now time.Time) (jobSpec, error) {
 	}
 
 	if len(req.Payload) > 0 {
-		if err := checkPayload(req.Payload); err != nil {
-			return spec, err
+		if err := jsonb.Check(req.Payload); err != nil {
+			return spec, badRequest("payload", "payload %v", err)
 		}
 		spec.Payload = req.Payload
 	}

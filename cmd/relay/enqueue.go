@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jsonb"
 	"github.com/relayq/relay/server"
 )
 
@@ -150,7 +151,7 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 }
 
 // checkPayload returns the payload compacted, or a clear error if it is not
-// one valid JSON value.
+// one valid JSON value that PostgreSQL can store as jsonb.
 func checkPayload(raw []byte) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -162,6 +163,9 @@ func checkPayload(raw []byte) (json.RawMessage, error) {
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {
 		return nil, usageErrorf("--payload is not valid JSON: %v", err)
+	}
+	if err := jsonb.Check(buf.Bytes()); err != nil {
+		return nil, usageErrorf("--payload %v", err)
 	}
 	return buf.Bytes(), nil
 }

@@ -1,17 +1,20 @@
-package server
+package jsonb
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/relayq/relay/internal/dbtest"
 )
 
-// The checks of payload.go promise to reject exactly what jsonb rejects;
+// The checks of this package promise to reject exactly what jsonb rejects;
 // these tests hold them to it against the real database.
 
 func TestNumericFits_AgreesWithPostgres(t *testing.T) {
 	t.Parallel()
-	pool := setup(t).pool
+	pool := dbtest.New(t)
 	numbers := []string{
 		"0", "-0", "1", "-1", "1.5", "0.000", "1e0", "1E+2", "1e-2", "0e999999", "0e1073741822", "0e1073741823",
 		"1e131071", "9e131071", "9.9e131071", "1e131072", "10e131071", "0.1e131072", "0.01e131073",
@@ -27,36 +30,37 @@ func TestNumericFits_AgreesWithPostgres(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			_, dbErr := pool.Exec(context.Background(), "SELECT $1::text::jsonb", n)
-			if got, want := numericFits([]byte(n)), dbErr == nil; got != want {
-				t.Errorf("numericFits = %v, PostgreSQL accepts it: %v (%v)", got, want, dbErr)
+			if got, want := NumericFits([]byte(n)), dbErr == nil; got != want {
+				t.Errorf("NumericFits = %v, PostgreSQL accepts it: %v (%v)", got, want, dbErr)
 			}
 		})
 	}
 }
 
-func TestCheckPayload_AgreesWithPostgres(t *testing.T) {
+func TestCheck_AgreesWithPostgres(t *testing.T) {
 	t.Parallel()
-	pool := setup(t).pool
+	pool := dbtest.New(t)
 	payloads := []string{
 		`"plain"`, `"\u0000"`, `"a\u0000"`, `{"\u0000":1}`, `"\\u0000"`, `"\\\u0000"`, `"\\\\u0000"`,
 		`"\ud83d\ude00"`, `"\ud800"`, `"\udc00"`, `"\ud800x"`, `"\ud800\u0041"`, `"\ud800\ud800"`, `"\ude00\ud83d"`,
 		`"\uD83D\uDE00"`, `"\u00e9"`, `"\uffff"`, `"\/\b\f\n\r\t\""`, `["\u0001", {"k": "\u001f"}]`,
 		`[1, -2.5e3, {"a": [true, false, null]}]`, `{"a": "x", "a": "\u0000"}`,
+		`[1e200000]`, `{"n": -1e-20000}`, `"caf\u00e9 \\ud800"`, "\"\xff\"", "[\"ok\", \"\xc3\"]",
 	}
 	for _, p := range payloads {
 		t.Run(p, func(t *testing.T) {
 			_, dbErr := pool.Exec(context.Background(), "SELECT $1::text::jsonb", p)
-			err := checkPayload([]byte(p))
+			err := Check([]byte(p))
 			if got, want := err == nil, dbErr == nil; got != want {
-				t.Errorf("checkPayload: %v; PostgreSQL: %v", err, dbErr)
+				t.Errorf("Check: %v; PostgreSQL: %v", err, dbErr)
 			}
 		})
 	}
 }
 
-func TestJSONEqual_AgreesWithJSONBEquality(t *testing.T) {
+func TestEqual_AgreesWithJSONBEquality(t *testing.T) {
 	t.Parallel()
-	pool := setup(t).pool
+	pool := dbtest.New(t)
 	pairs := [][2]string{
 		{`{}`, `{}`},
 		{`{"a":1,"b":2}`, `{"b":2,"a":1}`},
@@ -86,9 +90,33 @@ func TestJSONEqual_AgreesWithJSONBEquality(t *testing.T) {
 			if err := pool.QueryRow(context.Background(), "SELECT $1::text::jsonb = $2::text::jsonb", p[0], p[1]).Scan(&want); err != nil {
 				t.Fatal(err)
 			}
-			if got := jsonEqual([]byte(p[0]), []byte(p[1])); got != want {
-				t.Errorf("jsonEqual = %v, jsonb = says %v", got, want)
+			if got := Equal([]byte(p[0]), []byte(p[1])); got != want {
+				t.Errorf("Equal = %v, jsonb says %v", got, want)
 			}
 		})
+	}
+}
+
+func TestCheck_SaysWhatAndWhere(t *testing.T) {
+	tests := []struct {
+		doc    string
+		reason string
+		offset int
+	}{
+		{`{"a": "\ud800"}`, ReasonSurrogate, 7},
+		{`["ok", "x\u0000"]`, ReasonNUL, 9},
+		{`{"n": 1e200000}`, ReasonNumber, 6},
+		{"[\"ok\", \"\xc3\"]", ReasonInvalidUTF8, 8},
+		{`"\u12"`, ReasonBadEscape, 1},
+	}
+	for _, tt := range tests {
+		err := Check([]byte(tt.doc))
+		var e *Error
+		if !errors.As(err, &e) || e.Reason != tt.reason || e.Offset != tt.offset {
+			t.Errorf("Check(%q) = %v, want %q at byte %d", tt.doc, err, tt.reason, tt.offset)
+		}
+	}
+	if err := Check([]byte(`{"path": "C:\\u0000", "emoji": "\ud83d\ude00"}`)); err != nil {
+		t.Errorf("Check refused an escaped backslash before u0000 and a surrogate pair: %v", err)
 	}
 }

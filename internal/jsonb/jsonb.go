@@ -1,26 +1,66 @@
-package server
-
-import (
-	"bytes"
-	"encoding/json"
-	"strconv"
-	"strings"
-)
-
-// PostgreSQL's jsonb accepts less than JSON allows. checkPayload finds, in a
-// payload already known to be valid JSON, what jsonb would reject, so that
-// the request fails with a 400 naming the payload before anything is sent
-// to the database:
+// Package jsonb knows what PostgreSQL's jsonb type accepts and how it
+// compares values, so that a document can be checked, and two documents
+// compared, before anything is sent to the database.
 //
+// PostgreSQL's jsonb accepts less than JSON allows. Check finds, in a valid
+// JSON document, what jsonb would reject:
+//
+//   - invalid UTF-8;
 //   - the escape \u0000, in any string or object key (jsonb cannot hold NUL);
 //   - an unpaired UTF-16 surrogate escape such as "\ud800";
 //   - a number outside PostgreSQL's numeric type: more than 131072 digits
 //     before the decimal point, or more than 16383 after it (counting the
 //     digits as written, so 0.10 has two).
 //
-// Invalid UTF-8 and raw control characters are rejected earlier, for the
-// whole body.
-func checkPayload(b []byte) error {
+// The escape checks read escapes, not bytes: the JSON string "\\u0000" is
+// a backslash followed by "u0000", which jsonb stores as it is.
+package jsonb
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Error reports what in a document jsonb would reject, and where.
+type Error struct {
+	// Reason says what was found, as a noun phrase ("a NUL character").
+	Reason string
+	// Offset is the byte offset in the document where it starts.
+	Offset int
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("contains %s at byte %d", e.Reason, e.Offset)
+}
+
+// The reasons Check gives.
+const (
+	ReasonInvalidUTF8  = "invalid UTF-8"
+	ReasonNUL          = `a NUL character (\u0000), which PostgreSQL cannot store`
+	ReasonSurrogate    = "an unpaired UTF-16 surrogate escape"
+	ReasonNumber       = "a number PostgreSQL cannot store: at most 131072 digits before the decimal point and 16383 after it"
+	ReasonBadEscape    = `an invalid \u escape`
+	ReasonUnterminated = "an unterminated string"
+)
+
+// Check returns an *Error for the first thing in b, a valid JSON document,
+// that PostgreSQL's jsonb would reject, or nil if jsonb accepts it all.
+func Check(b []byte) error {
+	if !utf8.Valid(b) {
+		off := 0
+		for off < len(b) {
+			r, size := utf8.DecodeRune(b[off:])
+			if r == utf8.RuneError && size <= 1 {
+				break
+			}
+			off += size
+		}
+		return &Error{Reason: ReasonInvalidUTF8, Offset: off}
+	}
 	for i := 0; i < len(b); {
 		switch c := b[i]; {
 		case c == '"':
@@ -34,8 +74,8 @@ func checkPayload(b []byte) error {
 			for j < len(b) && isNumberByte(b[j]) {
 				j++
 			}
-			if !numericFits(b[i:j]) {
-				return badRequest("payload", "payload has a number PostgreSQL cannot store: at most 131072 digits before the decimal point and 16383 after it")
+			if !NumericFits(b[i:j]) {
+				return &Error{Reason: ReasonNumber, Offset: i}
 			}
 			i = j
 		default:
@@ -56,11 +96,11 @@ func checkString(b []byte, i int) (int, error) {
 			if i+1 < len(b) && b[i+1] == 'u' {
 				r, ok := hex4(b, i+2)
 				if !ok {
-					return 0, badRequest("payload", "payload has an invalid \\u escape")
+					return 0, &Error{Reason: ReasonBadEscape, Offset: i}
 				}
 				switch {
 				case r == 0:
-					return 0, badRequest("payload", `payload must not contain NUL characters (\u0000)`)
+					return 0, &Error{Reason: ReasonNUL, Offset: i}
 				case r >= 0xD800 && r <= 0xDBFF:
 					// A high surrogate must be followed by a low one.
 					var lo rune
@@ -70,12 +110,12 @@ func checkString(b []byte, i int) (int, error) {
 						ok = false
 					}
 					if !ok || lo < 0xDC00 || lo > 0xDFFF {
-						return 0, badRequest("payload", "payload has an unpaired UTF-16 surrogate escape")
+						return 0, &Error{Reason: ReasonSurrogate, Offset: i}
 					}
 					i += 12
 					continue
 				case r >= 0xDC00 && r <= 0xDFFF:
-					return 0, badRequest("payload", "payload has an unpaired UTF-16 surrogate escape")
+					return 0, &Error{Reason: ReasonSurrogate, Offset: i}
 				}
 				i += 6
 				continue
@@ -85,7 +125,7 @@ func checkString(b []byte, i int) (int, error) {
 			i++
 		}
 	}
-	return 0, badRequest("payload", "payload has an unterminated string")
+	return 0, &Error{Reason: ReasonUnterminated, Offset: len(b)}
 }
 
 func hex4(b []byte, i int) (rune, bool) {
@@ -113,11 +153,11 @@ const (
 	numericMaxExp    = 1<<30 - 1
 )
 
-// numericFits reports whether PostgreSQL's numeric accepts the JSON number
+// NumericFits reports whether PostgreSQL's numeric accepts the JSON number
 // s, following its input function: the scale is the number of digits
 // written after the point minus the exponent, and the leading significant
 // digit may be at most 10^131071.
-func numericFits(s []byte) bool {
+func NumericFits(s []byte) bool {
 	n, ok := parseNumber(s)
 	if !ok {
 		return false
@@ -198,11 +238,11 @@ func canonicalNumber(s string) (string, bool) {
 	return sign + trimmed + "e" + strconv.FormatInt(exp, 10), true
 }
 
-// jsonEqual reports whether two JSON documents are equal as jsonb values:
+// Equal reports whether two JSON documents are equal as jsonb values:
 // object key order, whitespace and the spelling of numbers do not matter,
 // and of keys given twice the last counts. An empty document counts as
 // null, which is how a jsonb null comes back from the database.
-func jsonEqual(a, b []byte) bool {
+func Equal(a, b []byte) bool {
 	va, okA := decodeAny(a)
 	vb, okB := decodeAny(b)
 	return okA && okB && equalValues(va, vb)
