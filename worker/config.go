@@ -45,6 +45,9 @@ const (
 	DefaultBackoffMax  = time.Hour
 	// MaxErrorLength is how much of an error message is recorded.
 	MaxErrorLength = 4096
+	// DefaultMaxResultBytes is the largest result, encoded as JSON, that a
+	// job may store. See Config.MaxResultBytes.
+	DefaultMaxResultBytes = 1 << 20
 )
 
 // Config configures a Worker. The zero value is usable: every zero field
@@ -86,6 +89,11 @@ type Config struct {
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled. Negative means release at once.
 	ShutdownGrace time.Duration
+	// MaxResultBytes is the largest result, encoded as JSON, that a
+	// handler may return: a job whose result is larger fails permanently,
+	// since every read of the job would carry it. Default:
+	// DefaultMaxResultBytes. Negative: no limit but PostgreSQL's.
+	MaxResultBytes int
 	// Backoff returns how long to wait before the retry that follows the
 	// given failed attempt (1 for the first). Default: DefaultBackoff.
 	Backoff func(attempt int) time.Duration
@@ -183,6 +191,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	if c.MaxResultBytes == 0 {
+		c.MaxResultBytes = DefaultMaxResultBytes
 	}
 	if c.Backoff == nil {
 		c.Backoff = DefaultBackoff

@@ -307,11 +307,13 @@ func (d *dispatcher) handBackStale() {
 	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
 }
 
-// acknowledge sends a round: jobs handed back and failures each in a
-// statement of their own, then completions and the claim together in
-// another, so that the common case, a job finished and a slot to fill,
-// costs one round trip and one commit. It touches nothing but r, so that it
-// can run beside the dispatcher.
+// acknowledge sends a round: jobs handed back in a statement of their own,
+// then completions and the claim together in one, then failures, so that
+// the common case, a job finished and a slot to fill, costs one round trip
+// and one commit. A row the database refuses never holds up the others
+// (see sendIsolating): a completion whose result it refuses becomes a
+// permanent failure of that job. It touches nothing but r, so that it can
+// run beside the dispatcher.
 func (w *Worker) acknowledge(ctx context.Context, r *round) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
 	defer cancel()
@@ -324,6 +326,10 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 		}
 		r.handedBack = ids
 	}
+	if err := w.completeAndClaim(ctx, r); err != nil {
+		r.err = err
+		return
+	}
 	if len(r.batch.failed) > 0 {
 		states, err := w.fail(ctx, r.batch.failed)
 		if err != nil {
@@ -332,14 +338,65 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 		}
 		r.failStates = states
 	}
+}
 
+// completeAndClaim records the round's completions and makes its claim, in
+// one statement (JobCompleteAndClaim). If the database refuses the result
+// of a completion, the completions are sent again apart from the claim,
+// isolating the refused ones, which move to the round's failures; the
+// claim is then made on its own.
+func (w *Worker) completeAndClaim(ctx context.Context, r *round) error {
 	done := r.batch.done
+	r.completed = make(map[int64]bool, len(done))
+	r.sentAt = time.Now()
+	claimed, err := w.sendCompleteAndClaim(ctx, done, r.claim, r.completed)
+	if err == nil {
+		r.claimed = claimed
+		return nil
+	}
+	if !isRowDataError(err) || len(done) == 0 {
+		r.completed = nil
+		return fmt.Errorf("complete and claim: %w", err)
+	}
+	refused, err := sendIsolating(ctx, done, func(ctx context.Context, part []outcome) error {
+		_, err := w.sendCompleteAndClaim(ctx, part, 0, r.completed)
+		return err
+	})
+	if err != nil {
+		r.completed = nil
+		return fmt.Errorf("complete jobs: %w", err)
+	}
+	if len(refused) > 0 {
+		kept := make([]outcome, 0, len(done)-len(refused))
+		for i, o := range done {
+			if rerr, ok := refused[i]; ok {
+				w.log.Error("the database refused a job's result; failing the job", "job", o.exec.job.ID, "kind", o.exec.job.Kind, "err", rerr)
+				o.err = Permanent(fmt.Errorf("result refused by the database: %s", refusalText(rerr)))
+				o.result = nil
+				r.batch.failed = append(r.batch.failed, o)
+				continue
+			}
+			kept = append(kept, o)
+		}
+		r.batch.done = kept
+	}
+	r.sentAt = time.Now()
+	if r.claimed, err = w.sendCompleteAndClaim(ctx, nil, r.claim, nil); err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	return nil
+}
+
+// sendCompleteAndClaim runs JobCompleteAndClaim for done and a claim of up
+// to claim jobs, marks in completed the completions the database accepted,
+// and returns the jobs claimed.
+func (w *Worker) sendCompleteAndClaim(ctx context.Context, done []outcome, claim int, completed map[int64]bool) ([]db.JobCompleteAndClaimRow, error) {
 	params := db.JobCompleteAndClaimParams{
 		CompleteIds:     make([]int64, len(done)),
 		CompleteTokens:  make([]uuid.UUID, len(done)),
 		CompleteResults: make([]json.RawMessage, len(done)),
 		Queue:           w.cfg.Queue,
-		MaxJobs:         int32(r.claim),
+		MaxJobs:         int32(claim),
 		LeaseMs:         w.cfg.Lease.Milliseconds(),
 		WorkerID:        w.cfg.ID,
 	}
@@ -348,78 +405,93 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 		params.CompleteTokens[i] = o.exec.token
 		params.CompleteResults[i] = o.result
 	}
-	r.sentAt = time.Now()
 	rows, err := w.q.JobCompleteAndClaim(ctx, params)
 	if err != nil {
-		r.err = fmt.Errorf("complete and claim: %w", err)
-		return
+		return nil, err
 	}
-	r.completed = make(map[int64]bool, len(done))
 	if len(rows) > 0 {
 		for _, id := range rows[0].CompletedIds {
-			r.completed[id] = true
+			completed[id] = true
 		}
 	}
+	var claimed []db.JobCompleteAndClaimRow
 	for _, row := range rows {
 		if row.ID != nil {
-			r.claimed = append(r.claimed, row)
+			claimed = append(claimed, row)
 		}
 	}
+	return claimed, nil
 }
 
 // handBack hands the jobs of execs back to the queue (JobReleaseMany),
 // with note in their error history if it is not nil, and returns those the
-// database took back.
+// database took back. A job the database refuses to take back is left to
+// its lease.
 func (w *Worker) handBack(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
-	params := db.JobReleaseManyParams{Note: note, Ids: make([]int64, len(execs)), Tokens: make([]uuid.UUID, len(execs))}
-	for i, e := range execs {
-		params.Ids[i] = e.job.ID
-		params.Tokens[i] = e.token
-	}
-	ids, err := w.q.JobReleaseMany(ctx, params)
+	taken := make(map[int64]bool, len(execs))
+	refused, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
+		params := db.JobReleaseManyParams{Note: note, Ids: make([]int64, len(part)), Tokens: make([]uuid.UUID, len(part))}
+		for i, e := range part {
+			params.Ids[i] = e.job.ID
+			params.Tokens[i] = e.token
+		}
+		ids, err := w.q.JobReleaseMany(ctx, params)
+		for _, id := range ids {
+			taken[id] = true
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	taken := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		taken[id] = true
+	for i, rerr := range refused {
+		w.log.Error("the database refused to take a job back; its lease will expire", "job", execs[i].job.ID, "err", rerr)
 	}
 	return taken, nil
 }
 
 // fail records failed outcomes, each with its retry delay, and returns the
-// state each accepted failure moved its job to.
+// state each accepted failure moved its job to. A failure the database
+// refuses to record is left to the job's lease.
 func (w *Worker) fail(ctx context.Context, failed []outcome) (map[int64]db.JobState, error) {
-	params := db.JobFailManyParams{
-		Ids:       make([]int64, len(failed)),
-		Tokens:    make([]uuid.UUID, len(failed)),
-		Errors:    make([]string, len(failed)),
-		Permanent: make([]bool, len(failed)),
-		RetryInMs: make([]int64, len(failed)),
-	}
-	for i, o := range failed {
-		params.Ids[i] = o.exec.job.ID
-		params.Tokens[i] = o.exec.token
-		params.Errors[i] = errorText(o.err, MaxErrorLength)
-		params.Permanent[i] = IsPermanent(o.err)
-		params.RetryInMs[i] = w.cfg.Backoff(o.exec.job.Attempt).Milliseconds()
-	}
-	rows, err := w.q.JobFailMany(ctx, params)
+	states := make(map[int64]db.JobState, len(failed))
+	refused, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
+		params := db.JobFailManyParams{
+			Ids:       make([]int64, len(part)),
+			Tokens:    make([]uuid.UUID, len(part)),
+			Errors:    make([]string, len(part)),
+			Permanent: make([]bool, len(part)),
+			RetryInMs: make([]int64, len(part)),
+		}
+		for i, o := range part {
+			params.Ids[i] = o.exec.job.ID
+			params.Tokens[i] = o.exec.token
+			params.Errors[i] = errorText(o.err, MaxErrorLength)
+			params.Permanent[i] = IsPermanent(o.err)
+			params.RetryInMs[i] = w.cfg.Backoff(o.exec.job.Attempt).Milliseconds()
+		}
+		rows, err := w.q.JobFailMany(ctx, params)
+		for _, r := range rows {
+			states[r.ID] = r.State
+		}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("record failures: %w", err)
 	}
-	states := make(map[int64]db.JobState, len(rows))
-	for _, r := range rows {
-		states[r.ID] = r.State
+	for i, rerr := range refused {
+		w.log.Error("the database refused to record a failure; the job's lease will expire", "job", failed[i].exec.job.ID, "err", rerr)
 	}
 	return states, nil
 }
 
 // finish reports what became of a round's outcomes, starts the jobs it
 // claimed (or holds them ahead), and puts back in the pending batch
-// whatever must be sent again.
+// whatever must be sent again: each part of a round whose statement did
+// not complete.
 func (d *dispatcher) finish(r *round) {
 	w := d.w
+	var retry pending
 	if r.handedBack != nil {
 		w.mu.Lock()
 		for _, e := range r.batch.toHandBack {
@@ -430,7 +502,8 @@ func (d *dispatcher) finish(r *round) {
 			e.cancel(nil)
 			w.log.Debug("handed back job claimed ahead", "job", e.job.ID, "accepted", r.handedBack[e.job.ID])
 		}
-		r.batch.toHandBack = nil
+	} else {
+		retry.toHandBack = r.batch.toHandBack
 	}
 	if r.failStates != nil {
 		for _, o := range r.batch.failed {
@@ -443,19 +516,21 @@ func (d *dispatcher) finish(r *round) {
 			}
 			w.report(o, OutcomeFailed, ok)
 		}
-		r.batch.failed = nil
+	} else {
+		retry.failed = r.batch.failed
 	}
-	if r.err != nil {
-		d.p.restore(r.batch)
-		return
-	}
-	for _, o := range r.batch.done {
-		ok := r.completed[o.exec.job.ID]
-		if !ok {
-			w.log.Warn("completion rejected: the lease is no longer this worker's", "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+	if r.completed != nil {
+		for _, o := range r.batch.done {
+			ok := r.completed[o.exec.job.ID]
+			if !ok {
+				w.log.Warn("completion rejected: the lease is no longer this worker's", "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+			}
+			w.report(o, OutcomeCompleted, ok)
 		}
-		w.report(o, OutcomeCompleted, ok)
+	} else {
+		retry.done = r.batch.done
 	}
+	d.p.restore(retry)
 	if len(r.claimed) == 0 {
 		return
 	}

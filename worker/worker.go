@@ -16,7 +16,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jsonb"
 )
 
 // Worker runs handlers for the jobs of one queue. Create it with New,
@@ -231,19 +231,31 @@ func (w *Worker) execute(e *execution) outcome {
 	result, err := w.call(e)
 	o := outcome{exec: e, err: err, ran: time.Since(began)}
 	if err == nil && result != nil {
-		b, merr := json.Marshal(result)
-		switch {
-		case merr != nil:
-			o.err = Permanent(fmt.Errorf("encode result: %w", merr))
-		case bytes.Contains(b, []byte(`\u0000`)):
-			// PostgreSQL's jsonb cannot hold a NUL character.
-			o.err = Permanent(errors.New("result contains a NUL character (\\u0000), which PostgreSQL cannot store"))
-		default:
-			o.result = b
-		}
+		o.result, o.err = w.encodeResult(result)
 	}
 	return o
 }
+
+// encodeResult encodes a handler's result for the database. A result that
+// cannot be stored fails its job permanently, here, before it is sent: in
+// a batch acknowledgement it would make the database refuse the others.
+func (w *Worker) encodeResult(result any) (json.RawMessage, error) {
+	b, err := json.Marshal(result)
+	if err != nil {
+		return nil, Permanent(fmt.Errorf("encode result: %w", err))
+	}
+	if limit := w.cfg.MaxResultBytes; limit > 0 && len(b) > limit {
+		return nil, Permanent(fmt.Errorf("result is %d bytes encoded, more than the %d allowed (Config.MaxResultBytes)", len(b), limit))
+	}
+	if err := jsonb.Check(b); err != nil {
+		return nil, Permanent(fmt.Errorf("%s: %w", errResultNotStorable, err))
+	}
+	return b, nil
+}
+
+// errResultNotStorable begins the error of a job whose result PostgreSQL's
+// jsonb cannot hold.
+const errResultNotStorable = "result is not storable as jsonb"
 
 // call runs the handler, turning a panic or a missing handler into an error.
 func (w *Worker) call(e *execution) (result any, err error) {

@@ -1,0 +1,152 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/worker"
+)
+
+// These tests specify what the worker does with a handler's result that
+// PostgreSQL cannot store: that job fails, permanently and clearly, and no
+// other job, nor the worker, notices.
+
+func TestWorker_UnstorableResultFailsOnlyItsJobAndTheWorkerKeepsClaiming(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Results json.Marshal accepts and jsonb refuses.
+	poison := map[string]any{
+		"lone high surrogate":   json.RawMessage(`{"s": "\ud800"}`),
+		"lone low surrogate":    json.RawMessage(`["\udc00"]`),
+		"number beyond numeric": json.Number("1e200000"),
+		"NUL escape":            json.RawMessage(`{"k": "a\u0000b"}`),
+		"invalid UTF-8":         json.RawMessage("\"\xff\""),
+	}
+	var poisonJobs []db.Job
+	names := map[int64]string{}
+	for name := range poison {
+		job := b.enqueue(t, "poison", `{"name": "`+name+`"}`, 5)
+		poisonJobs = append(poisonJobs, job)
+		names[job.ID] = name
+	}
+	var healthy []db.Job
+	for range 8 {
+		healthy = append(healthy, b.enqueue(t, "healthy", `{}`, 1))
+	}
+	b.startWorker(t, worker.Config{Slots: 4}, func(w *worker.Worker) {
+		w.HandleFunc("poison", func(ctx context.Context, j *worker.Job) (any, error) {
+			var p struct{ Name string }
+			if err := json.Unmarshal(j.Payload, &p); err != nil {
+				return nil, worker.Permanent(err)
+			}
+			return poison[p.Name], nil
+		})
+		w.HandleFunc("healthy", func(ctx context.Context, j *worker.Job) (any, error) {
+			return map[string]int64{"job": j.ID}, nil
+		})
+	})
+
+	for _, job := range poisonJobs {
+		got := b.waitForState(t, job.ID, db.JobStateDead, 10*time.Second)
+		if got.Attempt != 1 || !strings.HasPrefix(deref(got.LastError), "permanent: result is not storable as jsonb: contains ") {
+			t.Errorf("%s: dead after attempt %d with %q; want dead after attempt 1, saying the result is not storable as jsonb",
+				names[job.ID], got.Attempt, deref(got.LastError))
+		}
+	}
+	for _, job := range healthy {
+		b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	}
+	// The worker still claims.
+	late := b.enqueue(t, "healthy", `{}`, 1)
+	b.waitForState(t, late.ID, db.JobStateSucceeded, 10*time.Second)
+}
+
+func TestWorker_ResultWithTheTextBackslashU0000IsStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "text", `{}`, 1)
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("text", func(ctx context.Context, j *worker.Job) (any, error) {
+			// Six characters, a backslash first: JSON "\\u0000", which jsonb stores.
+			return map[string]string{"path": `C:\u0000`}, nil
+		})
+	})
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	var stored map[string]string
+	if err := json.Unmarshal(got.Result, &stored); err != nil || stored["path"] != `C:\u0000` {
+		t.Errorf("stored result %s (%v), want the path C:\\u0000 as written", got.Result, err)
+	}
+}
+
+func TestWorker_ResultLargerThanMaxResultBytesFailsItsJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	small := b.enqueue(t, "sized", `{"n": 100}`, 3)
+	large := b.enqueue(t, "sized", `{"n": 5000}`, 3)
+	b.startWorker(t, worker.Config{Slots: 2, MaxResultBytes: 1000}, func(w *worker.Worker) {
+		w.HandleFunc("sized", func(ctx context.Context, j *worker.Job) (any, error) {
+			var p struct{ N int }
+			if err := json.Unmarshal(j.Payload, &p); err != nil {
+				return nil, worker.Permanent(err)
+			}
+			return strings.Repeat("x", p.N), nil
+		})
+	})
+	b.waitForState(t, small.ID, db.JobStateSucceeded, 10*time.Second)
+	got := b.waitForState(t, large.ID, db.JobStateDead, 10*time.Second)
+	if want := "permanent: result is 5002 bytes encoded, more than the 1000 allowed"; !strings.HasPrefix(deref(got.LastError), want) {
+		t.Errorf("large result: %q, want %q...", deref(got.LastError), want)
+	}
+}
+
+func TestWorker_ResultTheDatabaseRefusesFailsOnlyItsJobAndSparesTheBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// A rule of this database that the worker cannot know of: it refuses
+	// some results, as it would refuse a value it cannot represent.
+	if _, err := b.pool.Exec(b.ctx, `
+		CREATE FUNCTION refuse_some_results() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.result ? 'refuse' THEN
+				RAISE EXCEPTION 'this database refuses the result of job %', NEW.id USING ERRCODE = '22023';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_some_results BEFORE UPDATE OF result ON jobs
+			FOR EACH ROW EXECUTE FUNCTION refuse_some_results();`); err != nil {
+		t.Fatal(err)
+	}
+	refused := b.enqueue(t, "answer", `{"refuse": true}`, 5)
+	var healthy []db.Job
+	for range 11 {
+		healthy = append(healthy, b.enqueue(t, "answer", `{}`, 1))
+	}
+	var acks sync.Map
+	b.startWorker(t, worker.Config{Slots: 4, OnAck: func(a worker.Ack) {
+		acks.Store(a.Job.ID, a)
+	}}, func(w *worker.Worker) {
+		w.HandleFunc("answer", func(ctx context.Context, j *worker.Job) (any, error) {
+			// Each job answers with its own payload.
+			return j.Payload, nil
+		})
+	})
+	got := b.waitForState(t, refused.ID, db.JobStateDead, 10*time.Second)
+	want := "permanent: result refused by the database: this database refuses the result of job " + strconv.FormatInt(refused.ID, 10) + " (SQLSTATE 22023)"
+	if got.Attempt != 1 || deref(got.LastError) != want {
+		t.Errorf("refused job: dead after attempt %d with %q; want attempt 1 and %q", got.Attempt, deref(got.LastError), want)
+	}
+	for _, job := range healthy {
+		b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	}
+	late := b.enqueue(t, "answer", `{}`, 1)
+	b.waitForState(t, late.ID, db.JobStateSucceeded, 10*time.Second)
+	if a, ok := acks.Load(refused.ID); !ok || a.(worker.Ack).Outcome != worker.OutcomeFailed || !a.(worker.Ack).Accepted {
+		t.Errorf("the refused job's acknowledgement was reported as %+v, want an accepted failure", a)
+	}
+}
