@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/experiment/faultproxy"
 	"github.com/relayq/relay/experiment/schema"
 	"github.com/relayq/relay/internal/devdb"
+	"github.com/relayq/relay/internal/faultproxy"
 	"github.com/relayq/relay/internal/pgurl"
 )
 

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/experiment/faultproxy"
 	"github.com/relayq/relay/internal/devdb"
+	"github.com/relayq/relay/internal/faultproxy"
 )
 
 // chaosDetails collects what the fault schedules did, for the evaluation.
