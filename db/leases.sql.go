@@ -21,6 +21,7 @@ WITH completed AS (
         finished_at      = now(),
         lease_token      = NULL,
         lease_expires_at = NULL,
+        lease_session    = NULL,
         cancel_requested_at = NULL
     FROM (SELECT unnest($1::bigint[]) AS id,
           unnest($2::uuid[]) AS token,
@@ -32,27 +33,40 @@ WITH completed AS (
       AND j.lease_expires_at > now()
     RETURNING j.id
 ),
+session AS (
+    -- Taking a shared lock on the key succeeds only if no session holds
+    -- it: then the session has ended (and this transaction holds the
+    -- shared lock until it commits, which harms no one).
+    SELECT $4::integer IS NULL
+        OR NOT pg_try_advisory_xact_lock_shared(1380273241, $4::integer) AS alive
+),
 ready AS (
     SELECT r.id
     FROM jobs AS r
     WHERE r.state = 'available'
-      AND r.queue = $4
+      AND r.queue = $5
       AND r.run_at <= now()
+      AND (SELECT s.alive FROM session AS s)
     ORDER BY r.priority, r.run_at, r.id
-    LIMIT $5
+    LIMIT COALESCE(cardinality($6::uuid[]), 0)
     FOR UPDATE SKIP LOCKED
+),
+numbered AS (
+    SELECT ready.id, row_number() OVER () AS n FROM ready
 ),
 claimed AS (
     UPDATE jobs AS j
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        lease_token      = gen_random_uuid(),
-        lease_expires_at = now() + interval '1 millisecond' * $6::bigint,
-        leased_by        = $7::text,
+        lease_token      = t.token,
+        lease_expires_at = now() + interval '1 millisecond' * $7::bigint,
+        leased_by        = $8::text,
+        lease_session    = $4::integer,
         started_at       = now()
-    FROM ready
-    WHERE j.id = ready.id
+    FROM numbered
+    JOIN unnest($6::uuid[]) WITH ORDINALITY AS t (token, n) ON t.n = numbered.n
+    WHERE j.id = numbered.id
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
               j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
 )
@@ -68,8 +82,9 @@ type JobCompleteAndClaimParams struct {
 	CompleteIds     []int64
 	CompleteTokens  []uuid.UUID
 	CompleteResults []json.RawMessage
+	SessionKey      *int32
 	Queue           string
-	MaxJobs         int32
+	ClaimTokens     []uuid.UUID
 	LeaseMs         int64
 	WorkerID        string
 }
@@ -91,16 +106,26 @@ type JobCompleteAndClaimRow struct {
 	StartedAt      *time.Time
 }
 
-// Completes the finished jobs given (id, token, result) and claims up to
-// max_jobs ready jobs of the queue for the worker, in one statement and one
-// commit, so that a worker with a free slot hands in one job and picks up
-// the next in a single round trip. Either list may be empty.
+// Completes the finished jobs given (id, token, result) and claims ready
+// jobs of the queue for the worker, one for each lease token given, in one
+// statement and one commit, so that a worker with a free slot hands in one
+// job and picks up the next in a single round trip. Either list may be
+// empty.
 //
 // The claim takes ready jobs in the order of jobs_claim_idx (priority, then
 // run_at, then id), skipping rows other claimers hold locked, so concurrent
-// workers never wait on each other nor claim the same job. Every claim draws
-// a fresh random lease token, bumps attempt and fence, and sets the lease
-// expiry in database time. The claim is committed before any handler runs.
+// workers never wait on each other nor claim the same job. Every claim
+// bumps attempt and fence and sets the lease expiry in database time. The
+// worker draws the lease tokens itself, fresh and random for every claim,
+// so that when the answer to this statement is lost it can still find the
+// jobs it claimed (JobGetClaimed). The claim is committed before any
+// handler runs.
+//
+// A claim is made under the worker's session (session_key), which must
+// still hold its lock: a worker whose session ended claims nothing, since
+// any worker would take such jobs back at once, charging an attempt that
+// never ran. A worker without a session (session_key null) claims under
+// its leases alone.
 //
 // The statement always returns at least one row: completed_ids lists the
 // completions that passed the fence, and each claimed job fills the other
@@ -110,8 +135,9 @@ func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndCla
 		arg.CompleteIds,
 		arg.CompleteTokens,
 		arg.CompleteResults,
+		arg.SessionKey,
 		arg.Queue,
-		arg.MaxJobs,
+		arg.ClaimTokens,
 		arg.LeaseMs,
 		arg.WorkerID,
 	)
@@ -165,6 +191,7 @@ SET state = CASE
     END,
     lease_token         = NULL,
     lease_expires_at    = NULL,
+    lease_session       = NULL,
     cancel_requested_at = NULL,
     last_error          = f.error,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -227,6 +254,70 @@ func (q *Queries) JobFailMany(ctx context.Context, arg JobFailManyParams) ([]Job
 	return items, nil
 }
 
+const jobGetClaimed = `-- name: JobGetClaimed :many
+SELECT j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
+       j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
+FROM jobs AS j
+WHERE j.state = 'running'
+  AND j.lease_token = ANY ($1::uuid[])
+  AND j.lease_expires_at > now()
+ORDER BY j.id
+`
+
+type JobGetClaimedRow struct {
+	ID             int64
+	Queue          string
+	Kind           string
+	Payload        json.RawMessage
+	Priority       int16
+	Attempt        int32
+	MaxAttempts    int32
+	Fence          int64
+	LeaseToken     *uuid.UUID
+	LeaseExpiresAt *time.Time
+	CreatedAt      time.Time
+	RunAt          time.Time
+	StartedAt      *time.Time
+}
+
+// Finds the jobs a claim took under the lease tokens given, that are still
+// running under them with their lease unexpired: a worker that sent a claim
+// and lost the answer (its connection cut after the commit, or its wait
+// timed out) adopts them instead of leaving them to wait out their lease.
+func (q *Queries) JobGetClaimed(ctx context.Context, tokens []uuid.UUID) ([]JobGetClaimedRow, error) {
+	rows, err := q.db.Query(ctx, jobGetClaimed, tokens)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobGetClaimedRow{}
+	for rows.Next() {
+		var i JobGetClaimedRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.Payload,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.LeaseToken,
+			&i.LeaseExpiresAt,
+			&i.CreatedAt,
+			&i.RunAt,
+			&i.StartedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const jobHeartbeatMany = `-- name: JobHeartbeatMany :many
 UPDATE jobs AS j
 SET lease_expires_at = now() + interval '1 millisecond' * $1::bigint
@@ -277,18 +368,28 @@ func (q *Queries) JobHeartbeatMany(ctx context.Context, arg JobHeartbeatManyPara
 }
 
 const jobReclaim = `-- name: JobReclaim :many
-WITH gone_workers AS (
-    SELECT w.id
-    FROM workers AS w
-    WHERE NOT worker_session_alive(w.session_key)
+WITH ended_sessions AS MATERIALIZED (
+    SELECT s.session_key
+    FROM worker_sessions AS s
+    WHERE NOT EXISTS (SELECT 1 FROM worker_sessions_live AS l WHERE l.session_key = s.session_key)
+),
+candidates AS (
+    SELECT e.id FROM jobs AS e
+    WHERE e.state = 'running' AND e.lease_expires_at <= now()
+    UNION
+    SELECT g.id FROM jobs AS g
+    JOIN ended_sessions AS es ON g.lease_session = es.session_key
+    WHERE g.state = 'running'
 ),
 abandoned AS (
     SELECT a.id
     FROM jobs AS a
-    WHERE a.state = 'running'
-      -- Checked again on the newest version of the row once locked, so a lease
-      -- renewed after this statement began is not taken.
-      AND (a.lease_expires_at <= now() OR a.leased_by IN (SELECT g.id FROM gone_workers AS g))
+    WHERE a.id IN (SELECT c.id FROM candidates AS c)
+      -- Checked again on the newest version of the row once locked, so a
+      -- lease renewed, or a job claimed anew, after this statement began
+      -- is not taken.
+      AND a.state = 'running'
+      AND (a.lease_expires_at <= now() OR a.lease_session IN (SELECT es.session_key FROM ended_sessions AS es))
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
@@ -301,6 +402,7 @@ SET state = CASE
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
     lease_token         = NULL,
     lease_expires_at    = NULL,
+    lease_session       = NULL,
     cancel_requested_at = NULL,
     last_error  = CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -321,14 +423,22 @@ type JobReclaimRow struct {
 }
 
 // Takes back up to max_jobs running jobs whose worker can no longer finish
-// them: the lease expired by the database clock, or the session of the worker
-// ended (its advisory lock is gone from pg_locks; see the workers table).
-// Each goes back to available, or to dead if that was its last attempt (or
-// to cancelled if someone asked), with the reason and the old worker in its error history. Clearing the
-// lease token fences the old worker out. The job keeps its run_at, and so
-// its place in the queue: a crash does not send it behind the backlog that
-// built up since. Rows another reclaimer holds are
-// skipped, so any number of workers can run this at once.
+// them: the lease expired by the database clock, or the session the job was
+// claimed under ended (its advisory lock is gone from pg_locks; see
+// worker_sessions). Each goes back to available, or to dead if that was its
+// last attempt (or to cancelled if someone asked), with the reason and the
+// old worker in its error history. Clearing the lease token fences the old
+// worker out. The job keeps its run_at, and so its place in the queue: a
+// crash does not send it behind the backlog that built up since. Rows
+// another reclaimer holds are skipped, so any number of workers can run
+// this at once.
+//
+// Whether a session ended is read from one scan of pg_locks per statement.
+// A session counts as ended only if it was registered when this statement
+// took its snapshot (so its lock was taken before the scan) and its lock
+// is gone: then it has ended for good. A job is judged by its own session
+// alone, so nothing another session of the same worker id does, before or
+// during this statement, can make a live claim look abandoned.
 func (q *Queries) JobReclaim(ctx context.Context, maxJobs int32) ([]JobReclaimRow, error) {
 	rows, err := q.db.Query(ctx, jobReclaim, maxJobs)
 	if err != nil {
@@ -362,6 +472,7 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
     attempt     = j.attempt - 1,
     lease_token         = NULL,
     lease_expires_at    = NULL,
+    lease_session       = NULL,
     cancel_requested_at = NULL,
     errors = CASE
         WHEN $1::text IS NULL THEN j.errors

@@ -171,6 +171,7 @@ type Job struct {
 	Errors            json.RawMessage
 	Result            json.RawMessage
 	IdempotencyKey    *string
+	LeaseSession      *int32
 }
 
 type Worker struct {
@@ -180,4 +181,17 @@ type Worker struct {
 	Pid        int32
 	Host       string
 	StartedAt  time.Time
+}
+
+type WorkerSession struct {
+	SessionKey int32
+	WorkerID   string
+	Queue      string
+	Pid        int32
+	Host       string
+	StartedAt  time.Time
+}
+
+type WorkerSessionsLive struct {
+	SessionKey int32
 }

@@ -10,25 +10,72 @@ import (
 	"time"
 )
 
-const workerDeleteGone = `-- name: WorkerDeleteGone :execrows
-DELETE FROM workers AS w
-WHERE NOT worker_session_alive(w.session_key)
-  AND NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.leased_by = w.id)
+const workerForgetEnded = `-- name: WorkerForgetEnded :execrows
+WITH live AS MATERIALIZED (
+    SELECT l.session_key FROM worker_sessions_live AS l
+),
+freed AS (
+    DELETE FROM workers AS w
+    USING (SELECT d.id FROM workers AS d
+           WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = d.session_key)) AS ended
+    WHERE w.id = ended.id
+      AND NOT worker_session_alive(w.session_key)
+    RETURNING w.id
+)
+DELETE FROM worker_sessions AS s
+WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
+  AND NOT EXISTS (
+      SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key)
 `
 
-// Forgets workers whose session ended and that hold no running job.
-func (q *Queries) WorkerDeleteGone(ctx context.Context) (int64, error) {
-	result, err := q.db.Exec(ctx, workerDeleteGone)
+// Forgets the sessions that ended and hold no running job, and frees the
+// ids whose holder session ended. Returns how many sessions it forgot. An
+// id is checked again against pg_locks on the newest version of its row,
+// so an id taken over by a new session while this runs is kept.
+func (q *Queries) WorkerForgetEnded(ctx context.Context) (int64, error) {
+	result, err := q.db.Exec(ctx, workerForgetEnded)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const workerList = `-- name: WorkerList :many
-SELECT w.id, w.session_key, w.queue, w.pid, w.host, w.started_at,
+const workerHolder = `-- name: WorkerHolder :one
+SELECT w.id, w.session_key, w.pid, w.host, w.started_at,
     worker_session_alive(w.session_key) AS session_alive
 FROM workers AS w
+WHERE w.id = $1
+`
+
+type WorkerHolderRow struct {
+	ID           string
+	SessionKey   int32
+	Pid          int32
+	Host         string
+	StartedAt    time.Time
+	SessionAlive bool
+}
+
+// The session that holds a worker id, and whether it is alive: what a
+// registration refused for that id reports.
+func (q *Queries) WorkerHolder(ctx context.Context, id string) (WorkerHolderRow, error) {
+	row := q.db.QueryRow(ctx, workerHolder, id)
+	var i WorkerHolderRow
+	err := row.Scan(
+		&i.ID,
+		&i.SessionKey,
+		&i.Pid,
+		&i.Host,
+		&i.StartedAt,
+		&i.SessionAlive,
+	)
+	return i, err
+}
+
+const workerList = `-- name: WorkerList :many
+SELECT w.id, w.session_key, w.queue, w.pid, w.host, w.started_at, (l.session_key IS NOT NULL)::boolean AS session_alive
+FROM workers AS w
+LEFT JOIN worker_sessions_live AS l ON l.session_key = w.session_key
 ORDER BY w.id
 `
 
@@ -42,7 +89,8 @@ type WorkerListRow struct {
 	SessionAlive bool
 }
 
-// Lists registered workers and whether each one session is alive.
+// Lists the worker ids registered, each with the session that holds it and
+// whether that session is alive.
 func (q *Queries) WorkerList(ctx context.Context) ([]WorkerListRow, error) {
 	rows, err := q.db.Query(ctx, workerList)
 	if err != nil {
@@ -90,46 +138,104 @@ locked AS (
     SELECT f.session_key
     FROM fresh AS f
     WHERE pg_try_advisory_lock(1380273241, f.session_key)
+),
+holder AS (
+    INSERT INTO workers (id, session_key, queue, pid, host)
+    SELECT $1, l.session_key, $2, $3, $4
+    FROM locked AS l
+    ON CONFLICT (id) DO UPDATE
+    SET session_key = EXCLUDED.session_key,
+        queue       = EXCLUDED.queue,
+        pid         = EXCLUDED.pid,
+        host        = EXCLUDED.host,
+        started_at  = now()
+    WHERE workers.session_key = $5::integer
+       OR NOT worker_session_alive(workers.session_key)
+    RETURNING workers.session_key
+),
+session AS (
+    INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
+    SELECT h.session_key, $1, $2, $3, $4
+    FROM holder AS h
+    RETURNING worker_sessions.session_key
 )
-INSERT INTO workers (id, session_key, queue, pid, host)
-SELECT $1, l.session_key, $2, $3, $4
-FROM locked AS l
-ON CONFLICT (id) DO UPDATE
-SET session_key = EXCLUDED.session_key,
-    queue       = EXCLUDED.queue,
-    pid         = EXCLUDED.pid,
-    host        = EXCLUDED.host,
-    started_at  = now()
-RETURNING session_key
+SELECT s.session_key, pg_backend_pid() AS backend_pid
+FROM session AS s
 `
 
 type WorkerRegisterParams struct {
-	ID    string
-	Queue string
-	Pid   int32
-	Host  string
+	ID                 string
+	Queue              string
+	Pid                int32
+	Host               string
+	PreviousSessionKey *int32
 }
 
-// Registers a worker under a fresh session key and takes the advisory lock
-// on that key in the calling session, in one statement, so that no reclaim
-// can see the row of the worker without its lock. The lock lasts as long as the
-// session: the caller keeps this connection open for the life of the worker.
-// A worker that registers again under its id (after losing its session)
-// takes over its row. Returns no row if the lock on the key could not be taken.
-func (q *Queries) WorkerRegister(ctx context.Context, arg WorkerRegisterParams) (int32, error) {
+type WorkerRegisterRow struct {
+	SessionKey int32
+	BackendPid int32
+}
+
+// Registers a new session of a worker: draws a fresh session key, takes
+// the advisory lock on it in the calling session, records the session in
+// worker_sessions and makes it the holder of the worker id in workers, all
+// in one statement, so that no reclaim can see the session without its
+// lock. The lock lasts as long as the session: the caller keeps this
+// connection open for the life of the worker.
+//
+// A worker id belongs to one live session at a time. It passes to the new
+// session only when the session holding it has ended, or is the caller's
+// own previous session (previous_session_key: a worker registering again
+// after losing its connection, which the server may not have noticed yet).
+// Two registrations of one id at once are ordered by the id's row, and
+// the second sees the first's session alive. Returns no row when the id is
+// held by another live session (see WorkerHolder) or the lock could not be
+// taken; it then leaves the caller holding the lock of an unused key,
+// which the caller releases by closing the connection. backend_pid is the
+// server process of the calling session.
+func (q *Queries) WorkerRegister(ctx context.Context, arg WorkerRegisterParams) (WorkerRegisterRow, error) {
 	row := q.db.QueryRow(ctx, workerRegister,
 		arg.ID,
 		arg.Queue,
 		arg.Pid,
 		arg.Host,
+		arg.PreviousSessionKey,
 	)
-	var session_key int32
-	err := row.Scan(&session_key)
-	return session_key, err
+	var i WorkerRegisterRow
+	err := row.Scan(&i.SessionKey, &i.BackendPid)
+	return i, err
 }
 
-const workerUnregister = `-- name: WorkerUnregister :execrows
-DELETE FROM workers WHERE id = $1 AND session_key = $2
+const workerSessionBackendPID = `-- name: WorkerSessionBackendPID :one
+SELECT pg_backend_pid()::integer AS backend_pid
+`
+
+// The server process the calling session talks to. A connection whose
+// server process differs from the one it announced when it connected goes
+// through a connection pooler, which may hand each transaction to another
+// server session: such a connection cannot hold a worker's session lock.
+func (q *Queries) WorkerSessionBackendPID(ctx context.Context) (int32, error) {
+	row := q.db.QueryRow(ctx, workerSessionBackendPID)
+	var backend_pid int32
+	err := row.Scan(&backend_pid)
+	return backend_pid, err
+}
+
+const workerUnregister = `-- name: WorkerUnregister :one
+WITH holder AS (
+    DELETE FROM workers AS w
+    WHERE w.id = $1 AND w.session_key = $2
+    RETURNING w.id
+),
+session AS (
+    DELETE FROM worker_sessions AS s
+    WHERE s.session_key = $2
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key)
+    RETURNING s.session_key
+)
+SELECT EXISTS (SELECT 1 FROM session) AS session_removed,
+       EXISTS (SELECT 1 FROM holder) AS id_released
 `
 
 type WorkerUnregisterParams struct {
@@ -137,11 +243,19 @@ type WorkerUnregisterParams struct {
 	SessionKey int32
 }
 
-// Removes a worker that is shutting down, if the row is still its own.
-func (q *Queries) WorkerUnregister(ctx context.Context, arg WorkerUnregisterParams) (int64, error) {
-	result, err := q.db.Exec(ctx, workerUnregister, arg.ID, arg.SessionKey)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+type WorkerUnregisterRow struct {
+	SessionRemoved bool
+	IDReleased     bool
+}
+
+// Removes a worker that is shutting down: the id, if this session still
+// holds it, and the session's own row, unless jobs still run under it (a
+// release that failed at shutdown): then the row stays, and once the
+// connection closes, reclaims see the session ended and take those jobs
+// back at once. Returns whether the session's row was removed.
+func (q *Queries) WorkerUnregister(ctx context.Context, arg WorkerUnregisterParams) (WorkerUnregisterRow, error) {
+	row := q.db.QueryRow(ctx, workerUnregister, arg.ID, arg.SessionKey)
+	var i WorkerUnregisterRow
+	err := row.Scan(&i.SessionRemoved, &i.IDReleased)
+	return i, err
 }

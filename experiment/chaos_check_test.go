@@ -82,7 +82,7 @@ func (h *history) claim(worker string, lease time.Duration) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
 		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: "default", MaxJobs: 1, LeaseMs: lease.Milliseconds(), WorkerID: worker,
+		Queue: "default", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: lease.Milliseconds(), WorkerID: worker,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {
 		h.t.Fatalf("claim: %v (%d rows)", err, len(rows))
@@ -103,7 +103,7 @@ func (h *history) complete(c claimed) bool {
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
 		CompleteIds: []int64{c.id}, CompleteTokens: []uuid.UUID{c.token},
 		CompleteResults: []json.RawMessage{json.RawMessage(fmt.Sprintf(`{"fence": %d}`, c.fence))},
-		Queue:           "default", MaxJobs: 0, LeaseMs: 1000, WorkerID: c.worker,
+		Queue:           "default", LeaseMs: 1000, WorkerID: c.worker,
 	})
 	if err != nil {
 		h.t.Fatal(err)
@@ -414,7 +414,7 @@ func (h *history) claimAhead(worker string) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
 		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: "default", MaxJobs: 1, LeaseMs: time.Minute.Milliseconds(), WorkerID: worker,
+		Queue: "default", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: worker,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {
 		h.t.Fatalf("claim ahead: %v (%d rows)", err, len(rows))

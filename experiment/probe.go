@@ -98,7 +98,7 @@ func probeStatements(ctx context.Context, d *Database, n int, pace time.Duration
 	}
 	cp := db.JobCompleteAndClaimParams{
 		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: burstProbeQueue, MaxJobs: 1, LeaseMs: 30000, WorkerID: "experiment-probe",
+		Queue: burstProbeQueue, LeaseMs: 30000, WorkerID: "experiment-probe",
 	}
 	result := json.RawMessage(`{"worker":"experiment-probe","pid":0,"attempt":1,"fence":1}`)
 	// step sends one statement of the series mode and returns how long it
@@ -109,6 +109,7 @@ func probeStatements(ctx context.Context, d *Database, n int, pace time.Duration
 		}
 		var rows []db.JobCompleteAndClaimRow
 		var err error
+		cp.ClaimTokens = []uuid.UUID{uuid.New()}
 		t0 := time.Now()
 		switch mode {
 		case "round_trip", "round_trip_paced":

@@ -79,6 +79,26 @@ func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
 	return versions(results), nil
 }
 
+// UpTo applies the pending migrations up to and including version, and
+// returns the versions applied.
+func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
+	results, err := m.provider.UpTo(ctx, version)
+	if err != nil {
+		return nil, fmt.Errorf("migrate up to %d: %w", version, err)
+	}
+	return versions(results), nil
+}
+
+// DownTo rolls back every migration after version, newest first, and
+// returns the versions rolled back.
+func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
+	results, err := m.provider.DownTo(ctx, version)
+	if err != nil {
+		return nil, fmt.Errorf("migrate down to %d: %w", version, err)
+	}
+	return versions(results), nil
+}
+
 // Down rolls back the most recent migration and returns its version, or
 // nothing when no migration is applied.
 func (m *Migrator) Down(ctx context.Context) ([]int64, error) {

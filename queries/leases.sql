@@ -1,14 +1,24 @@
 -- name: JobCompleteAndClaim :many
--- Completes the finished jobs given (id, token, result) and claims up to
--- max_jobs ready jobs of the queue for the worker, in one statement and one
--- commit, so that a worker with a free slot hands in one job and picks up
--- the next in a single round trip. Either list may be empty.
+-- Completes the finished jobs given (id, token, result) and claims ready
+-- jobs of the queue for the worker, one for each lease token given, in one
+-- statement and one commit, so that a worker with a free slot hands in one
+-- job and picks up the next in a single round trip. Either list may be
+-- empty.
 --
 -- The claim takes ready jobs in the order of jobs_claim_idx (priority, then
 -- run_at, then id), skipping rows other claimers hold locked, so concurrent
--- workers never wait on each other nor claim the same job. Every claim draws
--- a fresh random lease token, bumps attempt and fence, and sets the lease
--- expiry in database time. The claim is committed before any handler runs.
+-- workers never wait on each other nor claim the same job. Every claim
+-- bumps attempt and fence and sets the lease expiry in database time. The
+-- worker draws the lease tokens itself, fresh and random for every claim,
+-- so that when the answer to this statement is lost it can still find the
+-- jobs it claimed (JobGetClaimed). The claim is committed before any
+-- handler runs.
+--
+-- A claim is made under the worker's session (session_key), which must
+-- still hold its lock: a worker whose session ended claims nothing, since
+-- any worker would take such jobs back at once, charging an attempt that
+-- never ran. A worker without a session (session_key null) claims under
+-- its leases alone.
 --
 -- The statement always returns at least one row: completed_ids lists the
 -- completions that passed the fence, and each claimed job fills the other
@@ -20,6 +30,7 @@ WITH completed AS (
         finished_at      = now(),
         lease_token      = NULL,
         lease_expires_at = NULL,
+        lease_session    = NULL,
         cancel_requested_at = NULL
     FROM (SELECT unnest(@complete_ids::bigint[]) AS id,
           unnest(@complete_tokens::uuid[]) AS token,
@@ -31,27 +42,40 @@ WITH completed AS (
       AND j.lease_expires_at > now()
     RETURNING j.id
 ),
+session AS (
+    -- Taking a shared lock on the key succeeds only if no session holds
+    -- it: then the session has ended (and this transaction holds the
+    -- shared lock until it commits, which harms no one).
+    SELECT sqlc.narg(session_key)::integer IS NULL
+        OR NOT pg_try_advisory_xact_lock_shared(1380273241, sqlc.narg(session_key)::integer) AS alive
+),
 ready AS (
     SELECT r.id
     FROM jobs AS r
     WHERE r.state = 'available'
       AND r.queue = @queue
       AND r.run_at <= now()
+      AND (SELECT s.alive FROM session AS s)
     ORDER BY r.priority, r.run_at, r.id
-    LIMIT @max_jobs
+    LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
     FOR UPDATE SKIP LOCKED
+),
+numbered AS (
+    SELECT ready.id, row_number() OVER () AS n FROM ready
 ),
 claimed AS (
     UPDATE jobs AS j
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        lease_token      = gen_random_uuid(),
+        lease_token      = t.token,
         lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint,
         leased_by        = @worker_id::text,
+        lease_session    = sqlc.narg(session_key)::integer,
         started_at       = now()
-    FROM ready
-    WHERE j.id = ready.id
+    FROM numbered
+    JOIN unnest(@claim_tokens::uuid[]) WITH ORDINALITY AS t (token, n) ON t.n = numbered.n
+    WHERE j.id = numbered.id
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
               j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
 )
@@ -61,6 +85,19 @@ SELECT done.completed_ids::bigint[] AS completed_ids,
        claimed.lease_expires_at, claimed.created_at, claimed.run_at, claimed.started_at
 FROM (SELECT COALESCE(array_agg(completed.id), '{}') AS completed_ids FROM completed) AS done
 LEFT JOIN claimed ON true;
+
+-- name: JobGetClaimed :many
+-- Finds the jobs a claim took under the lease tokens given, that are still
+-- running under them with their lease unexpired: a worker that sent a claim
+-- and lost the answer (its connection cut after the commit, or its wait
+-- timed out) adopts them instead of leaving them to wait out their lease.
+SELECT j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
+       j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
+FROM jobs AS j
+WHERE j.state = 'running'
+  AND j.lease_token = ANY (@tokens::uuid[])
+  AND j.lease_expires_at > now()
+ORDER BY j.id;
 
 -- name: JobHeartbeatMany :many
 -- Extends the leases of the (id, token) pairs given to lease_ms from the
@@ -101,6 +138,7 @@ SET state = CASE
     END,
     lease_token         = NULL,
     lease_expires_at    = NULL,
+    lease_session       = NULL,
     cancel_requested_at = NULL,
     last_error          = f.error,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -133,6 +171,7 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
     attempt     = j.attempt - 1,
     lease_token         = NULL,
     lease_expires_at    = NULL,
+    lease_session       = NULL,
     cancel_requested_at = NULL,
     errors = CASE
         WHEN sqlc.narg(note)::text IS NULL THEN j.errors
@@ -149,26 +188,44 @@ RETURNING j.id;
 
 -- name: JobReclaim :many
 -- Takes back up to max_jobs running jobs whose worker can no longer finish
--- them: the lease expired by the database clock, or the session of the worker
--- ended (its advisory lock is gone from pg_locks; see the workers table).
--- Each goes back to available, or to dead if that was its last attempt (or
--- to cancelled if someone asked), with the reason and the old worker in its error history. Clearing the
--- lease token fences the old worker out. The job keeps its run_at, and so
--- its place in the queue: a crash does not send it behind the backlog that
--- built up since. Rows another reclaimer holds are
--- skipped, so any number of workers can run this at once.
-WITH gone_workers AS (
-    SELECT w.id
-    FROM workers AS w
-    WHERE NOT worker_session_alive(w.session_key)
+-- them: the lease expired by the database clock, or the session the job was
+-- claimed under ended (its advisory lock is gone from pg_locks; see
+-- worker_sessions). Each goes back to available, or to dead if that was its
+-- last attempt (or to cancelled if someone asked), with the reason and the
+-- old worker in its error history. Clearing the lease token fences the old
+-- worker out. The job keeps its run_at, and so its place in the queue: a
+-- crash does not send it behind the backlog that built up since. Rows
+-- another reclaimer holds are skipped, so any number of workers can run
+-- this at once.
+--
+-- Whether a session ended is read from one scan of pg_locks per statement.
+-- A session counts as ended only if it was registered when this statement
+-- took its snapshot (so its lock was taken before the scan) and its lock
+-- is gone: then it has ended for good. A job is judged by its own session
+-- alone, so nothing another session of the same worker id does, before or
+-- during this statement, can make a live claim look abandoned.
+WITH ended_sessions AS MATERIALIZED (
+    SELECT s.session_key
+    FROM worker_sessions AS s
+    WHERE NOT EXISTS (SELECT 1 FROM worker_sessions_live AS l WHERE l.session_key = s.session_key)
+),
+candidates AS (
+    SELECT e.id FROM jobs AS e
+    WHERE e.state = 'running' AND e.lease_expires_at <= now()
+    UNION
+    SELECT g.id FROM jobs AS g
+    JOIN ended_sessions AS es ON g.lease_session = es.session_key
+    WHERE g.state = 'running'
 ),
 abandoned AS (
     SELECT a.id
     FROM jobs AS a
-    WHERE a.state = 'running'
-      -- Checked again on the newest version of the row once locked, so a lease
-      -- renewed after this statement began is not taken.
-      AND (a.lease_expires_at <= now() OR a.leased_by IN (SELECT g.id FROM gone_workers AS g))
+    WHERE a.id IN (SELECT c.id FROM candidates AS c)
+      -- Checked again on the newest version of the row once locked, so a
+      -- lease renewed, or a job claimed anew, after this statement began
+      -- is not taken.
+      AND a.state = 'running'
+      AND (a.lease_expires_at <= now() OR a.lease_session IN (SELECT es.session_key FROM ended_sessions AS es))
     LIMIT @max_jobs
     FOR UPDATE SKIP LOCKED
 )
@@ -181,6 +238,7 @@ SET state = CASE
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
     lease_token         = NULL,
     lease_expires_at    = NULL,
+    lease_session       = NULL,
     cancel_requested_at = NULL,
     last_error  = CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
     errors = j.errors || jsonb_build_array(jsonb_build_object(

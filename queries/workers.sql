@@ -1,10 +1,21 @@
 -- name: WorkerRegister :one
--- Registers a worker under a fresh session key and takes the advisory lock
--- on that key in the calling session, in one statement, so that no reclaim
--- can see the row of the worker without its lock. The lock lasts as long as the
--- session: the caller keeps this connection open for the life of the worker.
--- A worker that registers again under its id (after losing its session)
--- takes over its row. Returns no row if the lock on the key could not be taken.
+-- Registers a new session of a worker: draws a fresh session key, takes
+-- the advisory lock on it in the calling session, records the session in
+-- worker_sessions and makes it the holder of the worker id in workers, all
+-- in one statement, so that no reclaim can see the session without its
+-- lock. The lock lasts as long as the session: the caller keeps this
+-- connection open for the life of the worker.
+--
+-- A worker id belongs to one live session at a time. It passes to the new
+-- session only when the session holding it has ended, or is the caller's
+-- own previous session (previous_session_key: a worker registering again
+-- after losing its connection, which the server may not have noticed yet).
+-- Two registrations of one id at once are ordered by the id's row, and
+-- the second sees the first's session alive. Returns no row when the id is
+-- held by another live session (see WorkerHolder) or the lock could not be
+-- taken; it then leaves the caller holding the lock of an unused key,
+-- which the caller releases by closing the connection. backend_pid is the
+-- server process of the calling session.
 WITH fresh AS (
     SELECT nextval('worker_session_key_seq')::integer AS session_key
 ),
@@ -12,36 +23,96 @@ locked AS (
     SELECT f.session_key
     FROM fresh AS f
     WHERE pg_try_advisory_lock(1380273241, f.session_key)
+),
+holder AS (
+    INSERT INTO workers (id, session_key, queue, pid, host)
+    SELECT @id, l.session_key, @queue, @pid, @host
+    FROM locked AS l
+    ON CONFLICT (id) DO UPDATE
+    SET session_key = EXCLUDED.session_key,
+        queue       = EXCLUDED.queue,
+        pid         = EXCLUDED.pid,
+        host        = EXCLUDED.host,
+        started_at  = now()
+    WHERE workers.session_key = sqlc.narg(previous_session_key)::integer
+       OR NOT worker_session_alive(workers.session_key)
+    RETURNING workers.session_key
+),
+session AS (
+    INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
+    SELECT h.session_key, @id, @queue, @pid, @host
+    FROM holder AS h
+    RETURNING worker_sessions.session_key
 )
-INSERT INTO workers (id, session_key, queue, pid, host)
-SELECT @id, l.session_key, @queue, @pid, @host
-FROM locked AS l
-ON CONFLICT (id) DO UPDATE
-SET session_key = EXCLUDED.session_key,
-    queue       = EXCLUDED.queue,
-    pid         = EXCLUDED.pid,
-    host        = EXCLUDED.host,
-    started_at  = now()
-RETURNING session_key;
+SELECT s.session_key, pg_backend_pid() AS backend_pid
+FROM session AS s;
 
--- name: WorkerUnregister :execrows
--- Removes a worker that is shutting down, if the row is still its own.
-DELETE FROM workers WHERE id = @id AND session_key = @session_key;
-
--- name: WorkerDeleteGone :execrows
--- Forgets workers whose session ended and that hold no running job.
-DELETE FROM workers AS w
-WHERE NOT worker_session_alive(w.session_key)
-  AND NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.leased_by = w.id);
-
--- name: WorkerList :many
--- Lists registered workers and whether each one session is alive.
-SELECT w.*,
+-- name: WorkerHolder :one
+-- The session that holds a worker id, and whether it is alive: what a
+-- registration refused for that id reports.
+SELECT w.id, w.session_key, w.pid, w.host, w.started_at,
     worker_session_alive(w.session_key) AS session_alive
 FROM workers AS w
+WHERE w.id = @id;
+
+-- name: WorkerUnregister :one
+-- Removes a worker that is shutting down: the id, if this session still
+-- holds it, and the session's own row, unless jobs still run under it (a
+-- release that failed at shutdown): then the row stays, and once the
+-- connection closes, reclaims see the session ended and take those jobs
+-- back at once. Returns whether the session's row was removed.
+WITH holder AS (
+    DELETE FROM workers AS w
+    WHERE w.id = @id AND w.session_key = @session_key
+    RETURNING w.id
+),
+session AS (
+    DELETE FROM worker_sessions AS s
+    WHERE s.session_key = @session_key
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key)
+    RETURNING s.session_key
+)
+SELECT EXISTS (SELECT 1 FROM session) AS session_removed,
+       EXISTS (SELECT 1 FROM holder) AS id_released;
+
+-- name: WorkerForgetEnded :execrows
+-- Forgets the sessions that ended and hold no running job, and frees the
+-- ids whose holder session ended. Returns how many sessions it forgot. An
+-- id is checked again against pg_locks on the newest version of its row,
+-- so an id taken over by a new session while this runs is kept.
+WITH live AS MATERIALIZED (
+    SELECT l.session_key FROM worker_sessions_live AS l
+),
+freed AS (
+    DELETE FROM workers AS w
+    USING (SELECT d.id FROM workers AS d
+           WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = d.session_key)) AS ended
+    WHERE w.id = ended.id
+      AND NOT worker_session_alive(w.session_key)
+    RETURNING w.id
+)
+DELETE FROM worker_sessions AS s
+WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
+  AND NOT EXISTS (
+      SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key);
+
+-- name: WorkerList :many
+-- Lists the worker ids registered, each with the session that holds it and
+-- whether that session is alive.
+SELECT w.*, (l.session_key IS NOT NULL)::boolean AS session_alive
+FROM workers AS w
+LEFT JOIN worker_sessions_live AS l ON l.session_key = w.session_key
 ORDER BY w.id;
 
 -- name: WorkerListen :exec
 -- Subscribes the calling session to the notifications that the
 -- jobs_notify_available trigger sends, with the queue name as payload.
 LISTEN relay_jobs_available;
+
+-- name: WorkerSessionBackendPID :one
+-- The server process the calling session talks to. A connection whose
+-- server process differs from the one it announced when it connected goes
+-- through a connection pooler, which may hand each transaction to another
+-- server session: such a connection cannot hold a worker's session lock.
+SELECT pg_backend_pid()::integer AS backend_pid;

@@ -159,6 +159,15 @@ func (e *testEnv) enqueue(t testing.TB, body string) JobView {
 	return decode[JobView](t, rec)
 }
 
+// leaseTokens draws n fresh lease tokens, for a claim of n jobs.
+func leaseTokens(n int) []uuid.UUID {
+	tokens := make([]uuid.UUID, n)
+	for i := range tokens {
+		tokens[i] = uuid.New()
+	}
+	return tokens
+}
+
 // claim makes every ready job of queue running, as a worker would, and
 // returns their lease tokens by id.
 func (e *testEnv) claim(t testing.TB, queue string) map[int64]uuid.UUID {
@@ -168,7 +177,7 @@ func (e *testEnv) claim(t testing.TB, queue string) map[int64]uuid.UUID {
 		CompleteTokens:  []uuid.UUID{},
 		CompleteResults: []json.RawMessage{},
 		Queue:           queue,
-		MaxJobs:         1000,
+		ClaimTokens:     leaseTokens(1000),
 		LeaseMs:         time.Minute.Milliseconds(),
 		WorkerID:        "test-worker",
 	})

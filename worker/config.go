@@ -58,8 +58,22 @@ type Config struct {
 	// Slots is how many handlers run at once.
 	Slots int
 	// ID names this worker in leases, logs and error histories. It must be
-	// unique among live workers. Default: host-pid-random.
+	// unique among live workers: Run refuses to start (IDInUseError) while
+	// another live session holds it. A process restarted under the same
+	// id (a pod name, say) takes it over at once, and the jobs its dead
+	// predecessor held come back as quickly as any dead worker's.
+	// Default: host-pid-random.
 	ID string
+	// SessionDatabaseURL is where the worker opens its session: the one
+	// connection that holds the lock showing it alive (so that its jobs
+	// come back at once when it dies) and listens for new jobs. It must
+	// reach PostgreSQL itself or a session-mode pool, not a
+	// transaction-mode pooler such as PgBouncer's, which hands each
+	// transaction to another server session. Default: the settings of the
+	// pool given to New. A session connection found to go through a pooler
+	// is not used for the lock: the worker then runs on its leases alone,
+	// and says so when it starts.
+	SessionDatabaseURL string
 	// Lease is how long each claim lasts unless renewed.
 	Lease time.Duration
 	// HeartbeatInterval is how often held leases are renewed, together, in
@@ -165,11 +179,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Slots = DefaultSlots
 	}
 	if c.ID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "worker"
-		}
-		c.ID = fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.N(1<<16))
+		c.ID = fmt.Sprintf("%s-%d-%04x", hostname(), os.Getpid(), rand.N(1<<16))
 	}
 	if c.Lease == 0 {
 		c.Lease = DefaultLease

@@ -3,10 +3,12 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayq/relay/db"
 )
@@ -52,14 +54,27 @@ type round struct {
 	batch pending
 	claim int
 
-	// Filled in by acknowledge. handedBack and failStates stay nil unless
-	// their statement succeeded.
+	// adopt holds the lease tokens of earlier claims whose answer was lost:
+	// the jobs still running under them are this worker's to run.
+	// adoptSentAt is when the first of those claims was sent.
+	adopt       []uuid.UUID
+	adoptSentAt time.Time
+
+	// Filled in by acknowledge. handedBack, failStates and completed stay
+	// nil unless their statement succeeded.
 	handedBack map[int64]bool        // jobs the database took back unstarted
 	failStates map[int64]db.JobState // failures the database accepted
 	completed  map[int64]bool        // completions the database accepted
 	claimed    []db.JobCompleteAndClaimRow
-	sentAt     time.Time
-	err        error
+	// adopted holds the jobs found under the tokens of adopt; adoptedOK is
+	// whether the search was made.
+	adopted   []db.JobCompleteAndClaimRow
+	adoptedOK bool
+	// lostClaim holds the tokens of this round's claim if its answer was
+	// lost: the claim may have committed.
+	lostClaim []uuid.UUID
+	sentAt    time.Time
+	err       error
 }
 
 // dispatcher is the state of the loop that claims jobs and acknowledges
@@ -73,6 +88,28 @@ type dispatcher struct {
 	measured bool
 	// pendingSince is when the oldest outcome in p arrived.
 	pendingSince time.Time
+	// lostClaims holds the lease tokens of claims whose answer was lost
+	// and whose jobs are not found yet; lostSentAt is when the first of
+	// them was sent.
+	lostClaims []uuid.UUID
+	lostSentAt time.Time
+}
+
+// newRound takes what is pending, and the claims to look for, into a round
+// that claims claim jobs.
+func (d *dispatcher) newRound(claim int) *round {
+	r := &round{batch: d.p.take(), claim: claim, adopt: d.lostClaims, adoptSentAt: d.lostSentAt}
+	d.lostClaims = nil
+	return r
+}
+
+// loseClaim notes the tokens of a claim sent at sentAt whose answer was
+// lost, for a later round to look for.
+func (d *dispatcher) loseClaim(tokens []uuid.UUID, sentAt time.Time) {
+	if len(d.lostClaims) == 0 || sentAt.Before(d.lostSentAt) {
+		d.lostSentAt = sentAt
+	}
+	d.lostClaims = append(d.lostClaims, tokens...)
 }
 
 // aheadLimit is how many jobs the worker may hold claimed beyond its free
@@ -119,11 +156,11 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		// round claimed would only be handed back.
 		if retry == nil && !roundOut && ctx.Err() == nil {
 			claim := 0
-			if wantClaim && w.sessionUp.Load() {
+			if _, ok := w.session.claimSession(); wantClaim && ok {
 				claim = max(w.cfg.Slots+d.aheadLimit()-held, 0)
 			}
 			if d.sendNow(claim, waiting) {
-				r := &round{batch: d.p.take(), claim: claim}
+				r := d.newRound(claim)
 				roundOut = true
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
@@ -226,6 +263,8 @@ const maxLinger = 5 * time.Millisecond
 func (d *dispatcher) sendNow(claim, waiting int) bool {
 	n := d.outcomes()
 	switch {
+	case len(d.lostClaims) > 0:
+		return true
 	case n == 0 && len(d.p.toHandBack) == 0:
 		return claim > 0
 	case len(d.p.toHandBack) > 0:
@@ -318,6 +357,17 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
 	defer cancel()
 
+	if len(r.adopt) > 0 {
+		rows, err := w.q.JobGetClaimed(ctx, r.adopt)
+		if err != nil {
+			r.err = fmt.Errorf("find the jobs of a claim whose answer was lost: %w", err)
+			return
+		}
+		for _, row := range rows {
+			r.adopted = append(r.adopted, claimedRow(row))
+		}
+		r.adoptedOK = true
+	}
 	if len(r.batch.toHandBack) > 0 {
 		ids, err := w.handBack(ctx, r.batch.toHandBack, nil)
 		if err != nil {
@@ -348,8 +398,7 @@ func (w *Worker) acknowledge(ctx context.Context, r *round) {
 func (w *Worker) completeAndClaim(ctx context.Context, r *round) error {
 	done := r.batch.done
 	r.completed = make(map[int64]bool, len(done))
-	r.sentAt = time.Now()
-	claimed, err := w.sendCompleteAndClaim(ctx, done, r.claim, r.completed)
+	claimed, err := w.sendCompleteAndClaim(ctx, r, done, r.claim)
 	if err == nil {
 		r.claimed = claimed
 		return nil
@@ -359,7 +408,7 @@ func (w *Worker) completeAndClaim(ctx context.Context, r *round) error {
 		return fmt.Errorf("complete and claim: %w", err)
 	}
 	refused, err := sendIsolating(ctx, done, func(ctx context.Context, part []outcome) error {
-		_, err := w.sendCompleteAndClaim(ctx, part, 0, r.completed)
+		_, err := w.sendCompleteAndClaim(ctx, r, part, 0)
 		return err
 	})
 	if err != nil {
@@ -380,23 +429,29 @@ func (w *Worker) completeAndClaim(ctx context.Context, r *round) error {
 		}
 		r.batch.done = kept
 	}
-	r.sentAt = time.Now()
-	if r.claimed, err = w.sendCompleteAndClaim(ctx, nil, r.claim, nil); err != nil {
+	if r.claimed, err = w.sendCompleteAndClaim(ctx, r, nil, r.claim); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
 	return nil
 }
 
 // sendCompleteAndClaim runs JobCompleteAndClaim for done and a claim of up
-// to claim jobs, marks in completed the completions the database accepted,
-// and returns the jobs claimed.
-func (w *Worker) sendCompleteAndClaim(ctx context.Context, done []outcome, claim int, completed map[int64]bool) ([]db.JobCompleteAndClaimRow, error) {
+// to claim jobs under the worker's session, marks in r.completed the
+// completions the database accepted, and returns the jobs claimed. The
+// claim's lease tokens are drawn here; if the answer is lost, they are left
+// in r.lostClaim, for the next round to find the jobs they hold.
+func (w *Worker) sendCompleteAndClaim(ctx context.Context, r *round, done []outcome, claim int) ([]db.JobCompleteAndClaimRow, error) {
+	session, ok := w.session.claimSession()
+	if !ok {
+		claim = 0
+	}
 	params := db.JobCompleteAndClaimParams{
 		CompleteIds:     make([]int64, len(done)),
 		CompleteTokens:  make([]uuid.UUID, len(done)),
 		CompleteResults: make([]json.RawMessage, len(done)),
+		SessionKey:      session,
 		Queue:           w.cfg.Queue,
-		MaxJobs:         int32(claim),
+		ClaimTokens:     make([]uuid.UUID, claim),
 		LeaseMs:         w.cfg.Lease.Milliseconds(),
 		WorkerID:        w.cfg.ID,
 	}
@@ -405,13 +460,24 @@ func (w *Worker) sendCompleteAndClaim(ctx context.Context, done []outcome, claim
 		params.CompleteTokens[i] = o.exec.token
 		params.CompleteResults[i] = o.result
 	}
+	for i := range params.ClaimTokens {
+		token, err := uuid.NewRandom()
+		if err != nil {
+			return nil, fmt.Errorf("draw a lease token: %w", err)
+		}
+		params.ClaimTokens[i] = token
+	}
+	r.sentAt = time.Now()
 	rows, err := w.q.JobCompleteAndClaim(ctx, params)
 	if err != nil {
+		if claim > 0 && answerLost(err) {
+			r.lostClaim = params.ClaimTokens
+		}
 		return nil, err
 	}
 	if len(rows) > 0 {
 		for _, id := range rows[0].CompletedIds {
-			completed[id] = true
+			r.completed[id] = true
 		}
 	}
 	var claimed []db.JobCompleteAndClaimRow
@@ -531,12 +597,26 @@ func (d *dispatcher) finish(r *round) {
 		retry.done = r.batch.done
 	}
 	d.p.restore(retry)
-	if len(r.claimed) == 0 {
+	if len(r.adopt) > 0 && !r.adoptedOK {
+		d.loseClaim(r.adopt, r.adoptSentAt)
+	}
+	if len(r.lostClaim) > 0 {
+		w.log.Warn("the answer to a claim was lost; looking for the jobs it claimed", "tokens", len(r.lostClaim))
+		d.loseClaim(r.lostClaim, r.sentAt)
+	}
+	if len(r.adopted) > 0 {
+		w.log.Info("adopted the jobs of a claim whose answer was lost", "jobs", len(r.adopted))
+	}
+	if len(r.claimed)+len(r.adopted) == 0 {
 		return
 	}
-	claimed := make([]*execution, len(r.claimed))
-	for i, row := range r.claimed {
-		claimed[i] = w.newExecution(row, r.sentAt)
+	claimed := make([]*execution, 0, len(r.claimed)+len(r.adopted))
+	for _, row := range r.claimed {
+		claimed = append(claimed, w.newExecution(row, r.sentAt))
+	}
+	for _, row := range r.adopted {
+		// Its lease runs from when the lost claim was sent.
+		claimed = append(claimed, w.newExecution(row, r.adoptSentAt))
 	}
 	var superseded []*execution
 	w.mu.Lock()
@@ -549,21 +629,44 @@ func (d *dispatcher) finish(r *round) {
 		}
 		w.held[e.job.ID] = e
 	}
-	w.ahead = append(w.ahead, claimed...)
-	// Free slots start the new jobs; slots that are busy take them as
-	// their handlers return.
-	spawn := min(w.cfg.Slots-w.slotsBusy, len(w.ahead))
-	if w.stopping {
-		spawn = 0
+	stopping := w.stopping
+	spawn := 0
+	if !stopping {
+		w.ahead = append(w.ahead, claimed...)
+		// Free slots start the new jobs; slots that are busy take them as
+		// their handlers return.
+		spawn = min(w.cfg.Slots-w.slotsBusy, len(w.ahead))
+		w.slotsBusy += spawn
 	}
-	w.slotsBusy += spawn
 	w.mu.Unlock()
+	if stopping {
+		// Claimed as the worker began to stop: handed back unstarted.
+		d.p.toHandBack = append(d.p.toHandBack, claimed...)
+	}
 	for _, old := range superseded {
 		w.log.Warn("lease lost; cancelling handler", "job", old.job.ID, "attempt", old.job.Attempt, "why", "the job was claimed again")
 		old.cancel(ErrLeaseLost)
 	}
 	for range spawn {
 		go w.runSlot()
+	}
+}
+
+// answerLost reports whether err leaves it unknown whether the statement
+// committed: it was sent, and no answer from the server came back (the
+// connection failed, or the wait for the answer timed out). An error the
+// server answered with means the statement did not commit.
+func answerLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
+}
+
+// claimedRow is a job found by JobGetClaimed, in the shape of a claim.
+func claimedRow(r db.JobGetClaimedRow) db.JobCompleteAndClaimRow {
+	return db.JobCompleteAndClaimRow{
+		ID: &r.ID, Queue: &r.Queue, Kind: &r.Kind, Payload: r.Payload, Priority: &r.Priority,
+		Attempt: &r.Attempt, MaxAttempts: &r.MaxAttempts, Fence: &r.Fence, LeaseToken: r.LeaseToken,
+		LeaseExpiresAt: r.LeaseExpiresAt, CreatedAt: &r.CreatedAt, RunAt: &r.RunAt, StartedAt: r.StartedAt,
 	}
 }
 

@@ -56,7 +56,7 @@ func TestClaim_ConcurrentClaimersClaimEachJobExactlyOnce(t *testing.T) {
 			defer wg.Done()
 			for {
 				rows, err := b.q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-					Queue: "default", MaxJobs: 7, LeaseMs: 60_000, WorkerID: fmt.Sprintf("claimer-%d", c),
+					Queue: "default", ClaimTokens: leaseTokens(7), LeaseMs: 60_000, WorkerID: fmt.Sprintf("claimer-%d", c),
 				})
 				if err != nil {
 					errOnce.Do(func() { failure = err })
@@ -422,60 +422,6 @@ func TestReclaim_LeavesLiveLeasesAlone(t *testing.T) {
 	}
 }
 
-func TestReclaim_TakesJobsOfEndedSessionAtOnceButNotOfLiveOne(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	dead := b.enqueue(t, "noop", `{}`, 5)
-	alive := b.enqueue(t, "noop", `{}`, 5)
-
-	register := func(id string) *pgx.Conn {
-		conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close(context.Background()) })
-		if _, err := db.New(conn).WorkerRegister(b.ctx, db.WorkerRegisterParams{ID: id, Queue: "default", Pid: 1, Host: "test"}); err != nil {
-			t.Fatal(err)
-		}
-		return conn
-	}
-	deadConn := register("doomed")
-	register("stalled")
-	if id, _ := b.claimOne(t, "doomed", time.Hour); id != dead.ID {
-		t.Fatalf("doomed claimed %d, want %d", id, dead.ID)
-	}
-	if id, _ := b.claimOne(t, "stalled", time.Hour); id != alive.ID {
-		t.Fatalf("stalled claimed %d, want %d", id, alive.ID)
-	}
-
-	if err := deadConn.Close(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The server ends the session as soon as it sees the connection close;
-	// give it a moment.
-	var rows []db.JobReclaimRow
-	deadline := time.Now().Add(5 * time.Second)
-	for len(rows) == 0 && time.Now().Before(deadline) {
-		var err error
-		if rows, err = b.q.JobReclaim(b.ctx, 10); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	want := []db.JobReclaimRow{{ID: dead.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("doomed"), LastError: ptr("worker session ended")}}
-	if diff := cmp.Diff(want, rows); diff != "" {
-		t.Errorf("reclaim after the session ended (-want +got):\n%s", diff)
-	}
-	if got := b.get(t, alive.ID); got.State != db.JobStateRunning {
-		t.Errorf("job of the stalled-but-connected worker is %s, want running: it is governed by its lease", got.State)
-	}
-
-	n, err := b.q.WorkerDeleteGone(b.ctx)
-	if err != nil || n != 1 {
-		t.Errorf("forget gone workers: %d rows, err %v; want 1 (doomed)", n, err)
-	}
-}
-
 func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -669,7 +615,7 @@ func TestClaim_UsesItsIndexAndSortsNothing(t *testing.T) {
 	capture := captureQuery(&sql, &args)
 	if _, err := db.New(capture(tx)).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
 		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: "default", MaxJobs: 10, LeaseMs: 30_000, WorkerID: "explain",
+		Queue: "default", ClaimTokens: leaseTokens(10), LeaseMs: 30_000, WorkerID: "explain",
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,16 +13,67 @@ import (
 	"github.com/relayq/relay/db"
 )
 
+// IDInUseError is returned by Run when another live session holds the
+// worker's id: two processes were started under one Config.ID.
+type IDInUseError struct {
+	ID   string
+	PID  int32
+	Host string
+}
+
+func (e *IDInUseError) Error() string {
+	return fmt.Sprintf("worker id %q is in use by a live session (pid %d on host %s)", e.ID, e.PID, e.Host)
+}
+
+// session is the worker's PostgreSQL session, as the rest of the worker
+// sees it.
+type session struct {
+	// key is the session key of the live registered session, 0 while there
+	// is none. Claims are made under it.
+	key atomic.Int32
+	// leaseOnly is set when the session connection goes through a pooler
+	// that cannot keep a session: the worker then claims without one, and
+	// only leases govern its jobs.
+	leaseOnly atomic.Bool
+}
+
+// claimSession returns the session to claim under, and whether the worker
+// may claim at all: with a live session, or without one when it runs on
+// leases alone.
+func (s *session) claimSession() (*int32, bool) {
+	if s.leaseOnly.Load() {
+		return nil, true
+	}
+	key := s.key.Load()
+	if key == 0 {
+		return nil, false
+	}
+	return &key, true
+}
+
 // runSession keeps this worker's session alive: a connection of its own
-// that holds the advisory lock registered in the workers table (so that
-// reclaims see at once when this process dies) and listens for jobs that
-// become available. It reconnects whenever the session is lost.
-func (w *Worker) runSession(ctx context.Context) {
+// that holds the advisory lock of a session registered in worker_sessions
+// (so that reclaims see at once when this process dies) and listens for
+// jobs that become available. It reconnects whenever the session is lost.
+// It sends the outcome of its first registration on first. A refused
+// registration (the id is in use) is fatal: stop is called with it.
+func (w *Worker) runSession(ctx context.Context, first chan<- error, stop func(error)) {
 	delay := minRetryDelay
-	for ctx.Err() == nil {
-		err := w.holdSession(ctx)
-		w.sessionUp.Store(false)
+	var previous int32
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		err := w.holdSession(ctx, &previous, func(err error) {
+			if attempt == 0 {
+				first <- err
+			}
+		})
+		w.session.key.Store(0)
 		if ctx.Err() != nil {
+			return
+		}
+		var inUse *IDInUseError
+		if errors.As(err, &inUse) {
+			w.log.Error("worker id taken by another live session; stopping", "err", err)
+			stop(err)
 			return
 		}
 		w.log.Warn("worker session lost; reconnecting", "err", err, "retry_in", delay)
@@ -37,48 +89,56 @@ func (w *Worker) runSession(ctx context.Context) {
 	}
 }
 
-// holdSession registers the worker on a new connection and serves
-// notifications until the connection fails or ctx is cancelled.
-func (w *Worker) holdSession(ctx context.Context) error {
+// holdSession registers a new session of the worker on a new connection
+// and serves notifications until the connection fails or ctx is
+// cancelled. previous is the key of the worker's previous session, which
+// it replaces. registered is called once the registration is done, with
+// nil or the error that ended it.
+func (w *Worker) holdSession(ctx context.Context, previous *int32, registered func(error)) (err error) {
+	done := false
+	defer func() {
+		if !done {
+			registered(err)
+		}
+	}()
 	connectCtx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(connectCtx, w.pool.Config().ConnConfig.Copy())
+	conn, err := pgx.ConnectConfig(connectCtx, w.sessionConfig.Copy())
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
 	// Closing the connection ends the session and drops its lock.
 	defer conn.Close(context.Background())
-
 	q := db.New(conn)
-	host, _ := os.Hostname()
-	key, err := q.WorkerRegister(connectCtx, db.WorkerRegisterParams{
-		ID:    w.cfg.ID,
-		Queue: w.cfg.Queue,
-		Pid:   int32(os.Getpid()),
-		Host:  host,
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return errors.New("register worker: session lock already taken")
-	}
+
+	key, err := w.register(connectCtx, conn, q, *previous)
 	if err != nil {
-		return fmt.Errorf("register worker: %w", err)
+		return err
+	}
+	if key != 0 {
+		*previous = key
+		w.session.key.Store(key)
+		w.log.Debug("worker session registered", "session_key", key)
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			res, err := q.WorkerUnregister(ctx, db.WorkerUnregisterParams{ID: w.cfg.ID, SessionKey: key})
+			switch {
+			case err != nil:
+				w.log.Debug("unregister worker failed", "err", err)
+			case !res.SessionRemoved:
+				w.log.Info("jobs still run under this session; they are taken back once it closes")
+			}
+		}()
 	}
 	if err := q.WorkerListen(connectCtx); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	w.sessionUp.Store(true)
-	w.log.Debug("worker session registered", "session_key", key)
+	done = true
+	registered(nil)
 	// Jobs may have become ready while no one was listening.
 	notify(w.wake)
 	notify(w.beatNow)
-
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		if _, err := q.WorkerUnregister(ctx, db.WorkerUnregisterParams{ID: w.cfg.ID, SessionKey: key}); err != nil {
-			w.log.Debug("unregister worker failed", "err", err)
-		}
-	}()
 
 	for {
 		// Wake at least every poll interval to check that the session is
@@ -107,4 +167,58 @@ func (w *Worker) holdSession(ctx context.Context) error {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
 	}
+}
+
+// register registers a new session on conn and returns its key, or 0 when
+// conn goes through a connection pooler that cannot hold a session: the
+// worker then runs on leases alone, which it says once.
+func (w *Worker) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, previous int32) (int32, error) {
+	backend, err := q.WorkerSessionBackendPID(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read the session's server process: %w", err)
+	}
+	if announced := int32(conn.PgConn().PID()); backend != announced {
+		if !w.session.leaseOnly.Swap(true) {
+			w.log.Warn("the worker's session connection goes through a connection pooler (its server process is not the one it announced), "+
+				"so it cannot hold the session that shows this worker alive: the jobs of a worker that dies come back only when their leases expire, "+
+				"and a second worker under this id is not detected; point the session at PostgreSQL itself (Config.SessionDatabaseURL, relay --session-database-url) to detect a dead worker at once",
+				"lease", w.cfg.Lease, "announced_pid", announced, "server_pid", backend)
+		}
+		return 0, nil
+	}
+	w.session.leaseOnly.Store(false)
+	params := db.WorkerRegisterParams{
+		ID:    w.cfg.ID,
+		Queue: w.cfg.Queue,
+		Pid:   int32(os.Getpid()),
+		Host:  hostname(),
+	}
+	if previous != 0 {
+		params.PreviousSessionKey = &previous
+	}
+	reg, err := q.WorkerRegister(ctx, params)
+	if err == nil {
+		return reg.SessionKey, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("register worker: %w", err)
+	}
+	holder, err := q.WorkerHolder(ctx, w.cfg.ID)
+	if err != nil {
+		return 0, fmt.Errorf("register worker: id taken, and its holder could not be read: %w", err)
+	}
+	if !holder.SessionAlive {
+		// It ended between the two statements: the next attempt takes it.
+		return 0, errors.New("register worker: the id's holder ended while this worker registered")
+	}
+	return 0, &IDInUseError{ID: w.cfg.ID, PID: holder.Pid, Host: holder.Host}
+}
+
+// hostname returns the name of this host, or "unknown".
+func hostname() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		return "unknown"
+	}
+	return host
 }

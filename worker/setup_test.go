@@ -3,30 +3,68 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/faultproxy"
+	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/worker"
 )
 
 // bundle is what most tests need: a fresh database and its queries.
 type bundle struct {
 	ctx  context.Context
+	url  string
 	pool *pgxpool.Pool
 	q    *db.Queries
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	pool := dbtest.New(t)
-	return &bundle{ctx: context.Background(), pool: pool, q: db.New(pool)}
+	url := dbtest.NewURL(t)
+	pool := newPool(t, url)
+	return &bundle{ctx: context.Background(), url: url, pool: pool, q: db.New(pool)}
+}
+
+// newPool opens a pool on url, closed when the test ends.
+func newPool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// proxied starts a fault proxy in front of the test database and returns
+// it with the URL of the database through it.
+func (b *bundle) proxied(t *testing.T) (*faultproxy.Proxy, string) {
+	t.Helper()
+	target, err := pgurl.HostPort(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	through, err := pgurl.WithHostPort(b.url, p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, through
 }
 
 // enqueue inserts a ready job of the given kind on the default queue.
@@ -41,11 +79,20 @@ func (b *bundle) enqueue(t *testing.T, kind string, payload string, maxAttempts 
 	return job
 }
 
-// claim claims up to n jobs of the default queue as the given worker.
+// claim claims up to n jobs of the default queue as the given worker,
+// without a session.
 func (b *bundle) claim(t *testing.T, workerID string, n int32, lease time.Duration) []db.JobCompleteAndClaimRow {
 	t.Helper()
+	return b.claimUnder(t, workerID, nil, n, lease)
+}
+
+// claimUnder claims up to n jobs of the default queue as the given worker,
+// under the session with key session (none if nil).
+func (b *bundle) claimUnder(t *testing.T, workerID string, session *int32, n int32, lease time.Duration) []db.JobCompleteAndClaimRow {
+	t.Helper()
 	rows, err := b.q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		Queue: "default", MaxJobs: n, LeaseMs: lease.Milliseconds(), WorkerID: workerID,
+		Queue: "default", ClaimTokens: leaseTokens(int(n)), LeaseMs: lease.Milliseconds(), WorkerID: workerID,
+		SessionKey: session,
 	})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
@@ -67,6 +114,69 @@ func (b *bundle) claimOne(t *testing.T, workerID string, lease time.Duration) (i
 		t.Fatalf("claim by %s: got %d jobs, want 1", workerID, len(rows))
 	}
 	return *rows[0].ID, *rows[0].LeaseToken
+}
+
+// session is a worker session registered on a connection of its own, as a
+// worker's session is.
+type session struct {
+	key  int32
+	conn *pgx.Conn
+}
+
+// register registers a session of the worker id, replacing previous (0:
+// none), and fails the test if the registration is refused. The session
+// ends when the test does, or at end.
+func (b *bundle) register(t *testing.T, id string, previous int32) *session {
+	t.Helper()
+	s, err := b.tryRegister(t, id, previous)
+	if err != nil {
+		t.Fatalf("register %s: %v", id, err)
+	}
+	return s
+}
+
+// tryRegister registers a session of the worker id, replacing previous (0:
+// none). A refused registration returns pgx.ErrNoRows.
+func (b *bundle) tryRegister(t *testing.T, id string, previous int32) (*session, error) {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	p := db.WorkerRegisterParams{ID: id, Queue: "default", Pid: 1, Host: "test"}
+	if previous != 0 {
+		p.PreviousSessionKey = &previous
+	}
+	reg, err := db.New(conn).WorkerRegister(b.ctx, p)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return &session{key: reg.SessionKey, conn: conn}, nil
+}
+
+// end closes the session's connection and waits until the server has
+// dropped its lock.
+func (s *session) end(t *testing.T, b *bundle) {
+	t.Helper()
+	if err := s.conn.Close(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var alive bool
+		if err := b.pool.QueryRow(b.ctx, "SELECT worker_session_alive($1)", s.key).Scan(&alive); err != nil {
+			t.Fatal(err)
+		}
+		if !alive {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session %d still holds its lock 10s after its connection closed", s.key)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // complete completes one claim and reports whether the database accepted it.
@@ -139,9 +249,60 @@ func (b *bundle) waitFor(t *testing.T, id int64, timeout time.Duration, want str
 	}
 }
 
-// startWorker runs a worker until the test ends and returns it with a
-// function that stops it and waits for Run to return.
+// startWorker runs a worker on the test's pool until the test ends and
+// returns it with a function that stops it and waits for Run to return,
+// which must return nil.
 func (b *bundle) startWorker(t *testing.T, cfg worker.Config, register func(*worker.Worker)) (*worker.Worker, func()) {
+	t.Helper()
+	w, run := b.runWorker(t, b.pool, cfg, register)
+	stop := func() {
+		t.Helper()
+		if err := run.stop(); err != nil {
+			t.Errorf("worker Run: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return w, stop
+}
+
+// running is a worker's Run in a goroutine of its own.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+// stop cancels Run and returns what it returned; it waits at most 30s.
+func (r *running) stop() error {
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case r.err = <-r.done:
+		case <-time.After(30 * time.Second):
+			r.err = errors.New("worker did not stop within 30s")
+		}
+	})
+	return r.err
+}
+
+// wait waits up to timeout for Run to return by itself, and returns what
+// it returned.
+func (r *running) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.once.Do(func() { r.err = err })
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("worker Run still running after %s", timeout)
+		return nil
+	}
+}
+
+// runWorker starts Run of a new worker on pool; the test stops it at the
+// end if it still runs.
+func (b *bundle) runWorker(t *testing.T, pool *pgxpool.Pool, cfg worker.Config, register func(*worker.Worker)) (*worker.Worker, *running) {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
@@ -149,33 +310,25 @@ func (b *bundle) startWorker(t *testing.T, cfg worker.Config, register func(*wor
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 50 * time.Millisecond
 	}
-	w, err := worker.New(b.pool, cfg)
+	w, err := worker.New(pool, cfg)
 	if err != nil {
 		t.Fatalf("new worker: %v", err)
 	}
 	register(w)
 	ctx, cancel := context.WithCancel(b.ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		t.Helper()
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("worker Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("worker did not stop within 30s")
-		}
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- w.Run(ctx) }()
+	t.Cleanup(func() { _ = r.stop() })
+	return w, r
+}
+
+// leaseTokens draws n fresh lease tokens, for a claim of n jobs.
+func leaseTokens(n int) []uuid.UUID {
+	tokens := make([]uuid.UUID, n)
+	for i := range tokens {
+		tokens[i] = uuid.New()
 	}
-	t.Cleanup(stop)
-	return w, stop
+	return tokens
 }
 
 func testLogger(t *testing.T) *slog.Logger {

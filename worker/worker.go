@@ -30,6 +30,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
@@ -47,12 +48,16 @@ type Worker struct {
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
 
-	started   atomic.Bool
-	sessionUp atomic.Bool
-	wake      chan struct{} // a claim may find work
-	beatNow   chan struct{} // renew leases now, without waiting for the ticker
-	outcomes  chan outcome
-	mu        sync.Mutex
+	// sessionConfig opens the session connection: Config.SessionDatabaseURL,
+	// or the pool's own settings.
+	sessionConfig *pgx.ConnConfig
+	session       session
+
+	started  atomic.Bool
+	wake     chan struct{} // a claim may find work
+	beatNow  chan struct{} // renew leases now, without waiting for the ticker
+	outcomes chan outcome
+	mu       sync.Mutex
 	// held holds every job this worker holds a lease on, from its claim
 	// until its outcome is collected: those claimed ahead and waiting for
 	// a slot, and those started.
@@ -106,14 +111,21 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	sessionConfig := pool.Config().ConnConfig
+	if cfg.SessionDatabaseURL != "" {
+		if sessionConfig, err = pgx.ParseConfig(cfg.SessionDatabaseURL); err != nil {
+			return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
+		}
+	}
 	return &Worker{
-		pool:     pool,
-		q:        db.New(pool),
-		cfg:      cfg,
-		log:      cfg.Logger.With("worker", cfg.ID, "queue", cfg.Queue),
-		handlers: map[string]Handler{},
-		wake:     make(chan struct{}, 1),
-		beatNow:  make(chan struct{}, 1),
+		pool:          pool,
+		sessionConfig: sessionConfig,
+		q:             db.New(pool),
+		cfg:           cfg,
+		log:           cfg.Logger.With("worker", cfg.ID, "queue", cfg.Queue),
+		handlers:      map[string]Handler{},
+		wake:          make(chan struct{}, 1),
+		beatNow:       make(chan struct{}, 1),
 		// One outcome per held job at most, so sending never blocks.
 		outcomes: make(chan outcome, cfg.Slots+max(cfg.Prefetch, 0)),
 		held:     map[int64]*execution{},
@@ -159,10 +171,19 @@ func (w *Worker) Run(ctx context.Context) error {
 		"heartbeat", w.cfg.HeartbeatInterval, "reclaim_interval", w.cfg.ReclaimInterval)
 
 	// Background loops outlive ctx until the drain below is done: leases
-	// must still be renewed while running handlers finish.
+	// must still be renewed while running handlers finish. A fatal error
+	// of the session (the worker id taken by another live process) stops
+	// the worker as a cancelled ctx would.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	firstSession := make(chan error, 1)
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){w.runSession, w.runHeartbeats, w.runReclaims} {
+	for _, loop := range []func(context.Context){
+		func(ctx context.Context) { w.runSession(ctx, firstSession, stopRun) },
+		w.runHeartbeats,
+		w.runReclaims,
+	} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -170,12 +191,28 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
+	// A worker whose id is taken stops before it claims anything.
+	select {
+	case err := <-firstSession:
+		var inUse *IDInUseError
+		if errors.As(err, &inUse) {
+			stopBackground()
+			wg.Wait()
+			return err
+		}
+	case <-ctx.Done():
+	}
+
 	d := &dispatcher{w: w}
-	d.dispatch(ctx)
+	d.dispatch(runCtx)
 	d.drain(bg)
 
 	stopBackground()
 	wg.Wait()
+	var inUse *IDInUseError
+	if err := context.Cause(runCtx); errors.As(err, &inUse) {
+		return err
+	}
 	w.log.Info("worker stopped")
 	return nil
 }
@@ -316,8 +353,8 @@ func (w *Worker) numStarted() int {
 }
 
 func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
-	for attempt := 0; !d.p.empty() && attempt < 3; attempt++ {
-		r := &round{batch: d.p.take()}
+	for attempt := 0; (!d.p.empty() || len(d.lostClaims) > 0) && attempt < 3; attempt++ {
+		r := d.newRound(0)
 		d.w.acknowledge(ctx, r)
 		d.finish(r)
 		if r.err != nil {
@@ -473,8 +510,8 @@ func (w *Worker) runReclaims(ctx context.Context) {
 		}
 		if round%forgetWorkersEvery == 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			if _, err := w.q.WorkerDeleteGone(rctx); err != nil && ctx.Err() == nil {
-				w.log.Warn("forget gone workers failed", "err", err)
+			if _, err := w.q.WorkerForgetEnded(rctx); err != nil && ctx.Err() == nil {
+				w.log.Warn("forget ended worker sessions failed", "err", err)
 			}
 			cancel()
 		}
@@ -482,7 +519,7 @@ func (w *Worker) runReclaims(ctx context.Context) {
 }
 
 // forgetWorkersEvery is how many reclaim rounds pass between two clean-ups
-// of the workers table.
+// of the sessions that ended.
 const forgetWorkersEvery = 40
 
 func (w *Worker) reclaim(ctx context.Context) (int, error) {

@@ -259,29 +259,36 @@ func TestMigrate_UpStatusDownOnAFreshDatabase(t *testing.T) {
 		{[]string{"migrate", "status"}, `
 VERSION  STATE    MIGRATION
 1        pending  00001_create_jobs.sql
-2        pending  00002_create_workers.sql`},
+2        pending  00002_create_workers.sql
+3        pending  00003_create_worker_sessions.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
-applied migration 2 00002_create_workers.sql`},
+applied migration 2 00002_create_workers.sql
+applied migration 3 00003_create_worker_sessions.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
 VERSION  STATE    MIGRATION
 1        applied  00001_create_jobs.sql
-2        applied  00002_create_workers.sql`},
+2        applied  00002_create_workers.sql
+3        applied  00003_create_worker_sessions.sql`},
 		{[]string{"migrate", "down"}, `
-rolled back migration 2 00002_create_workers.sql`},
+rolled back migration 3 00003_create_worker_sessions.sql`},
 		{[]string{"migrate", "status"}, `
 VERSION  STATE    MIGRATION
 1        applied  00001_create_jobs.sql
-2        pending  00002_create_workers.sql`},
+2        applied  00002_create_workers.sql
+3        pending  00003_create_worker_sessions.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 2 00002_create_workers.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 1 00001_create_jobs.sql`},
 		{[]string{"migrate", "down"}, `
 no migration to roll back`},
 		{[]string{"migrate", "up"}, `
 applied migration 1 00001_create_jobs.sql
-applied migration 2 00002_create_workers.sql`},
+applied migration 2 00002_create_workers.sql
+applied migration 3 00003_create_worker_sessions.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)

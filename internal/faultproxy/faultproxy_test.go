@@ -137,7 +137,10 @@ func TestProxy_CutAfterCommitLeavesTheClientUnsureAlthoughTheStatementCommitted(
 		t.Fatal(err)
 	}
 	claim := func(complete []db.JobCompleteAndClaimRow, max int32) ([]db.JobCompleteAndClaimRow, error) {
-		p := db.JobCompleteAndClaimParams{Queue: "default", MaxJobs: max, LeaseMs: 60_000, WorkerID: "w"}
+		p := db.JobCompleteAndClaimParams{Queue: "default", LeaseMs: 60_000, WorkerID: "w"}
+		for range max {
+			p.ClaimTokens = append(p.ClaimTokens, uuid.New())
+		}
 		for _, r := range complete {
 			p.CompleteIds = append(p.CompleteIds, *r.ID)
 			p.CompleteTokens = append(p.CompleteTokens, *r.LeaseToken)

@@ -1,0 +1,77 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/migrations"
+)
+
+// TestMigrations_CarryAPopulatedDatabaseUpAndDown applies each migration to a
+// database that already holds jobs and workers, checks what it made of
+// them, and rolls it back again.
+func TestMigrations_CarryAPopulatedDatabaseUpAndDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := dbtest.New(t)
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, 2); err != nil {
+		t.Fatalf("down to 2: %v", err)
+	}
+	exec(t, pool, `
+		INSERT INTO workers (id, session_key, queue, pid, host) VALUES ('w1', 7, 'default', 11, 'h');
+		INSERT INTO jobs (kind) VALUES ('waiting');
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
+		VALUES ('busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now());`)
+
+	if _, err := m.UpTo(ctx, 3); err != nil {
+		t.Fatalf("up to 3: %v", err)
+	}
+	if diff := cmp.Diff("7 w1 default 11 h", one(t, pool, `
+		SELECT concat_ws(' ', session_key, worker_id, queue, pid, host) FROM worker_sessions`)); diff != "" {
+		t.Errorf("sessions after 00003 (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff("busy 7,waiting -", one(t, pool, `
+		SELECT string_agg(kind || ' ' || coalesce(lease_session::text, '-'), ',' ORDER BY kind) FROM jobs`)); diff != "" {
+		t.Errorf("jobs' sessions after 00003 (-want +got):\n%s", diff)
+	}
+
+	if _, err := m.DownTo(ctx, 2); err != nil {
+		t.Fatalf("down to 2: %v", err)
+	}
+	if diff := cmp.Diff("busy running w1,waiting available -", one(t, pool, `
+		SELECT string_agg(concat_ws(' ', kind, state, coalesce(leased_by, '-')), ',' ORDER BY kind) FROM jobs`)); diff != "" {
+		t.Errorf("jobs after rolling 00003 back (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff("w1 7", one(t, pool, `SELECT concat_ws(' ', id, session_key) FROM workers`)); diff != "" {
+		t.Errorf("workers after rolling 00003 back (-want +got):\n%s", diff)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func one(t *testing.T, pool *pgxpool.Pool, sql string) string {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(), sql).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -1,0 +1,131 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/faultproxy"
+	"github.com/relayq/relay/worker"
+)
+
+// These tests specify what a worker does when its connections fail or
+// stall, and when its id is not its own, through a real TCP proxy between
+// it and PostgreSQL.
+
+// blockUntilCancelled is a handler that runs until its context ends.
+func blockUntilCancelled(started chan<- int64) worker.HandlerFunc {
+	return func(ctx context.Context, j *worker.Job) (any, error) {
+		if started != nil {
+			started <- j.ID
+		}
+		<-ctx.Done()
+		return nil, context.Cause(ctx)
+	}
+}
+
+func TestWorker_RefusesToStartUnderAnIDALiveSessionHolds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "long", `{}`, 1)
+	started := make(chan int64, 1)
+	first, _ := b.startWorker(t, worker.Config{ID: "pod-0", Slots: 1, ShutdownGrace: -1}, func(w *worker.Worker) {
+		w.Handle("long", blockUntilCancelled(started))
+	})
+	<-started
+
+	_, second := b.runWorker(t, b.pool, worker.Config{ID: first.ID(), Slots: 1}, func(w *worker.Worker) {})
+	err := second.wait(t, 10*time.Second)
+	var inUse *worker.IDInUseError
+	host, _ := os.Hostname()
+	want := `worker id "pod-0" is in use by a live session (pid ` + strconv.Itoa(os.Getpid()) + ` on host ` + host + `)`
+	if !errors.As(err, &inUse) || err.Error() != want {
+		t.Fatalf("second worker under the same id: Run returned %v, want %q", err, want)
+	}
+	if got := b.get(t, job.ID); got.State != db.JobStateRunning || got.Attempt != 1 {
+		t.Errorf("the first worker's job is %s at attempt %d, want still running its first attempt", got.State, got.Attempt)
+	}
+}
+
+func TestWorker_RestartedUnderTheSameIDGetsItsPredecessorsJobsBackAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "task", `{}`, 3)
+	proxy, through := b.proxied(t)
+	started := make(chan int64, 1)
+	var attempt atomic.Int32
+	handler := worker.HandlerFunc(func(ctx context.Context, j *worker.Job) (any, error) {
+		if attempt.Add(1) == 1 {
+			started <- j.ID
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		}
+		return "done by the restarted process", nil
+	})
+	const lease = time.Minute
+	b.runWorker(t, newPool(t, through), worker.Config{ID: "pod-0", Slots: 1, Lease: lease, ShutdownGrace: -1}, func(w *worker.Worker) {
+		w.Handle("task", handler)
+	})
+	<-started
+	// The process is gone: every connection it had closes.
+	proxy.Cut()
+	b.startWorker(t, worker.Config{ID: "pod-0", Slots: 1, Lease: lease, ReclaimInterval: 50 * time.Millisecond}, func(w *worker.Worker) {
+		w.Handle("task", handler)
+	})
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
+	if got.Attempt != 2 || !strings.Contains(string(got.Errors), "worker session ended") {
+		t.Errorf("succeeded at attempt %d with history %s; want attempt 2, after a reclaim for the ended session", got.Attempt, got.Errors)
+	}
+}
+
+func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "task", `{}`, 3)
+	proxy, through := b.proxied(t)
+	started := make(chan int64, 1)
+	// The worker's statements go through the proxy; its session does not.
+	_, run := b.runWorker(t, newPool(t, through), worker.Config{
+		Slots: 1, Lease: time.Minute, ShutdownGrace: -1, SessionDatabaseURL: b.url,
+	}, func(w *worker.Worker) {
+		w.Handle("task", blockUntilCancelled(started))
+	})
+	<-started
+	proxy.Cut()
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The release failed; the session is gone: any worker takes the job
+	// back at once, not after its lease.
+	rows, err := b.q.JobReclaim(b.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].ID != job.ID || deref(rows[0].LastError) != "worker session ended" {
+		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, job.ID)
+	}
+}
+
+func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// One attempt only: a claim charged without running would end it dead.
+	job := b.enqueue(t, "once", `{}`, 1)
+	proxy, through := b.proxied(t)
+	cut := make(chan faultproxy.CutEvent, 1)
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "JobCompleteAndClaim", OnCut: func(e faultproxy.CutEvent) { cut <- e }})
+	b.runWorker(t, newPool(t, through), worker.Config{Slots: 1, Lease: time.Minute}, func(w *worker.Worker) {
+		w.HandleFunc("once", func(ctx context.Context, j *worker.Job) (any, error) { return "ran", nil })
+	})
+	<-cut
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
+	if got.Attempt != 1 || string(got.Result) != `"ran"` {
+		t.Errorf("succeeded at attempt %d with result %s, want attempt 1, run once", got.Attempt, got.Result)
+	}
+}

@@ -1,0 +1,286 @@
+package worker_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+)
+
+// These tests specify worker sessions: a job is judged by the session it
+// was claimed under, and a worker id belongs to one live session at a time.
+
+func TestReclaim_TakesJobsOfAnEndedSessionAtOnceButNotOfALiveOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dead := b.enqueue(t, "noop", `{}`, 5)
+	alive := b.enqueue(t, "noop", `{}`, 5)
+	doomed := b.register(t, "doomed", 0)
+	stalled := b.register(t, "stalled", 0)
+	if rows := b.claimUnder(t, "doomed", &doomed.key, 1, time.Hour); len(rows) != 1 || *rows[0].ID != dead.ID {
+		t.Fatalf("doomed claimed %+v, want job %d", rows, dead.ID)
+	}
+	if rows := b.claimUnder(t, "stalled", &stalled.key, 1, time.Hour); len(rows) != 1 || *rows[0].ID != alive.ID {
+		t.Fatalf("stalled claimed %+v, want job %d", rows, alive.ID)
+	}
+	if got := b.get(t, dead.ID).LeaseSession; got == nil || *got != doomed.key {
+		t.Errorf("the claimed job records session %v, want %d", got, doomed.key)
+	}
+
+	doomed.end(t, b)
+	rows, err := b.q.JobReclaim(b.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []db.JobReclaimRow{{ID: dead.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("doomed"), LastError: ptr("worker session ended")}}
+	if diff := cmp.Diff(want, rows); diff != "" {
+		t.Errorf("reclaim after the session ended (-want +got):\n%s", diff)
+	}
+	if got := b.get(t, alive.ID); got.State != db.JobStateRunning {
+		t.Errorf("job of the stalled-but-connected worker is %s, want running: it is governed by its lease", got.State)
+	}
+
+	n, err := b.q.WorkerForgetEnded(b.ctx)
+	if err != nil || n != 1 {
+		t.Errorf("forget ended sessions: %d rows, err %v; want 1 (doomed's)", n, err)
+	}
+}
+
+func TestReclaim_JudgesEachJobByTheSessionItWasClaimedUnder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// A worker restarted under a fixed id (a pod name): its predecessor's
+	// session ended, it registered a new one, and claimed a job of its own.
+	first := b.enqueue(t, "noop", `{}`, 5)
+	second := b.enqueue(t, "noop", `{}`, 5)
+	old := b.register(t, "pod-0", 0)
+	b.claimUnder(t, "pod-0", &old.key, 1, time.Hour)
+	old.end(t, b)
+	restarted := b.register(t, "pod-0", 0)
+	b.claimUnder(t, "pod-0", &restarted.key, 1, time.Hour)
+
+	rows, err := b.q.JobReclaim(b.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []db.JobReclaimRow{{ID: first.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("pod-0"), LastError: ptr("worker session ended")}}
+	if diff := cmp.Diff(want, rows); diff != "" {
+		t.Errorf("reclaim after the restart (-want +got):\n%s", diff)
+	}
+	if got := b.get(t, second.ID); got.State != db.JobStateRunning {
+		t.Errorf("the restarted worker's own job is %s, want running", got.State)
+	}
+}
+
+func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Many ended sessions of other workers, so that a reclaim has work to
+	// do (some 200 ms here) between taking its snapshot and locking the
+	// job, while the worker registers anew and claims the job again.
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
+		SELECT 1000000 + n, 'gone-' || n, 'default', 1, 'test' FROM generate_series(1, 300000) AS n;
+		ANALYZE worker_sessions`); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 8
+	premature := 0
+	for round := range rounds {
+		job := b.enqueue(t, "noop", `{}`, 25)
+		s1 := b.register(t, "w", 0)
+		rows := b.claimUnder(t, "w", &s1.key, 1, time.Hour)
+		if len(rows) != 1 {
+			t.Fatalf("round %d: claimed %d jobs, want 1", round, len(rows))
+		}
+		s1.end(t, b)
+
+		// A reclaim starts; meanwhile the worker registers a new session,
+		// hands the job back and claims it again under that session.
+		reclaimed := make(chan []db.JobReclaimRow, 1)
+		go func() {
+			rows, err := b.q.JobReclaim(b.ctx, 10)
+			if err != nil {
+				t.Error(err)
+			}
+			reclaimed <- rows
+		}()
+		s2 := b.register(t, "w", s1.key)
+		handedBack, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{*rows[0].LeaseToken}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again []db.JobCompleteAndClaimRow
+		if len(handedBack) == 1 {
+			again = b.claimUnder(t, "w", &s2.key, 1, time.Hour)
+		}
+		<-reclaimed
+		got := b.get(t, job.ID)
+		if len(again) == 1 && (got.State != db.JobStateRunning || deref(got.LeaseToken) != *again[0].LeaseToken) {
+			premature++
+			t.Errorf("round %d: the job claimed again under live session %d was taken: %s, last error %q",
+				round, s2.key, got.State, deref(got.LastError))
+		}
+		// Finish the round: the job leaves the queue.
+		if got.State == db.JobStateRunning {
+			b.complete(t, job.ID, deref(got.LeaseToken), `{}`)
+		}
+		s2.end(t, b)
+		if _, err := b.q.JobReclaim(b.ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.pool.Exec(b.ctx, "UPDATE jobs SET state = 'cancelled', finished_at = now() WHERE id = $1 AND state = 'available'", job.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if premature > 0 {
+		t.Errorf("%d of %d live claims taken by a reclaim that began before they were made", premature, rounds)
+	}
+}
+
+func TestRegister_GivesAWorkerIDToOneLiveSessionAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := b.register(t, "solo", 0)
+
+	if _, err := b.tryRegister(t, "solo", 0); !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("a second live session under the same id: err %v, want the registration refused (no row)", err)
+	}
+	h, err := b.q.WorkerHolder(b.ctx, "solo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.SessionKey != holder.key || !h.SessionAlive || h.Pid != 1 || h.Host != "test" {
+		t.Errorf("holder %+v, want the live session %d (pid 1 on host test)", h, holder.key)
+	}
+
+	// The holder's own process, registering again after losing its
+	// connection, takes the id back even before the server noticed.
+	again := b.register(t, "solo", holder.key)
+	if again.key == holder.key {
+		t.Fatalf("registering again reused session key %d", holder.key)
+	}
+
+	// Once its holder ended, anyone may take the id.
+	again.end(t, b)
+	holder.end(t, b)
+	next := b.register(t, "solo", 0)
+	if h, err := b.q.WorkerHolder(b.ctx, "solo"); err != nil || h.SessionKey != next.key {
+		t.Errorf("after the holder ended, the id is held by %+v (%v), want session %d", h, err, next.key)
+	}
+}
+
+func TestRegister_TwoAtOnceUnderOneIDGiveItToOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for round := range 20 {
+		id := fmt.Sprintf("racer-%d", round)
+		results := make(chan error, 2)
+		for range 2 {
+			go func() {
+				_, err := b.tryRegister(t, id, 0)
+				results <- err
+			}()
+		}
+		won := 0
+		for range 2 {
+			err := <-results
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, pgx.ErrNoRows):
+				t.Fatal(err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d of two simultaneous registrations of one id succeeded, want 1", round, won)
+		}
+	}
+}
+
+func TestClaim_UnderAnEndedSessionClaimsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	s := b.register(t, "late", 0)
+	s.end(t, b)
+	if rows := b.claimUnder(t, "late", &s.key, 5, time.Minute); len(rows) != 0 {
+		t.Errorf("a worker whose session ended claimed %d jobs, want none", len(rows))
+	}
+	if got := b.get(t, job.ID); got.State != db.JobStateAvailable || got.Attempt != 0 {
+		t.Errorf("job %s with attempt %d, want available with no attempt spent", got.State, got.Attempt)
+	}
+}
+
+func TestUnregister_KeepsTheSessionOfJobsThatStillRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 5)
+	s := b.register(t, "leaving", 0)
+	b.claimUnder(t, "leaving", &s.key, 1, time.Hour)
+
+	// Shutting down with its release failed: the job still runs under the
+	// session.
+	res, err := db.New(s.conn).WorkerUnregister(b.ctx, db.WorkerUnregisterParams{ID: "leaving", SessionKey: s.key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.SessionRemoved || !res.IDReleased {
+		t.Errorf("unregister: %+v, want the id released and the session kept", res)
+	}
+	s.end(t, b)
+	rows, err := b.q.JobReclaim(b.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].ID != job.ID || deref(rows[0].LastError) != "worker session ended" {
+		t.Errorf("reclaim once the session closed: %+v, want job %d for its ended session", rows, job.ID)
+	}
+	if n, err := b.q.WorkerForgetEnded(b.ctx); err != nil || n != 1 {
+		t.Errorf("forget ended sessions: %d, %v; want the one that held the job", n, err)
+	}
+}
+
+func TestWorkerForgetEnded_KeepsLiveSessionsAndThoseHoldingJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueue(t, "noop", `{}`, 5)
+	live := b.register(t, "live", 0)
+	holding := b.register(t, "holding", 0)
+	b.claimUnder(t, "holding", &holding.key, 1, time.Hour)
+	idle := b.register(t, "idle", 0)
+	holding.end(t, b)
+	idle.end(t, b)
+
+	if n, err := b.q.WorkerForgetEnded(b.ctx); err != nil || n != 1 {
+		t.Fatalf("forget ended sessions: %d, %v; want 1 (idle's)", n, err)
+	}
+	rows, err := b.pool.Query(b.ctx, "SELECT session_key FROM worker_sessions ORDER BY session_key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int32{live.key, holding.key}, keys); diff != "" {
+		t.Errorf("sessions kept (-want +got):\n%s", diff)
+	}
+	workers, err := b.q.WorkerList(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, w := range workers {
+		ids = append(ids, w.ID)
+	}
+	if diff := cmp.Diff([]string{"live"}, ids); diff != "" {
+		t.Errorf("worker ids still held (-want +got):\n%s", diff)
+	}
+}
