@@ -129,3 +129,41 @@ func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 		t.Errorf("succeeded at attempt %d with result %s, want attempt 1, run once", got.Attempt, got.Result)
 	}
 }
+
+func TestWorker_SessionSurvivesAStallShorterThanTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "steady", `{}`, 5)
+	proxy, through := b.proxied(t)
+	started := make(chan int64, 1)
+	const (
+		lease     = 4 * time.Second
+		heartbeat = time.Second
+		stall     = 2 * time.Second
+	)
+	// The session pings every 100 ms, so it is pinging when the stall
+	// begins, and its ping outlasts a heartbeat interval.
+	b.runWorker(t, newPool(t, through), worker.Config{
+		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, PollInterval: 100 * time.Millisecond, ShutdownGrace: -1,
+	}, func(w *worker.Worker) {
+		w.HandleFunc("steady", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			select {
+			case <-time.After(stall + 2*heartbeat):
+				return "done", nil
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+		})
+	})
+	<-started
+	// Every connection of the worker stalls, in both directions, for less
+	// than the lease.
+	proxy.Blackhole()
+	time.Sleep(stall)
+	proxy.Heal()
+	got := b.waitFor(t, job.ID, 15*time.Second, "finished", func(j db.Job) bool { return j.FinishedAt != nil || j.Attempt > 1 })
+	if got.State != db.JobStateSucceeded || got.Attempt != 1 || string(got.Errors) != "[]" {
+		t.Errorf("after a %s stall: %s at attempt %d, history %s; want succeeded at attempt 1 with no reclaim", stall, got.State, got.Attempt, got.Errors)
+	}
+}

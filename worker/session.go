@@ -154,7 +154,12 @@ func (w *Worker) holdSession(ctx context.Context, previous *int32, registered fu
 				notify(w.wake)
 			}
 		case waitCtx.Err() != nil && !conn.PgConn().IsClosed():
-			pingCtx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+			// A ping that is merely slow is no reason to end the session:
+			// that would drop its lock and have every job it holds taken
+			// back at once, though their leases would have outlived the
+			// stall. The session gives up on a definite loss of the
+			// connection, or once a whole lease has passed.
+			pingCtx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 			err := conn.Ping(pingCtx)
 			cancel()
 			if err != nil {
