@@ -29,7 +29,10 @@ The database is --database-url or DATABASE_URL when given (it is migrated
 up). Otherwise relay starts a throwaway PostgreSQL of its own: a temporary
 cluster made with initdb and pg_ctl (found on PATH or in
 /usr/lib/postgresql/*/bin), or failing that a container through Docker. It is
-removed, with all its data, when relay stops (Ctrl-C or SIGTERM).`)
+removed, with all its data, when relay stops (Ctrl-C or SIGTERM).
+
+Without an API token (--api-token or RELAY_API_TOKEN) it listens only on a
+loopback address, unless --insecure-no-auth is given.`)
 	opts.register(fs, devSlots)
 	pos, err := fs.parse(args, env.stderr)
 	if err != nil {
@@ -42,7 +45,7 @@ removed, with all its data, when relay stops (Ctrl-C or SIGTERM).`)
 	if err != nil {
 		return err
 	}
-	if err := opts.resolve(env.getenv); err != nil {
+	if err := opts.resolve(ctx, env.getenv); err != nil {
 		return err
 	}
 

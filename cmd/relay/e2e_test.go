@@ -106,6 +106,7 @@ func freeAddr(t *testing.T) string {
 }
 
 func TestBinary_FailuresAreOneLineOnStderrWithANonZeroStatus(t *testing.T) {
+	t.Setenv("RELAY_API_TOKEN", "") // so that the refused start below has no token
 	unmigrated := emptyDatabaseURL(t)
 	tests := []struct {
 		name     string
@@ -119,6 +120,8 @@ func TestBinary_FailuresAreOneLineOnStderrWithANonZeroStatus(t *testing.T) {
 			`relay: serve: flag provided but not defined: -bogus (run "relay serve -h" for usage)`},
 		{"invalid payload", []string{"enqueue", "hash", "--payload", "{x"}, 2,
 			`relay: --payload is not valid JSON: invalid character 'x' looking for beginning of object key string`},
+		{"non-loopback address without a token", []string{"serve", "--addr", "0.0.0.0:8080", "--database-url", "postgres://127.0.0.1:1/x"}, 2,
+			`relay: serve: refusing to serve the API on 0.0.0.0:8080 without a token: set --api-token (or RELAY_API_TOKEN), listen on a loopback address, or pass --insecure-no-auth`},
 		{"unreachable database", []string{"work", "--database-url", "postgres://127.0.0.1:1/x"}, 1,
 			`relay: cannot reach the database postgres://127.0.0.1:1/x: 127.0.0.1:1 (127.0.0.1): dial error: dial tcp 127.0.0.1:1: connect: connection refused`},
 		{"unmigrated database", []string{"serve", "--addr", "127.0.0.1:0", "--database-url", unmigrated}, 1,

@@ -122,7 +122,9 @@ Run "relay COMMAND -h" for the flags of a command.
 Environment:
   DATABASE_URL     PostgreSQL URL, when --database-url is not given
   RELAY_ADDR       serve/dev listen address, when --addr is not given
-  RELAY_API_TOKEN  bearer token the API requires, when --api-token is not given
+  RELAY_API_TOKEN  bearer token the API requires, when --api-token is not given;
+                   without one, serve/dev listen only on a loopback address
+                   unless --insecure-no-auth is given
 `)
 }
 

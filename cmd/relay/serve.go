@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/relayq/relay/internal/builtin"
@@ -16,29 +18,37 @@ import (
 // defaultAddr is where the API listens without --addr or RELAY_ADDR.
 const defaultAddr = "127.0.0.1:8080"
 
+// addrLookupTimeout bounds resolving the host name of --addr to find out
+// whether it is a loopback address.
+const addrLookupTimeout = 3 * time.Second
+
 // serveFlags configure the API, and the worker slots that may run beside it.
 type serveFlags struct {
+	command         string // the command the flags belong to, for errors
 	logs            logFlags
 	db              dbFlags
 	worker          workerFlags
 	addr            string
 	apiToken        string
+	insecureNoAuth  bool
 	maxBodyBytes    int64
 	shutdownTimeout time.Duration
 }
 
 func (s *serveFlags) register(fs *flagSet, defaultSlots int) {
+	s.command = fs.Name()
 	s.logs.register(fs)
 	s.db.register(fs)
 	fs.StringVar(&s.addr, "addr", "", "address to listen on (default $RELAY_ADDR, else "+defaultAddr+")")
-	fs.StringVar(&s.apiToken, "api-token", "", "bearer token every /v1 request must present (default $RELAY_API_TOKEN; none: no authentication)")
+	fs.StringVar(&s.apiToken, "api-token", "", "bearer token every /v1 request must present (default $RELAY_API_TOKEN; required on a non-loopback --addr unless --insecure-no-auth)")
+	fs.BoolVar(&s.insecureNoAuth, "insecure-no-auth", false, "serve without a token on a non-loopback --addr: the API then accepts unauthenticated requests from the network")
 	fs.Int64Var(&s.maxBodyBytes, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted")
 	fs.DurationVar(&s.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may finish at shutdown")
 	s.worker.register(fs, defaultSlots, "worker slots to run in this process with the built-in handlers (0: none)")
 }
 
 // resolve fills in what comes from the environment and checks the flags.
-func (s *serveFlags) resolve(getenv func(string) string) error {
+func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) error {
 	if s.addr == "" {
 		s.addr = getenv("RELAY_ADDR")
 	}
@@ -57,7 +67,68 @@ func (s *serveFlags) resolve(getenv func(string) string) error {
 	if s.shutdownTimeout <= 0 {
 		return usageErrorf("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
 	}
+	return s.requireTokenOffLoopback(ctx, net.DefaultResolver.LookupHost)
+}
+
+// requireTokenOffLoopback refuses to serve the API without a token on an
+// address that other machines may reach, unless --insecure-no-auth allows
+// it. lookupHost resolves a host name to its addresses.
+func (s *serveFlags) requireTokenOffLoopback(ctx context.Context, lookupHost func(context.Context, string) ([]string, error)) error {
+	host, _, err := net.SplitHostPort(s.addr)
+	if err != nil {
+		return usageErrorf("%s: invalid address %q (--addr or RELAY_ADDR): %v", s.command, s.addr, err)
+	}
+	if s.apiToken != "" || s.insecureNoAuth {
+		return nil
+	}
+	const fix = "set --api-token (or RELAY_API_TOKEN), listen on a loopback address, or pass --insecure-no-auth"
+	loopback, err := isLoopbackHost(ctx, host, lookupHost)
+	if err != nil {
+		return usageErrorf("%s: refusing to serve the API on %s without a token: %v; %s", s.command, s.addr, err, fix)
+	}
+	if !loopback {
+		return usageErrorf("%s: refusing to serve the API on %s without a token: %s", s.command, s.addr, fix)
+	}
 	return nil
+}
+
+// isLoopbackHost reports whether a listener on host is reachable from this
+// machine only. An empty host and the unspecified addresses listen on every
+// interface; "localhost" is loopback by definition; any other name is
+// loopback only if every address it resolves to is.
+func isLoopbackHost(ctx context.Context, host string, lookupHost func(context.Context, string) ([]string, error)) (bool, error) {
+	if host == "" {
+		return false, nil
+	}
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true, nil
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.IsLoopback(), nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, addrLookupTimeout)
+	defer cancel()
+	addrs, err := lookupHost(ctx, host)
+	if err != nil {
+		return false, fmt.Errorf("cannot resolve %s to tell whether it is a loopback address: %w", host, err)
+	}
+	if len(addrs) == 0 {
+		return false, fmt.Errorf("%s resolves to no address", host)
+	}
+	for _, a := range addrs {
+		ip, err := netip.ParseAddr(a)
+		if err != nil || !ip.IsLoopback() {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// isLoopbackListener reports whether ln accepts connections from this
+// machine only.
+func isLoopbackListener(ln net.Listener) bool {
+	tcp, ok := ln.Addr().(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
 }
 
 func runServe(ctx context.Context, env *environment, args []string) error {
@@ -65,7 +136,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("serve", "relay serve [flags]",
 		`Serves the HTTP API. With --slots N it also runs N worker slots with the
 built-in handlers on --queue, on a database pool of their own. The database
-must be reachable and migrated. On SIGINT or SIGTERM, in-flight requests
+must be reachable and migrated. Without an API token (--api-token or
+RELAY_API_TOKEN) it listens only on a loopback address, unless
+--insecure-no-auth is given. On SIGINT or SIGTERM, in-flight requests
 finish (up to --shutdown-timeout) and running jobs drain (up to
 --shutdown-grace) before the process exits.`)
 	opts.register(fs, 0)
@@ -80,7 +153,7 @@ finish (up to --shutdown-timeout) and running jobs drain (up to
 	if err != nil {
 		return err
 	}
-	if err := opts.resolve(env.getenv); err != nil {
+	if err := opts.resolve(ctx, env.getenv); err != nil {
 		return err
 	}
 	dsn, err := opts.db.resolve(env.getenv)
@@ -141,6 +214,9 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		go func() { workerDone <- w.Run(ctx) }()
 	} else {
 		workerDone <- nil
+	}
+	if opts.apiToken == "" && !isLoopbackListener(ln) {
+		logger.Warn("the API accepts unauthenticated requests from the network (--insecure-no-auth)", "addr", ln.Addr().String())
 	}
 	logger.Info("serving the API", "addr", ln.Addr().String(), "auth", opts.apiToken != "",
 		"worker_slots", opts.worker.slots, "queue", opts.worker.queue)
