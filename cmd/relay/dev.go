@@ -102,11 +102,12 @@ func printDevBanner(env *environment, addr net.Addr, token string, slots int, wh
 		host = fmt.Sprintf("localhost:%d", tcp.Port)
 	}
 	auth := ""
-	if token != "" {
-		auth = ` -H "Authorization: Bearer $RELAY_API_TOKEN"`
-	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nRelay is running: the API on http://%s with %d worker slots,\non %s.\n\n", host, slots, where)
+	if token != "" {
+		auth = ` -H "Authorization: Bearer $RELAY_API_TOKEN"`
+		b.WriteString("The API requires its bearer token: set RELAY_API_TOKEN to it where you run curl.\n\n")
+	}
 	fmt.Fprintf(&b, "Try:\n  curl -s%s %s/v1/jobs -d '{\"kind\":\"hash\",\"payload\":{\"iterations\":1000}}'\n", auth, host)
 	fmt.Fprintf(&b, "  curl -s%s %s/v1/jobs/1    # 1: the id the first command printed\n\n", auth, host)
 	fmt.Fprintf(&b, "Built-in kinds: hash, sleep, fail, noop. Press Ctrl-C to stop.\n\n")
