@@ -98,7 +98,9 @@ func migrateUp(ctx context.Context, logger *slog.Logger, dsn string) error {
 // printDevBanner tells how to try the playground.
 func printDevBanner(env *environment, addr net.Addr, token string, slots int, where string) {
 	host := addr.String()
-	if tcp, ok := addr.(*net.TCPAddr); ok && (tcp.IP.IsUnspecified() || tcp.IP.IsLoopback()) {
+	// localhost reaches a listener on every interface or on 127.0.0.1, but
+	// not necessarily one on another loopback address such as ::1.
+	if tcp, ok := addr.(*net.TCPAddr); ok && (tcp.IP.IsUnspecified() || tcp.IP.Equal(net.IPv4(127, 0, 0, 1))) {
 		host = fmt.Sprintf("localhost:%d", tcp.Port)
 	}
 	auth := ""

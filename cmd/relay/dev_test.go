@@ -18,6 +18,10 @@ func TestDevBanner_ShowsCurlLinesThatReachTheAPI(t *testing.T) {
 			`curl -s localhost:8080/v1/jobs -d`},
 		{"every interface with a token", &net.TCPAddr{IP: net.IPv6unspecified, Port: 8080}, "s3cret",
 			`curl -s -H "Authorization: Bearer $RELAY_API_TOKEN" localhost:8080/v1/jobs -d`},
+		{"another loopback address", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2), Port: 8080}, "",
+			`curl -s 127.0.0.2:8080/v1/jobs -d`},
+		{"IPv6 loopback", &net.TCPAddr{IP: net.IPv6loopback, Port: 8080}, "",
+			`curl -s [::1]:8080/v1/jobs -d`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
