@@ -11,7 +11,11 @@ RUN --mount=type=cache,target=/go/pkg/mod \
       -ldflags "-s -w -X main.version=${VERSION}" \
       -o /out/relay ./cmd/relay
 
-# Run it from a minimal image, as an unprivileged user.
+# Run it from a minimal image, as an unprivileged user. The API listens on
+# every interface of the container, so relay refuses to start without a
+# bearer token to require (docker run -e RELAY_API_TOKEN=...). To serve
+# without authentication, give the command yourself:
+#   serve --addr 0.0.0.0:8080 --insecure-no-auth
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/relay /usr/local/bin/relay
 USER nonroot:nonroot
