@@ -28,7 +28,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -41,6 +40,7 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/wait"
 
+	"github.com/relayq/relay/internal/osuser"
 	"github.com/relayq/relay/internal/pgurl"
 )
 
@@ -117,9 +117,9 @@ func StartLocal(ctx context.Context, logger *slog.Logger) (_ *Cluster, err error
 	if err != nil {
 		return nil, err
 	}
-	cred, err := credential()
+	cred, err := osuser.Unprivileged()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("devdb: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "relay-devdb-")
 	if err != nil {
@@ -354,28 +354,6 @@ func findBinaries() (string, error) {
 		}
 	}
 	return "", errors.New("devdb: initdb and pg_ctl not found on PATH nor in /usr/lib/postgresql/*/bin")
-}
-
-// credential returns the user to run PostgreSQL as when this process is
-// root, which PostgreSQL refuses, and nil otherwise.
-func credential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-		if err1 != nil || err2 != nil || uid == 0 {
-			continue
-		}
-		// No supplementary groups: root's would come along otherwise.
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
-	}
-	return nil, errors.New("devdb: running as root, and there is neither a postgres nor a nobody user to run PostgreSQL as")
 }
 
 // freePort returns a TCP port of 127.0.0.1 that nothing listens on now.
