@@ -9,6 +9,21 @@ import (
 	"context"
 )
 
+const backendPID = `-- name: BackendPID :one
+SELECT pg_backend_pid()::integer AS backend_pid
+`
+
+// The server process the calling session talks to. A connection whose
+// server process differs from the one it announced when it connected goes
+// through a connection pooler, which may hand each transaction to another
+// server session.
+func (q *Queries) BackendPID(ctx context.Context) (int32, error) {
+	row := q.db.QueryRow(ctx, backendPID)
+	var backend_pid int32
+	err := row.Scan(&backend_pid)
+	return backend_pid, err
+}
+
 const databaseExists = `-- name: DatabaseExists :one
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database AS d WHERE d.datname = $1::text)::boolean AS exists
 `

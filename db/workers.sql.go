@@ -206,21 +206,6 @@ func (q *Queries) WorkerRegister(ctx context.Context, arg WorkerRegisterParams) 
 	return i, err
 }
 
-const workerSessionBackendPID = `-- name: WorkerSessionBackendPID :one
-SELECT pg_backend_pid()::integer AS backend_pid
-`
-
-// The server process the calling session talks to. A connection whose
-// server process differs from the one it announced when it connected goes
-// through a connection pooler, which may hand each transaction to another
-// server session: such a connection cannot hold a worker's session lock.
-func (q *Queries) WorkerSessionBackendPID(ctx context.Context) (int32, error) {
-	row := q.db.QueryRow(ctx, workerSessionBackendPID)
-	var backend_pid int32
-	err := row.Scan(&backend_pid)
-	return backend_pid, err
-}
-
 const workerUnregister = `-- name: WorkerUnregister :one
 WITH holder AS (
     DELETE FROM workers AS w

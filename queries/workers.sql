@@ -109,10 +109,3 @@ ORDER BY w.id;
 -- Subscribes the calling session to the notifications that the
 -- jobs_notify_available trigger sends, with the queue name as payload.
 LISTEN relay_jobs_available;
-
--- name: WorkerSessionBackendPID :one
--- The server process the calling session talks to. A connection whose
--- server process differs from the one it announced when it connected goes
--- through a connection pooler, which may hand each transaction to another
--- server session: such a connection cannot hold a worker's session lock.
-SELECT pg_backend_pid()::integer AS backend_pid;

@@ -178,7 +178,7 @@ func (w *Worker) holdSession(ctx context.Context, previous *int32, registered fu
 // conn goes through a connection pooler that cannot hold a session: the
 // worker then runs on leases alone, which it says once.
 func (w *Worker) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, previous int32) (int32, error) {
-	backend, err := q.WorkerSessionBackendPID(ctx)
+	backend, err := q.BackendPID(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("read the session's server process: %w", err)
 	}

@@ -111,12 +111,17 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	sessionConfig := pool.Config().ConnConfig
+	sessionConfig := pool.Config().ConnConfig.Copy()
 	if cfg.SessionDatabaseURL != "" {
 		if sessionConfig, err = pgx.ParseConfig(cfg.SessionDatabaseURL); err != nil {
 			return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
 		}
 	}
+	// The session's few statements run as unnamed statements, each in one
+	// round trip, so that they work, and find out, when the connection
+	// goes through a transaction-mode pooler, where a prepared statement
+	// may not outlive its transaction.
+	sessionConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	return &Worker{
 		pool:          pool,
 		sessionConfig: sessionConfig,

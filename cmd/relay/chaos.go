@@ -161,6 +161,7 @@ connections are named relay-worker-ID. Not meant to be run by hand.`)
 	if err != nil {
 		return err
 	}
+	wf.resolveEnv(getenv)
 	cfg, err := wf.config(logger)
 	if err != nil {
 		return err

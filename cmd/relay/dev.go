@@ -80,7 +80,7 @@ loopback address, unless --insecure-no-auth is given.`)
 
 // migrateUp applies every pending migration.
 func migrateUp(ctx context.Context, logger *slog.Logger, dsn string) error {
-	pool, err := connect(ctx, dsn, "relay dev", 0)
+	pool, err := connect(ctx, logger, dsn, "relay dev", 0)
 	if err != nil {
 		return err
 	}

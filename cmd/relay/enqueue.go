@@ -68,7 +68,8 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 		return usageErrorf("enqueue: want exactly one KIND, got %d arguments (run \"relay enqueue -h\" for usage)", len(pos))
 	}
 	kind := pos[0]
-	if _, err := logs.logger(env.stderr); err != nil {
+	logger, err := logs.logger(env.stderr)
+	if err != nil {
 		return err
 	}
 
@@ -122,7 +123,7 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, dsn, "relay enqueue", 0)
+	pool, err := connect(ctx, logger, dsn, "relay enqueue", 0)
 	if err != nil {
 		return err
 	}

@@ -10,8 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/worker"
@@ -163,11 +165,15 @@ func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
 }
 
 // connect opens a pool on dsn, configured by poolConfig, and checks that
-// the database answers.
-func connect(ctx context.Context, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
+// the database answers. Behind a connection pooler, it runs statements as
+// a transaction-mode pooler needs them (see adaptToPooler).
+func connect(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
 	cfg, err := poolConfig(dsn, appName, minConns)
 	if err != nil {
 		return nil, err
+	}
+	if err := adaptToPooler(ctx, logger, cfg); err != nil {
+		return nil, &connectError{dsn: pgurl.Redact(dsn), err: err}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -183,6 +189,38 @@ func connect(ctx context.Context, dsn, appName string, minConns int32) (*pgxpool
 		return nil, &connectError{dsn: pgurl.Redact(dsn), err: err}
 	}
 	return pool, nil
+}
+
+// adaptToPooler finds out, with one connection, whether cfg reaches
+// PostgreSQL through a connection pooler such as PgBouncer: the server
+// process it talks to is then not the one its connection announced. If so,
+// and the URL leaves pgx's statement mode at its default, it switches the
+// pool to the cache_describe mode: pgx's default prepares each statement
+// on one server connection and runs it later on another, which a
+// transaction-mode pooler hands out per transaction.
+func adaptToPooler(ctx context.Context, logger *slog.Logger, cfg *pgxpool.Config) error {
+	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return nil // chosen in the URL
+	}
+	probe := cfg.ConnConfig.Copy()
+	probe.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, probe)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	backend, err := db.New(conn).BackendPID(ctx)
+	if err != nil {
+		return fmt.Errorf("read the server process: %w", err)
+	}
+	if announced := int32(conn.PgConn().PID()); backend != announced {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		logger.Info("the database URL goes through a connection pooler; statements run unprepared (default_query_exec_mode=cache_describe)",
+			"announced_pid", announced, "server_pid", backend)
+	}
+	return nil
 }
 
 // connectError says, in one line, why the database could not be reached.
@@ -221,6 +259,7 @@ func requireMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 
 // workerFlags configure a worker.
 type workerFlags struct {
+	sessionURL      string
 	queue           string
 	slots           int
 	id              string
@@ -235,6 +274,7 @@ type workerFlags struct {
 }
 
 func (w *workerFlags) register(fs *flagSet, defaultSlots int, slotsHelp string) {
+	fs.StringVar(&w.sessionURL, "session-database-url", "", "PostgreSQL URL of the worker's session, which shows it alive: PostgreSQL itself or a session-mode pool, never a transaction-mode pooler (default $RELAY_SESSION_DATABASE_URL, else the database URL)")
 	fs.StringVar(&w.queue, "queue", worker.DefaultQueue, "queue to work on")
 	fs.IntVar(&w.slots, "slots", defaultSlots, slotsHelp)
 	fs.StringVar(&w.id, "id", "", "worker id, unique among live workers (default host-pid-random)")
@@ -249,23 +289,32 @@ func (w *workerFlags) register(fs *flagSet, defaultSlots int, slotsHelp string) 
 		fmt.Sprintf("retry backoff after the first failure, doubling each attempt up to %s (for tests and demos)", worker.DefaultBackoffMax))
 }
 
+// resolveEnv fills in what comes from the environment. It runs after the
+// flags are parsed, so that -h never prints a password from it.
+func (w *workerFlags) resolveEnv(getenv func(string) string) {
+	if w.sessionURL == "" {
+		w.sessionURL = getenv("RELAY_SESSION_DATABASE_URL")
+	}
+}
+
 // config returns the worker configuration the flags describe.
 func (w *workerFlags) config(logger *slog.Logger) (worker.Config, error) {
 	if w.backoffBase <= 0 {
 		return worker.Config{}, usageErrorf("--backoff-base must be positive, got %s", w.backoffBase)
 	}
 	return worker.Config{
-		Queue:             w.queue,
-		Slots:             w.slots,
-		ID:                w.id,
-		Lease:             w.lease,
-		HeartbeatInterval: w.heartbeat,
-		PollInterval:      w.poll,
-		ReclaimInterval:   w.reclaimInterval,
-		Prefetch:          w.prefetch,
-		PrefetchWait:      w.prefetchWait,
-		ShutdownGrace:     w.shutdownGrace,
-		Backoff:           worker.ExponentialBackoff(w.backoffBase, worker.DefaultBackoffMax),
-		Logger:            logger,
+		SessionDatabaseURL: w.sessionURL,
+		Queue:              w.queue,
+		Slots:              w.slots,
+		ID:                 w.id,
+		Lease:              w.lease,
+		HeartbeatInterval:  w.heartbeat,
+		PollInterval:       w.poll,
+		ReclaimInterval:    w.reclaimInterval,
+		Prefetch:           w.prefetch,
+		PrefetchWait:       w.prefetchWait,
+		ShutdownGrace:      w.shutdownGrace,
+		Backoff:            worker.ExponentialBackoff(w.backoffBase, worker.DefaultBackoffMax),
+		Logger:             logger,
 	}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -395,7 +396,7 @@ func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
 
 func mustPool(t *testing.T, dsn string) *pgxpool.Pool {
 	t.Helper()
-	p, err := connect(t.Context(), dsn, "relay test", 0)
+	p, err := connect(t.Context(), slog.New(slog.DiscardHandler), dsn, "relay test", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,6 +472,7 @@ type apiJob struct {
 	State     string         `json:"state"`
 	Attempt   int            `json:"attempt"`
 	LastError *string        `json:"last_error"`
+	LeasedBy  *string        `json:"leased_by"`
 	Result    map[string]any `json:"result"`
 }
 

@@ -35,14 +35,15 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	if action != "up" && action != "down" && action != "status" {
 		return usageErrorf("migrate: unknown action %q: want up, down or status", action)
 	}
-	if _, err := logs.logger(env.stderr); err != nil {
+	logger, err := logs.logger(env.stderr)
+	if err != nil {
 		return err
 	}
 	dsn, err := dbf.resolve(env.getenv)
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, dsn, "relay migrate", 0)
+	pool, err := connect(ctx, logger, dsn, "relay migrate", 0)
 	if err != nil {
 		return err
 	}

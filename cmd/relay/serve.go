@@ -58,6 +58,7 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 	if s.apiToken == "" {
 		s.apiToken = getenv("RELAY_API_TOKEN")
 	}
+	s.worker.resolveEnv(getenv)
 	if s.maxBodyBytes <= 0 {
 		return usageErrorf("--max-body-bytes must be positive, got %d", s.maxBodyBytes)
 	}
@@ -167,7 +168,7 @@ finish (up to --shutdown-timeout) and running jobs drain (up to
 // then shuts both down gracefully. ready, if not nil, is called with the
 // listening address once requests can be served.
 func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlags, ready func(addr net.Addr)) error {
-	pool, err := connect(ctx, dsn, "relay serve", servingMinConns)
+	pool, err := connect(ctx, logger, dsn, "relay serve", servingMinConns)
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		}
 		// The worker gets a pool of its own, so that a burst of API
 		// requests can never starve its heartbeats.
-		workerPool, err := connect(ctx, dsn, "relay serve worker", servingMinConns)
+		workerPool, err := connect(ctx, logger, dsn, "relay serve worker", servingMinConns)
 		if err != nil {
 			return err
 		}
@@ -209,11 +210,11 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 	defer cancel()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	workerDone := make(chan error, 1)
+	// workerDone stays nil, never ready, without worker slots.
+	var workerDone chan error
 	if w != nil {
+		workerDone = make(chan error, 1)
 		go func() { workerDone <- w.Run(ctx) }()
-	} else {
-		workerDone <- nil
 	}
 	if opts.apiToken == "" && !isLoopbackListener(ln) {
 		logger.Warn("the API accepts unauthenticated requests from the network (--insecure-no-auth)", "addr", ln.Addr().String())
@@ -225,11 +226,19 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 	}
 
 	var errs []error
+	workerStopped := false
 	select {
 	case <-ctx.Done():
 		logger.Info("shutting down", "timeout", opts.shutdownTimeout)
 	case err := <-serveErr:
 		errs = append(errs, fmt.Errorf("serve HTTP: %w", err))
+		cancel()
+	case err := <-workerDone:
+		// The worker stopped by itself: its id is another live worker's.
+		workerStopped = true
+		if err != nil {
+			errs = append(errs, err)
+		}
 		cancel()
 	}
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.WithoutCancel(ctx), opts.shutdownTimeout)
@@ -238,8 +247,10 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		logger.Warn("in-flight requests did not finish in time; closing their connections", "err", err)
 		srv.Close()
 	}
-	if err := <-workerDone; err != nil {
-		errs = append(errs, fmt.Errorf("worker: %w", err))
+	if workerDone != nil && !workerStopped {
+		if err := <-workerDone; err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

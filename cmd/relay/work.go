@@ -36,6 +36,7 @@ SIGTERM the worker stops claiming, lets running jobs finish for up to
 	if wf.slots < 1 {
 		return usageErrorf("--slots must be at least 1, got %d", wf.slots)
 	}
+	wf.resolveEnv(env.getenv)
 	cfg, err := wf.config(logger)
 	if err != nil {
 		return err
@@ -44,7 +45,7 @@ SIGTERM the worker stops claiming, lets running jobs finish for up to
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, dsn, "relay work", servingMinConns)
+	pool, err := connect(ctx, logger, dsn, "relay work", servingMinConns)
 	if err != nil {
 		return err
 	}
@@ -57,8 +58,6 @@ SIGTERM the worker stops claiming, lets running jobs finish for up to
 		return fmt.Errorf("create worker: %w", err)
 	}
 	builtin.Register(w)
-	if err := w.Run(ctx); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	return nil
+	// Run's errors (an id another live worker holds) say what they are.
+	return w.Run(ctx)
 }

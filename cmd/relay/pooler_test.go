@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/relayq/relay/internal/pgbouncer"
+	"github.com/relayq/relay/internal/relaybin"
+)
+
+// TestEndToEnd_ThroughPgBouncerInTransactionMode runs migrate, serve and
+// workers through a real PgBouncer in transaction mode, as most production
+// databases are reached, with URLs that say nothing of it: relay finds the
+// pooler itself. A worker whose session goes to PostgreSQL directly is
+// found dead through its session; one without is found through its lease.
+func TestEndToEnd_ThroughPgBouncerInTransactionMode(t *testing.T) {
+	relaybin.Path(t)
+	ctx := testContext(t, 120*time.Second)
+	dsn := emptyDatabaseURL(t)
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bouncer := pgbouncer.ForTest(t, dsn, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction})
+	// The pooler's URL as a user would write it, without pgx settings.
+	u, err := url.Parse(bouncer.URL(cfg.Database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Del("default_query_exec_mode")
+	u.RawQuery = q.Encode()
+	pooled := u.String()
+
+	stdout, stderr, code := runBinary(t, ctx, "migrate", "--database-url", pooled)
+	if code != 0 || !strings.Contains(stdout, "applied migration 3") || !strings.Contains(stderr, "goes through a connection pooler") {
+		t.Fatalf("relay migrate through PgBouncer: status %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+
+	const token = "pooled-secret"
+	addr := freeAddr(t)
+	base := "http://" + addr
+	serve := startProc(t, ctx, "serve", "serve", "--addr", addr, "--database-url", pooled, "--api-token", token)
+	waitHealthy(t, ctx, serve, base)
+
+	// A worker with its session on PostgreSQL itself holds a long job,
+	// then dies.
+	direct := startProc(t, ctx, "direct", "work", "--database-url", pooled, "--session-database-url", dsn,
+		"--id", "direct", "--slots", "1", "--lease", "1m", "--log-format", "json")
+	long := postJob(t, ctx, base, token, `{"kind":"sleep","payload":{"ms":60000}}`)
+	waitLeasedBy(t, ctx, base, token, long.ID, "direct")
+	if err := direct.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-direct.done
+
+	// A worker with no session (through the pooler) takes the job back at
+	// once, by the session of the dead one, not after its minute of lease.
+	leaseOnly := startProc(t, ctx, "lease-only", "work", "--database-url", pooled,
+		"--id", "lease-only", "--slots", "2", "--lease", "2s", "--log-format", "json")
+	reclaimed, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	job := waitLeasedBy(t, reclaimed, base, token, long.ID, "lease-only")
+	if job.Attempt != 2 || deref(job.LastError) != "worker session ended" {
+		t.Errorf("the dead worker's job: attempt %d, last error %q; want attempt 2 after its session ended", job.Attempt, deref(job.LastError))
+	}
+
+	// Jobs run through the pooler.
+	var ids []int64
+	for range 5 {
+		ids = append(ids, postJob(t, ctx, base, token, `{"kind":"hash","payload":{"iterations":100,"sleep_ms":1}}`).ID)
+	}
+	for _, id := range ids {
+		waitForState(t, ctx, base, token, id, "succeeded")
+	}
+	if !strings.Contains(leaseOnly.stderr.String(), "goes through a connection pooler") {
+		t.Errorf("the worker without a session did not say it runs on leases alone:\n%s", leaseOnly.stderr.String())
+	}
+
+	// That worker dies too, holding the long job: only its lease brings
+	// the job back, to a worker with a session of its own.
+	if err := leaseOnly.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-leaseOnly.done
+	startProc(t, ctx, "direct-2", "work", "--database-url", pooled, "--session-database-url", dsn,
+		"--id", "direct-2", "--slots", "1", "--log-format", "json")
+	job = waitLeasedBy(t, reclaimed, base, token, long.ID, "direct-2")
+	if job.Attempt != 3 || deref(job.LastError) != "lease expired" {
+		t.Errorf("the lease-only worker's job: attempt %d, last error %q; want attempt 3 after its lease expired", job.Attempt, deref(job.LastError))
+	}
+	serve.terminate(t, 20*time.Second)
+}
+
+// TestWork_RefusesAnIDALiveWorkerHolds starts two workers under one --id:
+// the second exits at once with an error naming the first.
+func TestWork_RefusesAnIDALiveWorkerHolds(t *testing.T) {
+	relaybin.Path(t)
+	ctx := testContext(t, 60*time.Second)
+	dsn := emptyDatabaseURL(t)
+	if _, stderr, code := runBinary(t, ctx, "migrate", "--database-url", dsn); code != 0 {
+		t.Fatalf("relay migrate: status %d: %s", code, stderr)
+	}
+	first := startProc(t, ctx, "first", "work", "--database-url", dsn, "--id", "pod-0", "--log-format", "json")
+	for !strings.Contains(first.stderr.String(), "worker starting") {
+		select {
+		case <-first.done:
+			t.Fatalf("the first worker exited: %v", first.err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	_, stderr, code := runBinary(t, ctx, "work", "--database-url", dsn, "--id", "pod-0", "--log-format", "json")
+	want := fmt.Sprintf(`relay: worker id "pod-0" is in use by a live session (pid %d on host `, first.cmd.Process.Pid)
+	if code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("second worker under the same id: status %d, stderr:\n%s\nwant status 1 and %q", code, stderr, want)
+	}
+	first.terminate(t, 20*time.Second)
+}
+
+// waitHealthy waits until the API behind base answers /healthz.
+func waitHealthy(t *testing.T, ctx context.Context, p *proc, base string) {
+	t.Helper()
+	up, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	for {
+		resp, _, err := apiRequest(up, http.MethodGet, base+"/healthz", "", "")
+		if err == nil && resp.StatusCode == http.StatusOK {
+			return
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited: %v\n%s", p.name, p.err, p.stderr.String())
+		case <-up.Done():
+			t.Fatalf("%s not healthy after 15s: %v", p.name, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// waitLeasedBy polls the job until it runs under worker.
+func waitLeasedBy(t *testing.T, ctx context.Context, base, token string, id int64, worker string) apiJob {
+	t.Helper()
+	for {
+		job := waitForState(t, ctx, base, token, id, "running")
+		if deref(job.LeasedBy) == worker {
+			return job
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("job %d runs under %q (attempt %d, last error %q), want %q", id, deref(job.LeasedBy), job.Attempt, deref(job.LastError), worker)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
