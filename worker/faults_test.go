@@ -101,11 +101,15 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
-	// The release failed; the session is gone: any worker takes the job
-	// back at once, not after its lease.
-	rows, err := b.q.JobReclaim(b.ctx, 10)
-	if err != nil {
-		t.Fatal(err)
+	// The release failed; the session is gone (once the server has seen
+	// its connection close): any worker takes the job back at once, not
+	// after its lease.
+	var rows []db.JobReclaimRow
+	for deadline := time.Now().Add(5 * time.Second); len(rows) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var err error
+		if rows, err = b.q.JobReclaim(b.ctx, 10); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if len(rows) != 1 || rows[0].ID != job.ID || deref(rows[0].LastError) != "worker session ended" {
 		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, job.ID)
