@@ -21,6 +21,7 @@ import (
 	"github.com/relayq/relay/experiment/schema"
 	"github.com/relayq/relay/internal/devdb"
 	"github.com/relayq/relay/internal/faultproxy"
+	"github.com/relayq/relay/internal/pgbouncer"
 	"github.com/relayq/relay/internal/pgurl"
 )
 
@@ -55,13 +56,20 @@ const (
 	// ChaosBadInput fires a burst of malformed, oversized, duplicate-key
 	// and hostile requests at the API during the run.
 	ChaosBadInput ChaosScenario = "bad-input"
+	// ChaosPgBouncer runs the workers and the API through a PgBouncer in
+	// transaction mode, enqueues through the API, and SIGKILLs workers as
+	// the kill scenario does. Half the workers keep their session on
+	// PostgreSQL itself (--session-database-url), so that their death is
+	// seen at once; the others have no session and are governed by their
+	// leases alone.
+	ChaosPgBouncer ChaosScenario = "pgbouncer"
 )
 
 // ChaosScenarios returns every scenario, in the order the full programme
 // runs them.
 func ChaosScenarios() []ChaosScenario {
 	return []ChaosScenario{ChaosKill, ChaosPause, ChaosPartition, ChaosBackendKill,
-		ChaosRestart, ChaosPoison, ChaosStarvation, ChaosBadInput}
+		ChaosRestart, ChaosPoison, ChaosStarvation, ChaosBadInput, ChaosPgBouncer}
 }
 
 // ParseChaosScenarios parses a comma-separated list of scenario names;
@@ -272,6 +280,10 @@ type chaosRun struct {
 	q       *db.Queries
 	dbURL   string // the workers' direct URL
 	ownsDB  bool
+	// bouncer is the pgbouncer scenario's pooler, and pooledURL the run's
+	// database through it.
+	bouncer   *pgbouncer.Bouncer
+	pooledURL string
 
 	logDir  string
 	procs   *Procs
@@ -298,6 +310,9 @@ type chaosWorker struct {
 	id    string
 	proc  *Proc
 	proxy *faultproxy.Proxy // the partition scenario's, else nil
+	// leaseOnly is set for a worker of the pgbouncer scenario without a
+	// session: only its leases tell when it died.
+	leaseOnly bool
 	// killed is set before the harness kills the process on purpose.
 	killed atomic.Bool
 }
@@ -388,6 +403,14 @@ func (r *chaosRun) setupDatabase(ctx context.Context) error {
 	}
 	r.q = r.d.Q
 	r.dbURL = r.d.URL
+	if r.cfg.Scenario == ChaosPgBouncer {
+		b, err := pgbouncer.Start(ctx, r.dbURL, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction, PoolSize: chaosPgBouncerPoolSize})
+		if err != nil {
+			return fmt.Errorf("chaos: the pgbouncer scenario needs PgBouncer: %w", err)
+		}
+		r.bouncer = b
+		r.pooledURL = b.URL(r.d.Name)
+	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := r.d.Pool.Exec(sctx, schema.Chaos); err != nil {
@@ -420,9 +443,22 @@ func chaosOpenDatabase(ctx context.Context, dsn string) (*Database, error) {
 	return &Database{Name: name, URL: dsn, Pool: pool, Q: db.New(pool)}, nil
 }
 
+// chaosPgBouncerPoolSize is the number of server connections the
+// pgbouncer scenario's pooler keeps for the run's database.
+const chaosPgBouncerPoolSize = 20
+
 // needsServer reports whether the scenario talks to the HTTP API.
 func (r *chaosRun) needsServer() bool {
-	return r.cfg.Scenario == ChaosRestart || r.cfg.Scenario == ChaosBadInput
+	return r.cfg.Scenario == ChaosRestart || r.cfg.Scenario == ChaosBadInput || r.cfg.Scenario == ChaosPgBouncer
+}
+
+// statementURL is where the workers and the API send their statements:
+// through the pooler in the pgbouncer scenario, else to the database.
+func (r *chaosRun) statementURL() string {
+	if r.pooledURL != "" {
+		return r.pooledURL
+	}
+	return r.dbURL
 }
 
 // startProcesses starts the workers, and the API if the scenario needs it,
@@ -431,18 +467,32 @@ func (r *chaosRun) startProcesses(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var ids []string
+	var leaseOnly []*chaosWorker
 	for range r.cfg.Workers {
 		w, err := r.startWorker(ctx)
 		if err != nil {
 			return err
+		}
+		if w.leaseOnly {
+			leaseOnly = append(leaseOnly, w)
+			continue
 		}
 		ids = append(ids, w.id)
 	}
 	if err := WaitWorkers(ctx, r.q, r.procs, ids...); err != nil {
 		return fmt.Errorf("chaos: %w", err)
 	}
+	// A worker without a session registers none: it is ready once it has
+	// found out that it runs on leases alone.
+	for _, w := range leaseOnly {
+		if _, err := w.proc.WaitLog(ctx, func(l LogLine) bool {
+			return strings.Contains(l.Msg, "goes through a connection pooler")
+		}); err != nil {
+			return fmt.Errorf("chaos: wait for %s to start without a session: %w", w.id, err)
+		}
+	}
 	if r.needsServer() {
-		args := []string{"--database-url", r.dbURL, "--shutdown-timeout", "5s"}
+		args := []string{"--database-url", r.statementURL(), "--shutdown-timeout", "5s"}
 		if r.cfg.Scenario == ChaosBadInput {
 			r.token = fmt.Sprintf("chaos-token-%d", r.randN(1<<30))
 			args = append(args, "--api-token", r.token)
@@ -462,11 +512,21 @@ func (r *chaosRun) startProcesses(ctx context.Context) error {
 func (r *chaosRun) startWorker(ctx context.Context) (*chaosWorker, error) {
 	r.mu.Lock()
 	r.nextWorker++
-	id := fmt.Sprintf("w%d", r.nextWorker)
+	n := r.nextWorker
 	r.mu.Unlock()
+	id := fmt.Sprintf("w%d", n)
 
 	w := &chaosWorker{id: id}
-	workerURL := r.dbURL
+	workerURL := r.statementURL()
+	var extra []string
+	if r.cfg.Scenario == ChaosPgBouncer {
+		// Odd workers keep a session on PostgreSQL itself.
+		if n%2 == 1 {
+			extra = append(extra, "--session-database-url", r.dbURL)
+		} else {
+			w.leaseOnly = true
+		}
+	}
 	if r.cfg.Scenario == ChaosPartition {
 		target, err := pgurl.HostPort(r.dbURL)
 		if err != nil {
@@ -492,6 +552,7 @@ func (r *chaosRun) startWorker(ctx context.Context) (*chaosWorker, error) {
 		"--handler-pool-size", strconv.Itoa(DefaultChaosHandlerPoolSize),
 		"--log-format", "json",
 	)
+	args = append(args, extra...)
 	// Started under the lock, and not at all once cleanup began, so that
 	// cleanup, which sets stopping under the same lock, stops every worker.
 	r.mu.Lock()
@@ -661,6 +722,11 @@ func (r *chaosRun) cleanup() error {
 			}
 		} else {
 			r.d.Pool.Close()
+		}
+	}
+	if r.bouncer != nil {
+		if err := r.bouncer.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("chaos: stop PgBouncer: %w", err))
 		}
 	}
 	if r.cluster != nil {

@@ -114,7 +114,7 @@ var (
 		"kill": true, "self_exit": true, "crash": true, "partition_cut": true,
 		"blackhole": true, "backend_kill_session": true, "db_restart": true,
 	}
-	chaosDeathFaults = map[string]bool{"kill": true, "self_exit": true, "crash": true}
+	chaosDeathFaults = map[string]bool{"kill": true, "kill_lease_only": true, "self_exit": true, "crash": true}
 )
 
 // chaosHistory is what the checker read that a run's report uses too.
@@ -330,13 +330,13 @@ func chaosSessionEndedByFault(rc db.ChaosReclaimsRow, faults []db.ChaosFault) bo
 
 // chaosAttributeReclaim returns the fault that took the reclaimed job from its
 // worker: the latest fault on that worker (or all) between the claim's
-// session and the reclaim, among those that end sessions or stall a
-// worker; or nil.
+// session and the reclaim, among those that end sessions, stall a worker
+// or kill one that has no session; or nil.
 func chaosAttributeReclaim(rc db.ChaosReclaimsRow, faults []db.ChaosFault) *db.ChaosFault {
 	var found *db.ChaosFault
 	for i := range faults {
 		f := &faults[i]
-		if !chaosSessionFaults[f.Kind] && f.Kind != "pause" {
+		if !chaosSessionFaults[f.Kind] && f.Kind != "pause" && f.Kind != "kill_lease_only" {
 			continue
 		}
 		if (f.Target != rc.Worker && f.Target != "*") || f.At.After(rc.At) {

@@ -55,7 +55,7 @@ func (r *chaosRun) injectFaults(ctx context.Context) error {
 	start := time.Now()
 	var err error
 	switch r.cfg.Scenario {
-	case ChaosKill:
+	case ChaosKill, ChaosPgBouncer:
 		err = r.killWorkers(ctx, start)
 	case ChaosPause:
 		err = r.pauseWorkers(ctx, start)
@@ -87,19 +87,28 @@ func (r *chaosRun) window(start time.Time) (from, until time.Time) {
 }
 
 // killWorkers SIGKILLs a random worker (one that holds jobs, if any does)
-// every FaultEvery and starts a new one in its place at once.
+// every FaultEvery and starts a new one in its place at once. In the
+// pgbouncer scenario, the victims are by turns workers with a session and
+// workers without one.
 func (r *chaosRun) killWorkers(ctx context.Context, start time.Time) error {
 	next, until := r.window(start)
-	for ctx.Err() == nil {
+	for kills := 0; ctx.Err() == nil; kills++ {
 		if !chaosSleepUntil(ctx, next) || time.Now().After(until) {
 			return nil
 		}
 		next = next.Add(r.jitter(r.cfg.FaultEvery))
-		w := r.randomBusyWorker(ctx)
+		w := r.randomBusyWorker(ctx, func(w *chaosWorker) bool {
+			return r.cfg.Scenario != ChaosPgBouncer || w.leaseOnly == (kills%2 == 1)
+		})
 		if w == nil {
 			continue
 		}
-		r.recordFault(ctx, "kill", w.id, w.proc.PID(), "SIGKILL")
+		kind := "kill"
+		if w.leaseOnly {
+			// Its death shows only when its leases expire.
+			kind = "kill_lease_only"
+		}
+		r.recordFault(ctx, kind, w.id, w.proc.PID(), "SIGKILL")
 		w.killed.Store(true)
 		if err := w.proc.Kill(); err != nil {
 			r.log.Warn("kill a worker", "worker", w.id, "err", err)
@@ -150,20 +159,24 @@ func (r *chaosRun) pauseWorkers(ctx context.Context, start time.Time) error {
 
 // randomBusyWorker returns a random live worker among those that hold
 // jobs now, or among all live workers if none does.
-func (r *chaosRun) randomBusyWorker(ctx context.Context) *chaosWorker {
+func (r *chaosRun) randomBusyWorker(ctx context.Context, eligible func(*chaosWorker) bool) *chaosWorker {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	rows, err := r.q.ChaosRunningByWorker(qctx, db.ChaosRunningByWorkerParams{LongMs: 1, YoungMs: 1})
 	cancel()
 	var busy []*chaosWorker
 	if err == nil {
 		for _, row := range rows {
-			if w := r.worker(row.Worker); w != nil && !w.proc.Exited() && !w.killed.Load() && row.Running > 0 {
+			if w := r.worker(row.Worker); w != nil && !w.proc.Exited() && !w.killed.Load() && row.Running > 0 && eligible(w) {
 				busy = append(busy, w)
 			}
 		}
 	}
 	if len(busy) == 0 {
-		busy = r.liveWorkers()
+		for _, w := range r.liveWorkers() {
+			if eligible(w) {
+				busy = append(busy, w)
+			}
+		}
 	}
 	if len(busy) == 0 {
 		return nil

@@ -329,6 +329,9 @@ func (r *chaosRun) evaluate(ctx context.Context, res *ChaosResult, hist *chaosHi
 	switch r.cfg.Scenario {
 	case ChaosKill:
 		res.some("workers killed", int64(c.Faults["kill"]))
+	case ChaosPgBouncer:
+		res.some("workers with a session killed", int64(c.Faults["kill"]))
+		res.some("workers without a session killed", int64(c.Faults["kill_lease_only"]))
 	case ChaosBackendKill:
 		res.some("backends terminated", int64(c.Faults["backend_kill"]+c.Faults["backend_kill_session"]))
 		res.some("worker sessions terminated", int64(c.Faults["backend_kill_session"]))

@@ -33,7 +33,7 @@ const chaosLongJobLeases = 3
 
 // workload returns the scenario's jobs, in the order they are enqueued:
 // sleep and hash jobs of 5 to 300 ms, plus what the scenario needs (long
-// jobs for a pause to catch, poison jobs, connection hogs).
+// jobs for a pause or a kill to catch, poison jobs, connection hogs).
 func (r *chaosRun) workload() []chaosJob {
 	c := r.cfg
 	n := c.Jobs
@@ -69,6 +69,13 @@ func (r *chaosRun) workload() []chaosJob {
 		}
 		for range max(2, n/500) {
 			add(KindChaosExit, struct{}{}, chaosPoisonAttempts)
+		}
+	case ChaosPgBouncer:
+		// Jobs that run for a lease, so that a worker killed holds some:
+		// a job held by a worker without a session shows how long only
+		// its lease takes to bring the job back.
+		for range min(max(5*c.Workers, n/20), n/4) {
+			add(builtin.KindSleep, builtin.SleepPayload{Ms: c.Lease.Milliseconds()}, chaosMaxAttempts)
 		}
 	case ChaosStarvation:
 		for range 2 * c.Workers {
@@ -216,7 +223,7 @@ const chaosBatchEvery = 200 * time.Millisecond
 // Go calls (JobInsertMany) in batches, or, in the restart scenario, one by
 // one through the HTTP API.
 func (r *chaosRun) enqueue(ctx context.Context, jobs []chaosJob) error {
-	if r.cfg.Scenario == ChaosRestart {
+	if r.cfg.Scenario == ChaosRestart || r.cfg.Scenario == ChaosPgBouncer {
 		return r.enqueueHTTP(ctx, jobs)
 	}
 	batch := max(1, int(int64(len(jobs))*int64(chaosBatchEvery)/int64(r.cfg.Duration)))

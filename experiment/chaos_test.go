@@ -157,10 +157,21 @@ func TestChaos_BadInput_RefusesEveryHostileRequestWithA4xx(t *testing.T) {
 	t.Logf("bad input: %d requests, answers %v", res.BadInput.Requests, res.BadInput.ByStatus)
 }
 
+func TestChaos_PgBouncer_LosesNothingThroughATransactionModePooler(t *testing.T) {
+	res := runChaosTest(t, shortChaos(t, ChaosPgBouncer))
+	t.Logf("reclaims %v, delays %+v", res.Check.Reclaims, res.Check.ReclaimDelays)
+	if d, ok := res.Check.ReclaimDelays["kill"]; !ok || d.Redelivered.Max <= 0 {
+		t.Errorf("no job of a killed worker with a session was timed back to a claim: %+v", res.Check.ReclaimDelays)
+	}
+	if d, ok := res.Check.ReclaimDelays["kill_lease_only"]; !ok || d.Redelivered.Max <= 0 {
+		t.Errorf("no job of a killed worker without a session was timed back to a claim: %+v", res.Check.ReclaimDelays)
+	}
+}
+
 func TestParseChaosScenarios(t *testing.T) {
 	all, err := ParseChaosScenarios("all")
-	if err != nil || len(all) != 8 {
-		t.Fatalf("ParseChaosScenarios(all) = %v, %v; want the 8 scenarios", all, err)
+	if err != nil || len(all) != 9 {
+		t.Fatalf("ParseChaosScenarios(all) = %v, %v; want the 9 scenarios", all, err)
 	}
 	got, err := ParseChaosScenarios("kill, pause,kill")
 	if err != nil || len(got) != 2 || got[0] != ChaosKill || got[1] != ChaosPause {
