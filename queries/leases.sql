@@ -209,18 +209,26 @@ WITH ended_sessions AS MATERIALIZED (
     FROM worker_sessions AS s
     WHERE NOT EXISTS (SELECT 1 FROM worker_sessions_live AS l WHERE l.session_key = s.session_key)
 ),
+-- The jobs to look at, found by index: those whose lease expired, and
+-- those of each ended session (the lateral lookup, with its limit, is
+-- always made by index, however many jobs run), so that the statement
+-- never scans every running job.
 candidates AS (
     SELECT e.id FROM jobs AS e
     WHERE e.state = 'running' AND e.lease_expires_at <= now()
     UNION
-    SELECT g.id FROM jobs AS g
-    JOIN ended_sessions AS es ON g.lease_session = es.session_key
-    WHERE g.state = 'running'
+    SELECT g.id
+    FROM ended_sessions AS es
+    CROSS JOIN LATERAL (
+        SELECT r.id FROM jobs AS r
+        WHERE r.lease_session = es.session_key AND r.state = 'running'
+        LIMIT @max_jobs
+    ) AS g
 ),
 abandoned AS (
     SELECT a.id
     FROM jobs AS a
-    WHERE a.id IN (SELECT c.id FROM candidates AS c)
+    WHERE a.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
       -- Checked again on the newest version of the row once locked, so a
       -- lease renewed, or a job claimed anew, after this statement began
       -- is not taken.

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,15 +83,15 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 	t.Parallel()
 	b := setup(t)
 	// Many ended sessions of other workers, so that a reclaim has work to
-	// do (some 200 ms here) between taking its snapshot and locking the
+	// do (some 300 ms here) between taking its snapshot and locking the
 	// job, while the worker registers anew and claims the job again.
 	if _, err := b.pool.Exec(b.ctx, `
 		INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
-		SELECT 1000000 + n, 'gone-' || n, 'default', 1, 'test' FROM generate_series(1, 300000) AS n;
+		SELECT 1000000 + n, 'gone-' || n, 'default', 1, 'test' FROM generate_series(1, 100000) AS n;
 		ANALYZE worker_sessions`); err != nil {
 		t.Fatal(err)
 	}
-	const rounds = 8
+	const rounds = 5
 	premature := 0
 	for round := range rounds {
 		job := b.enqueue(t, "noop", `{}`, 25)
@@ -282,5 +283,52 @@ func TestWorkerForgetEnded_KeepsLiveSessionsAndThoseHoldingJobs(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"live"}, ids); diff != "" {
 		t.Errorf("worker ids still held (-want +got):\n%s", diff)
+	}
+}
+
+func TestReclaim_LooksOnlyAtExpiredLeasesAndEndedSessionsByIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// 20,000 running jobs of 2,000 sessions, and 50 sessions holding one
+	// job each: the reclaim must not read every running job.
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
+		SELECT k, 'w' || k, 'default', 1, 'test' FROM generate_series(1, 2050) AS k;
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+		SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', 'w' || k, k, now()
+		FROM generate_series(1, 2000) AS k, generate_series(1, 10);
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+		SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', 'w' || k, k, now()
+		FROM generate_series(2001, 2050) AS k;
+		ANALYZE worker_sessions; ANALYZE jobs;`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	var sql string
+	var args []any
+	capture := captureQuery(&sql, &args)
+	if _, err := db.New(capture(tx)).JobReclaim(b.ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	lines, err := tx.Query(b.ctx, "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(lines, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(plan, "\n")
+	for _, want := range []string{"jobs_lease_expiry_idx", "jobs_lease_session_idx", "jobs_pkey"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the reclaim's plan does not use %s:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "Seq Scan on jobs") {
+		t.Errorf("the reclaim reads every running job:\n%s", got)
 	}
 }
