@@ -206,6 +206,19 @@ func (q *Queries) WorkerRegister(ctx context.Context, arg WorkerRegisterParams) 
 	return i, err
 }
 
+const workerSessionsLiveCount = `-- name: WorkerSessionsLiveCount :one
+SELECT count(*)::integer AS live FROM worker_sessions_live
+`
+
+// Counts the worker sessions alive now, from one scan of pg_locks: how
+// many workers share the reclaims.
+func (q *Queries) WorkerSessionsLiveCount(ctx context.Context) (int32, error) {
+	row := q.db.QueryRow(ctx, workerSessionsLiveCount)
+	var live int32
+	err := row.Scan(&live)
+	return live, err
+}
+
 const workerUnregister = `-- name: WorkerUnregister :one
 WITH holder AS (
     DELETE FROM workers AS w

@@ -97,6 +97,11 @@ WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
   AND NOT EXISTS (
       SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key);
 
+-- name: WorkerSessionsLiveCount :one
+-- Counts the worker sessions alive now, from one scan of pg_locks: how
+-- many workers share the reclaims.
+SELECT count(*)::integer AS live FROM worker_sessions_live;
+
 -- name: WorkerList :many
 -- Lists the worker ids registered, each with the session that holds it and
 -- whether that session is alive.

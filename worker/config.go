@@ -29,7 +29,9 @@ const (
 	DefaultPollInterval = time.Second
 	// DefaultReclaimInterval is how often each worker looks for jobs whose
 	// worker died or whose lease expired. It bounds how long a dead
-	// worker's job waits to be taken back.
+	// worker's job waits to be taken back. In a fleet of more than 16 live
+	// workers, each waits longer in proportion, so that the fleet as a
+	// whole still looks 16 times per interval.
 	DefaultReclaimInterval = 250 * time.Millisecond
 	// DefaultReclaimBatch is how many jobs one reclaim statement takes back.
 	DefaultReclaimBatch = 1000

@@ -499,13 +499,15 @@ func (w *Worker) lose(e *execution, why string) {
 }
 
 // runReclaims takes back the jobs of dead workers and expired leases every
-// ReclaimInterval, and now and then forgets workers that are gone.
+// ReclaimInterval (longer in a large fleet, see reclaimInterval), and now
+// and then forgets workers that are gone.
 func (w *Worker) runReclaims(ctx context.Context) {
+	live := 1
 	for round := 0; ; round++ {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(jitter(w.cfg.ReclaimInterval)):
+		case <-time.After(jitter(reclaimInterval(w.cfg.ReclaimInterval, live))):
 		}
 		for {
 			n, err := w.reclaim(ctx)
@@ -518,6 +520,9 @@ func (w *Worker) runReclaims(ctx context.Context) {
 			if _, err := w.q.WorkerForgetEnded(rctx); err != nil && ctx.Err() == nil {
 				w.log.Warn("forget ended worker sessions failed", "err", err)
 			}
+			if n, err := w.q.WorkerSessionsLiveCount(rctx); err == nil {
+				live = int(n)
+			}
 			cancel()
 		}
 	}
@@ -526,6 +531,24 @@ func (w *Worker) runReclaims(ctx context.Context) {
 // forgetWorkersEvery is how many reclaim rounds pass between two clean-ups
 // of the sessions that ended.
 const forgetWorkersEvery = 40
+
+// reclaimersPerInterval is how many reclaims a fleet of workers makes, in
+// all, per ReclaimInterval once it has more workers than that.
+const reclaimersPerInterval = 16
+
+// reclaimInterval is how long one worker of a fleet of live workers waits
+// between two reclaims: base while the fleet is small; in a larger one,
+// longer in proportion, so that the fleet as a whole still reclaims
+// reclaimersPerInterval times per base (a dead worker's jobs come back
+// about as fast) while the database runs a constant number of reclaim
+// statements per second instead of one per worker, each of which reads
+// every lock of the server.
+func reclaimInterval(base time.Duration, live int) time.Duration {
+	if live <= reclaimersPerInterval {
+		return base
+	}
+	return base * time.Duration(live) / reclaimersPerInterval
+}
 
 func (w *Worker) reclaim(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
