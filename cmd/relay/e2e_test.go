@@ -166,22 +166,7 @@ func TestEndToEnd_ServeAndWorkersRunJobs(t *testing.T) {
 			"--backoff-base", "50ms", "--poll", "100ms", "--log-format", "json")
 	}
 
-	// The API answers once it is up.
-	up, cancelUp := context.WithTimeout(ctx, 15*time.Second)
-	defer cancelUp()
-	for {
-		resp, _, err := apiRequest(up, http.MethodGet, base+"/healthz", "", "")
-		if err == nil && resp.StatusCode == http.StatusOK {
-			break
-		}
-		select {
-		case <-serve.done:
-			t.Fatalf("relay serve exited: %v", serve.err)
-		case <-up.Done():
-			t.Fatalf("relay serve not healthy after 15s: %v", err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	waitHealthy(t, ctx, serve, base)
 	if resp, _, err := apiRequest(ctx, http.MethodGet, base+"/v1/jobs/1", "", ""); err != nil {
 		t.Errorf("request without the API token: %v", err)
 	} else if resp.StatusCode != http.StatusUnauthorized {
