@@ -171,3 +171,42 @@ func TestWorker_SessionSurvivesAStallShorterThanTheLease(t *testing.T) {
 		t.Errorf("after a %s stall: %s at attempt %d, history %s; want succeeded at attempt 1 with no reclaim", stall, got.State, got.Attempt, got.Errors)
 	}
 }
+
+func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "task", `{}`, 3)
+	started := make(chan int64, 1)
+	stopped := make(chan error, 1)
+	// Heartbeats every 20s: the worker must not wait for one to learn.
+	b.startWorker(t, worker.Config{ID: "first", Slots: 1, Lease: time.Minute, ShutdownGrace: -1}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			<-ctx.Done()
+			stopped <- context.Cause(ctx)
+			return nil, context.Cause(ctx)
+		})
+	})
+	<-started
+	// The server ends the worker's session; the worker reconnects at once.
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `
+		SELECT count(pg_terminate_backend(l.pid))
+		FROM pg_locks AS l JOIN worker_sessions AS s ON l.objid::integer = s.session_key
+		WHERE l.locktype = 'advisory' AND l.classid = 1380273241 AND l.objsubid = 2 AND s.worker_id = 'first'
+		  AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("terminate the worker's session: %d backends, %v", n, err)
+	}
+	b.startWorker(t, worker.Config{ID: "second", Slots: 1, Lease: time.Minute}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) { return "second", nil })
+	})
+	b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
+	select {
+	case cause := <-stopped:
+		if !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Errorf("the first worker's handler stopped with %v, want %v", cause, worker.ErrLeaseLost)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("the first worker's handler still runs 5s after its job was taken back")
+	}
+}

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -104,13 +105,19 @@ func TestWorker_ThroughATransactionPoolerWithADirectSessionIsJudgedByItsSession(
 	proxy, direct := b.proxied(t)
 	job := b.enqueue(t, "task", `{}`, 3)
 	started := make(chan int64, 1)
+	stopped := make(chan error, 1)
 	const lease = time.Minute
 	// The first worker's session reaches PostgreSQL through a proxy that
 	// the test cuts: its process is gone, as far as the database knows.
 	b.runWorker(t, newPool(t, pooledURL), worker.Config{
 		ID: "first", Slots: 1, Lease: lease, ShutdownGrace: -1, SessionDatabaseURL: direct,
 	}, func(w *worker.Worker) {
-		w.Handle("task", blockUntilCancelled(started))
+		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			<-ctx.Done()
+			stopped <- context.Cause(ctx)
+			return nil, context.Cause(ctx)
+		})
 	})
 	<-started
 	if got := b.get(t, job.ID); got.LeaseSession == nil {
@@ -125,5 +132,15 @@ func TestWorker_ThroughATransactionPoolerWithADirectSessionIsJudgedByItsSession(
 	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
 	if got.Attempt != 2 || !strings.Contains(string(got.Errors), "worker session ended") {
 		t.Errorf("succeeded at attempt %d, history %s; want attempt 2 after its session ended", got.Attempt, got.Errors)
+	}
+	// The first worker, alive but without its session, learns that the job
+	// was taken back long before its next heartbeat (20s), and stops it.
+	select {
+	case cause := <-stopped:
+		if !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Errorf("the first worker's handler stopped with %v, want %v", cause, worker.ErrLeaseLost)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("the first worker's handler still runs 5s after its job was taken back")
 	}
 }

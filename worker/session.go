@@ -51,6 +51,11 @@ func (s *session) claimSession() (*int32, bool) {
 	return &key, true
 }
 
+// sessionLossRecheck is how many reclaim intervals after losing its session
+// a worker renews its leases again, to learn which of its jobs were taken
+// back.
+const sessionLossRecheck = 3
+
 // runSession keeps this worker's session alive: a connection of its own
 // that holds the advisory lock of a session registered in worker_sessions
 // (so that reclaims see at once when this process dies) and listens for
@@ -77,9 +82,12 @@ func (w *Worker) runSession(ctx context.Context, first chan<- error, stop func(e
 			return
 		}
 		w.log.Warn("worker session lost; reconnecting", "err", err, "retry_in", delay)
-		// Other workers may already have taken back our jobs: find out
-		// now rather than at the next scheduled heartbeat.
+		// Other workers take back the jobs claimed under that session as
+		// soon as they see it ended: find out now, and again once they
+		// surely have, rather than at the next scheduled heartbeat, so that
+		// the handlers of those jobs stop.
 		notify(w.beatNow)
+		time.AfterFunc(sessionLossRecheck*w.cfg.ReclaimInterval, func() { notify(w.beatNow) })
 		select {
 		case <-ctx.Done():
 			return
