@@ -24,6 +24,13 @@
 // still holds a live lease under a live session, and no acknowledgement is
 // accepted but from a job's newest claim within its lease.
 //
+// Concurrent adds what one operation at a time cannot reach: workers
+// running at once, racing their claims, heartbeats and reclaims. No model
+// predicts its outcomes, so it checks only what must hold whatever the
+// interleaving: every claim ends exactly once, an acknowledgement of a
+// claim known to have ended is refused, an accepted one came within the
+// lease its holder was given, and every job ends as its history says.
+//
 // The tests run a few seeds in the normal suite; `make modelcheck` runs
 // seeds one after another for minutes. A failure names its seed, step and
 // the operations that led to it. A seed fixes every choice the driver

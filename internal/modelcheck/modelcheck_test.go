@@ -149,3 +149,24 @@ func fatal(t *testing.T, seed uint64, steps int, err error) {
 	}
 	t.Fatalf("seed %d: %v\nreplay: %s", seed, err, replay)
 }
+
+// TestConcurrent runs workers at once, claiming, renewing, acknowledging,
+// abandoning, reclaiming, crashing and acknowledging as zombies, and then
+// checks what must hold whatever the interleaving.
+func TestConcurrent(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	duration := 2 * time.Second
+	if s := os.Getenv(envDuration); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", envDuration, s, err)
+		}
+		duration = d / 10
+	}
+	pool := dbtest.New(t)
+	c := modelcheck.NewConcurrent(pool, seed)
+	if err := c.Run(context.Background(), 300, 6, duration); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	t.Logf("seed %d, %s: %v", seed, duration, c.Counts())
+}

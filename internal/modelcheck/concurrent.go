@@ -1,0 +1,573 @@
+package modelcheck
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+)
+
+// Concurrent is a run of workers at once, whose outcomes no model can
+// predict: it checks only what must hold whatever the interleaving. Every
+// claim is ended exactly once (by an accepted completion, failure or
+// release, or by a reclaim), so no job ever had two live claims and no
+// stale acknowledgement ended one; a claim known to have ended refuses
+// every later acknowledgement; fences and tokens are never handed out
+// twice; every job enqueued ends terminal, with its attempts, error
+// history and result as its recorded history says.
+type Concurrent struct {
+	pool *pgxpool.Pool
+	seed uint64
+
+	mu     sync.Mutex
+	jobs   map[int64]*jobHistory
+	ended  map[uuid.UUID]int64
+	buried []Ack
+	broken []string
+	counts map[string]int
+}
+
+// jobHistory is what the workers saw happen to one job.
+type jobHistory struct {
+	claims    []claimRecord
+	completed []uuid.UUID
+	fails     int
+	releases  int
+	noted     int
+	reclaims  int
+}
+
+type claimRecord struct {
+	token uuid.UUID
+	fence int64
+}
+
+// NewConcurrent returns a concurrent run on pool, which must reach a
+// freshly migrated database that nothing else uses.
+func NewConcurrent(pool *pgxpool.Pool, seed uint64) *Concurrent {
+	return &Concurrent{
+		pool: pool, seed: seed,
+		jobs: map[int64]*jobHistory{}, ended: map[uuid.UUID]int64{}, counts: map[string]int{},
+	}
+}
+
+// Counts returns how many times each operation and outcome occurred.
+func (c *Concurrent) Counts() map[string]int { return c.counts }
+
+// Run enqueues jobs, runs workers workers at once for d, drains every job
+// left, and returns an error naming every invariant broken.
+func (c *Concurrent) Run(ctx context.Context, jobs, workers int, d time.Duration) error {
+	q := db.New(c.pool)
+	params := db.JobInsertManyParams{}
+	rng := rand.New(rand.NewPCG(c.seed, 0))
+	for range jobs {
+		params.Queues = append(params.Queues, QueueDefault)
+		params.Kinds = append(params.Kinds, "model")
+		params.Payloads = append(params.Payloads, json.RawMessage(`{}`))
+		params.Priorities = append(params.Priorities, int16(rng.IntN(3)))
+		params.MaxAttempts = append(params.MaxAttempts, int32(1+rng.IntN(4)))
+		params.RunAts = append(params.RunAts, time.Time{})
+		params.DelaysMs = append(params.DelaysMs, 0)
+	}
+	ids, err := q.JobInsertMany(ctx, params)
+	if err != nil {
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	for _, id := range ids {
+		c.jobs[id] = &jobHistory{}
+	}
+
+	deadline := time.Now().Add(d)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Go(func() {
+			w := &crowdWorker{c: c, id: fmt.Sprintf("c%d", i), rng: rand.New(rand.NewPCG(c.seed, uint64(i+1))), expires: map[uuid.UUID]time.Time{}}
+			errs[i] = w.run(ctx, deadline)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := c.drain(ctx); err != nil {
+		return err
+	}
+	return c.verify(ctx)
+}
+
+func (c *Concurrent) count(name string) {
+	c.mu.Lock()
+	c.counts[name]++
+	c.mu.Unlock()
+}
+
+func (c *Concurrent) brokenf(format string, args ...any) {
+	c.mu.Lock()
+	c.broken = append(c.broken, fmt.Sprintf(format, args...))
+	c.mu.Unlock()
+}
+
+// recordClaims keeps the claims a claim returned. Every claim of a job
+// with a lower fence has ended, so its acknowledgements must be refused
+// from now on. (Workers record their claims in an order of their own, so
+// a claim may be recorded after a later one.)
+func (c *Concurrent) recordClaims(rows []db.JobCompleteAndClaimRow) []Ack {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Ack
+	for _, r := range rows {
+		if r.ID == nil {
+			continue
+		}
+		h := c.jobs[*r.ID]
+		claim := claimRecord{token: *r.LeaseToken, fence: *r.Fence}
+		for _, old := range h.claims {
+			switch {
+			case old.fence < claim.fence:
+				c.bury(Ack{ID: *r.ID, Token: old.token})
+			case old.fence > claim.fence:
+				c.bury(Ack{ID: *r.ID, Token: claim.token})
+			}
+		}
+		h.claims = append(h.claims, claim)
+		out = append(out, Ack{ID: *r.ID, Token: claim.token})
+		c.counts["claim/jobs"]++
+	}
+	return out
+}
+
+// recordEnd keeps an acknowledgement that ended a claim.
+func (c *Concurrent) recordEnd(a Ack, record func(*jobHistory)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	record(c.jobs[a.ID])
+	c.bury(a)
+}
+
+// bury keeps a claim known to have ended, for zombies; c.mu is held.
+func (c *Concurrent) bury(a Ack) {
+	if _, ok := c.ended[a.Token]; !ok {
+		c.ended[a.Token] = a.ID
+		c.buried = append(c.buried, a)
+	}
+}
+
+// staleAck returns the token of a claim known to have ended, if any:
+// mostly a recent one, whose job is the likeliest to run again under a
+// newer claim.
+func (c *Concurrent) staleAck(rng *rand.Rand) (Ack, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.buried) == 0 {
+		return Ack{}, false
+	}
+	from := 0
+	if rng.IntN(4) != 0 {
+		from = max(0, len(c.buried)-20)
+	}
+	return c.buried[from+rng.IntN(len(c.buried)-from)], true
+}
+
+// crowdWorker is one of the concurrent workers: it claims, runs, renews,
+// acknowledges, abandons, reclaims, crashes and comes back as a zombie.
+type crowdWorker struct {
+	c       *Concurrent
+	id      string
+	rng     *rand.Rand
+	conn    *pgx.Conn
+	session int32
+	// expires holds the lease expiry of each claim the worker holds, as
+	// the database last told it: only the holder renews a lease.
+	expires map[uuid.UUID]time.Time
+}
+
+func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
+	defer func() {
+		if w.conn != nil {
+			w.conn.Close(context.Background())
+		}
+	}()
+	if err := w.register(ctx); err != nil {
+		return err
+	}
+	q := db.New(w.c.pool)
+	for time.Now().Before(deadline) {
+		switch r := w.rng.IntN(20); {
+		case r == 0:
+			if err := w.crash(ctx); err != nil {
+				return err
+			}
+		case r < 4:
+			rows, err := q.JobReclaim(ctx, 100)
+			if err != nil {
+				return fmt.Errorf("%s: reclaim: %w", w.id, err)
+			}
+			w.c.mu.Lock()
+			for _, r := range rows {
+				w.c.jobs[r.ID].reclaims++
+				w.c.counts["reclaim/jobs"]++
+			}
+			w.c.mu.Unlock()
+		case r < 7:
+			if err := w.zombie(ctx); err != nil {
+				return err
+			}
+		default:
+			if err := w.work(ctx, q); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// work claims a few jobs and does something with each.
+func (w *crowdWorker) work(ctx context.Context, q *db.Queries) error {
+	lease := time.Duration(20+w.rng.IntN(80)) * time.Millisecond
+	tokens := make([]uuid.UUID, 1+w.rng.IntN(3))
+	for i := range tokens {
+		tokens[i] = uuid.New()
+	}
+	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: lease.Milliseconds(), WorkerID: w.id,
+	})
+	if err != nil {
+		return fmt.Errorf("%s: claim: %w", w.id, err)
+	}
+	claimed := w.c.recordClaims(rows)
+	for _, r := range rows {
+		if r.ID != nil {
+			w.expires[*r.LeaseToken] = *r.LeaseExpiresAt
+		}
+	}
+	if len(claimed) == 0 {
+		time.Sleep(time.Duration(w.rng.IntN(5)) * time.Millisecond)
+		return nil
+	}
+	for _, a := range claimed {
+		if err := w.handle(ctx, a, lease); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle runs one claimed job: a short wait with heartbeats, then an
+// outcome, or nothing (the worker forgets it: its lease runs out).
+func (w *crowdWorker) handle(ctx context.Context, a Ack, lease time.Duration) error {
+	for range w.rng.IntN(3) {
+		time.Sleep(time.Duration(w.rng.IntN(int(lease.Milliseconds()))) * time.Millisecond)
+		if _, err := w.ack(ctx, "heartbeat", a, false); err != nil {
+			return err
+		}
+	}
+	if w.rng.IntN(10) == 0 {
+		time.Sleep(lease)
+	}
+	kinds := []string{"complete", "complete", "complete", "fail", "fail permanently", "release", "hand back", "forget"}
+	_, err := w.ack(ctx, kinds[w.rng.IntN(len(kinds))], a, false)
+	delete(w.expires, a.Token)
+	return err
+}
+
+// zombie acknowledges a claim known to have ended: the database must
+// refuse it.
+func (w *crowdWorker) zombie(ctx context.Context) error {
+	a, ok := w.c.staleAck(w.rng)
+	if !ok {
+		return nil
+	}
+	kinds := []string{"heartbeat", "complete", "fail", "release", "hand back"}
+	_, err := w.ack(ctx, kinds[w.rng.IntN(len(kinds))], a, true)
+	return err
+}
+
+// ack sends one acknowledgement of a, in a transaction that reads now()
+// first, and records it if accepted; stale says the claim was known to
+// have ended before it was sent.
+func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (bool, error) {
+	if kind == "forget" {
+		w.c.count("forget")
+		return false, nil
+	}
+	var accepted bool
+	var record func(*jobHistory)
+	var renewed time.Time
+	now, err := inTx(ctx, w.c.pool, func(q *db.Queries, _ time.Time) error {
+		switch kind {
+		case "heartbeat":
+			rows, err := q.JobHeartbeatMany(ctx, db.JobHeartbeatManyParams{LeaseMs: 50, Ids: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
+			if err != nil {
+				return err
+			}
+			if accepted = len(rows) == 1; accepted {
+				renewed = *rows[0].LeaseExpiresAt
+			}
+		case "complete":
+			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+				CompleteIds: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				Queue: QueueDefault, ClaimTokens: []uuid.UUID{}, WorkerID: w.id,
+			})
+			if err != nil {
+				return err
+			}
+			accepted = len(rows) > 0 && slices.Contains(rows[0].CompletedIds, a.ID)
+			record = func(h *jobHistory) { h.completed = append(h.completed, a.Token) }
+		case "fail", "fail permanently":
+			rows, err := q.JobFailMany(ctx, db.JobFailManyParams{
+				Ids: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}, Errors: []string{"failed"},
+				Permanent: []bool{kind == "fail permanently"}, RetryInMs: []int64{int64(w.rng.IntN(20))},
+			})
+			if err != nil {
+				return err
+			}
+			accepted = len(rows) == 1
+			record = func(h *jobHistory) { h.fails++ }
+		case "release", "hand back":
+			var note *string
+			if kind == "release" {
+				note = ptr(ShutdownNote)
+			}
+			rows, err := q.JobReleaseMany(ctx, db.JobReleaseManyParams{Note: note, Ids: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
+			if err != nil {
+				return err
+			}
+			accepted = len(rows) == 1
+			record = func(h *jobHistory) {
+				h.releases++
+				if note != nil {
+					h.noted++
+				}
+			}
+		default:
+			return fmt.Errorf("unknown acknowledgement %q", kind)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("%s: %s: %w", w.id, kind, err)
+	}
+	outcome := "rejected"
+	if accepted {
+		outcome = "accepted"
+	}
+	switch {
+	case stale:
+		w.c.count("zombie " + kind + "/" + outcome)
+		if accepted {
+			w.c.brokenf("%s of job %d accepted under token %s, whose claim had ended before it was sent", kind, a.ID, a.Token)
+		}
+	default:
+		w.c.count(kind + "/" + outcome)
+		if e, ok := w.expires[a.Token]; accepted && ok && !e.After(now) {
+			w.c.brokenf("%s of job %d accepted at %s under token %s, whose lease expired at %s", kind, a.ID, stamp(now), a.Token, stamp(e))
+		}
+	}
+	if accepted && kind == "heartbeat" && !stale {
+		w.expires[a.Token] = renewed
+	}
+	if accepted && record != nil {
+		w.c.recordEnd(a, record)
+	}
+	return accepted, nil
+}
+
+// resultOf is the result a completion under a's token records.
+func resultOf(a Ack) json.RawMessage {
+	return json.RawMessage(`{"token":"` + a.Token.String() + `"}`)
+}
+
+// register registers a new session for the worker, replacing its last.
+func (w *crowdWorker) register(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, w.c.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("%s: connect: %w", w.id, err)
+	}
+	p := db.WorkerRegisterParams{ID: w.id, Queue: QueueDefault, Pid: 1, Host: "modelcheck"}
+	if w.session != 0 {
+		p.PreviousSessionKey = &w.session
+	}
+	reg, err := db.New(conn).WorkerRegister(ctx, p)
+	if err != nil {
+		conn.Close(ctx)
+		return fmt.Errorf("%s: register: %w", w.id, err)
+	}
+	w.conn, w.session = conn, reg.SessionKey
+	return nil
+}
+
+// crash ends the worker's session, waits until its lock is gone, and
+// registers a new one.
+func (w *crowdWorker) crash(ctx context.Context) error {
+	if err := endSession(ctx, w.c.pool, w.conn, w.session); err != nil {
+		return err
+	}
+	w.conn = nil
+	w.c.count("crash")
+	clear(w.expires)
+	// Its claims in flight still name the ended session: they must
+	// claim nothing.
+	rows, err := db.New(w.c.pool).JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: 1000, WorkerID: w.id,
+	})
+	if err != nil {
+		return fmt.Errorf("%s: claim under ended session: %w", w.id, err)
+	}
+	if got := w.c.recordClaims(rows); len(got) > 0 {
+		w.c.brokenf("claim under session %d, which had ended, took job %d", w.session, got[0].ID)
+	}
+	return w.register(ctx)
+}
+
+// drain finishes every job left: every session has ended, so a reclaim
+// takes back every running job at once; a worker without a session then
+// claims and completes the rest until all are terminal.
+func (c *Concurrent) drain(ctx context.Context) error {
+	q := db.New(c.pool)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rows, err := q.JobReclaim(ctx, 1000)
+		if err != nil {
+			return fmt.Errorf("drain: reclaim: %w", err)
+		}
+		for _, r := range rows {
+			c.jobs[r.ID].reclaims++
+		}
+		tokens := make([]uuid.UUID, 100)
+		for i := range tokens {
+			tokens[i] = uuid.New()
+		}
+		claimed, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+			CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+			Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: time.Minute.Milliseconds(), WorkerID: "drain",
+		})
+		if err != nil {
+			return fmt.Errorf("drain: claim: %w", err)
+		}
+		acks := c.recordClaims(claimed)
+		for _, a := range acks {
+			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+				CompleteIds: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				Queue: QueueDefault, ClaimTokens: []uuid.UUID{}, WorkerID: "drain",
+			})
+			if err != nil {
+				return fmt.Errorf("drain: complete: %w", err)
+			}
+			if len(rows) == 0 || !slices.Contains(rows[0].CompletedIds, a.ID) {
+				return fmt.Errorf("drain: completion of job %d under a fresh one-minute lease refused", a.ID)
+			}
+			c.recordEnd(a, func(h *jobHistory) { h.completed = append(h.completed, a.Token) })
+		}
+		stats, err := q.JobQueueStats(ctx)
+		if err != nil {
+			return fmt.Errorf("drain: stats: %w", err)
+		}
+		open := int64(0)
+		for _, s := range stats {
+			open += s.Available + s.Running
+		}
+		if open == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("drain: %d jobs still unfinished after 30s", open)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// verify checks every job against its history.
+func (c *Concurrent) verify(ctx context.Context) error {
+	rows, err := db.New(c.pool).JobList(ctx, db.JobListParams{MaxJobs: 1 << 30})
+	if err != nil {
+		return fmt.Errorf("list jobs: %w", err)
+	}
+	broken := slices.Clone(c.broken)
+	if len(rows) != len(c.jobs) {
+		broken = append(broken, fmt.Sprintf("%d jobs enqueued, %d in the table", len(c.jobs), len(rows)))
+	}
+	tokens := map[uuid.UUID]int64{}
+	for _, r := range rows {
+		h, ok := c.jobs[r.ID]
+		if !ok {
+			broken = append(broken, fmt.Sprintf("job %d was never enqueued", r.ID))
+			continue
+		}
+		job, err := fromDB(r)
+		if err != nil {
+			return err
+		}
+		broken = append(broken, h.check(job, tokens)...)
+	}
+	if len(broken) > 0 {
+		return fmt.Errorf("%d invariants broken:\n  %s", len(broken), strings.Join(broken, "\n  "))
+	}
+	return nil
+}
+
+// check compares a finished job with its history; tokens collects the
+// claims' tokens of every job, to find one handed out twice.
+func (h *jobHistory) check(j Job, tokens map[uuid.UUID]int64) []string {
+	var broken []string
+	bad := func(format string, args ...any) {
+		broken = append(broken, fmt.Sprintf("job %d: ", j.ID)+fmt.Sprintf(format, args...))
+	}
+	if !j.Terminal() {
+		bad("ends %s, not terminal", j.State)
+	}
+	fences := make([]int64, len(h.claims))
+	for i, cl := range h.claims {
+		fences[i] = cl.fence
+	}
+	slices.Sort(fences)
+	for i, f := range fences {
+		if f != int64(i+1) {
+			bad("claims got fences %v, not 1 to %d", fences, len(fences))
+			break
+		}
+	}
+	for _, cl := range h.claims {
+		if other, ok := tokens[cl.token]; ok {
+			bad("token %s handed out again (job %d had it)", cl.token, other)
+		}
+		tokens[cl.token] = j.ID
+	}
+	if j.Fence != int64(len(h.claims)) {
+		bad("fence %d after %d claims", j.Fence, len(h.claims))
+	}
+	if ends := len(h.completed) + h.fails + h.releases + h.reclaims; ends != len(h.claims) {
+		bad("%d claims ended %d times (%d completions, %d failures, %d releases, %d reclaims): a claim ended twice or never",
+			len(h.claims), ends, len(h.completed), h.fails, h.releases, h.reclaims)
+	}
+	if want := int32(len(h.claims) - h.releases); j.Attempt != want {
+		bad("attempt %d after %d claims and %d releases", j.Attempt, len(h.claims), h.releases)
+	}
+	if want := h.fails + h.noted + h.reclaims; j.Errors != want {
+		bad("%d entries in the error history after %d failures, %d noted releases and %d reclaims", j.Errors, h.fails, h.noted, h.reclaims)
+	}
+	switch {
+	case len(h.completed) > 1:
+		bad("completed %d times", len(h.completed))
+	case len(h.completed) == 1:
+		if want := string(resultOf(Ack{Token: h.completed[0]})); j.State != db.JobStateSucceeded || j.Result != want {
+			bad("completed under %s, but ends %s with result %s", h.completed[0], j.State, j.Result)
+		}
+	case j.State == db.JobStateSucceeded:
+		bad("succeeded without an accepted completion")
+	}
+	return broken
+}
