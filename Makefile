@@ -10,7 +10,7 @@ export RELAY_TEST_DATABASE_URL
 GO ?= go
 SQLC := $(GO) tool sqlc
 
-.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test build run experiment chaos lint-actions clean
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test modelcheck build run experiment chaos lint-actions clean
 
 all: check
 
@@ -38,6 +38,11 @@ sqlc-vet:
 ## test: the whole test suite, with the race detector, against real PostgreSQL
 test:
 	$(GO) test -race -count=1 ./...
+
+## modelcheck: the model check of the state machine, seed after seed for RELAY_MODELCHECK_DURATION
+RELAY_MODELCHECK_DURATION ?= 5m
+modelcheck:
+	RELAY_MODELCHECK_DURATION=$(RELAY_MODELCHECK_DURATION) $(GO) test -race -count=1 -v -timeout 0 -run 'TestModel$$|TestConcurrent$$' ./internal/modelcheck
 
 build:
 	$(GO) build -o bin/relay ./cmd/relay
