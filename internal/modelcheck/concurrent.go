@@ -68,24 +68,8 @@ func (c *Concurrent) Counts() map[string]int { return c.counts }
 // Run enqueues jobs, runs workers workers at once for d, drains every job
 // left, and returns an error naming every invariant broken.
 func (c *Concurrent) Run(ctx context.Context, jobs, workers int, d time.Duration) error {
-	q := db.New(c.pool)
-	params := db.JobInsertManyParams{}
-	rng := rand.New(rand.NewPCG(c.seed, 0))
-	for range jobs {
-		params.Queues = append(params.Queues, QueueDefault)
-		params.Kinds = append(params.Kinds, "model")
-		params.Payloads = append(params.Payloads, json.RawMessage(`{}`))
-		params.Priorities = append(params.Priorities, int16(rng.IntN(3)))
-		params.MaxAttempts = append(params.MaxAttempts, int32(1+rng.IntN(4)))
-		params.RunAts = append(params.RunAts, time.Time{})
-		params.DelaysMs = append(params.DelaysMs, 0)
-	}
-	ids, err := q.JobInsertMany(ctx, params)
-	if err != nil {
-		return fmt.Errorf("enqueue: %w", err)
-	}
-	for _, id := range ids {
-		c.jobs[id] = &jobHistory{}
+	if err := c.enqueue(ctx, rand.New(rand.NewPCG(c.seed, 0)), jobs); err != nil {
+		return err
 	}
 
 	deadline := time.Now().Add(d)
@@ -105,6 +89,38 @@ func (c *Concurrent) Run(ctx context.Context, jobs, workers int, d time.Duration
 		return err
 	}
 	return c.verify(ctx)
+}
+
+// enqueue inserts n jobs ready to run. They are known before the insert
+// commits, so that whoever claims one finds its history.
+func (c *Concurrent) enqueue(ctx context.Context, rng *rand.Rand, n int) error {
+	params := db.JobInsertManyParams{}
+	for range n {
+		params.Queues = append(params.Queues, QueueDefault)
+		params.Kinds = append(params.Kinds, "model")
+		params.Payloads = append(params.Payloads, json.RawMessage(`{}`))
+		params.Priorities = append(params.Priorities, int16(rng.IntN(3)))
+		params.MaxAttempts = append(params.MaxAttempts, int32(1+rng.IntN(4)))
+		params.RunAts = append(params.RunAts, time.Time{})
+		params.DelaysMs = append(params.DelaysMs, 0)
+	}
+	_, err := inTx(ctx, c.pool, func(q *db.Queries, _ time.Time) error {
+		ids, err := q.JobInsertMany(ctx, params)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		for _, id := range ids {
+			c.jobs[id] = &jobHistory{}
+		}
+		c.counts["enqueue/jobs"] += len(ids)
+		c.mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	return nil
 }
 
 func (c *Concurrent) count(name string) {
@@ -254,8 +270,7 @@ func (w *crowdWorker) work(ctx context.Context, q *db.Queries) error {
 		}
 	}
 	if len(claimed) == 0 {
-		time.Sleep(time.Duration(w.rng.IntN(5)) * time.Millisecond)
-		return nil
+		return w.c.enqueue(ctx, w.rng, 1+w.rng.IntN(5))
 	}
 	for _, a := range claimed {
 		if err := w.handle(ctx, a, lease); err != nil {
