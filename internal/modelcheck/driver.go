@@ -181,7 +181,26 @@ func (d *Driver) Run(ctx context.Context, steps int) error {
 }
 
 func (d *Driver) violation(err error) error {
+	if lost := d.lostSessions(); len(lost) > 0 {
+		err = fmt.Errorf("%w\n(the connections of sessions %v were ended by the server, not by the driver: "+
+			"something outside this test terminated them, so the model's expectations after that are void)", err, lost)
+	}
 	return &Violation{Seed: d.seed, Step: d.step, Err: err, Log: slices.Clone(d.log)}
+}
+
+// lostSessions returns the sessions whose connections the driver holds
+// open but the server has ended.
+func (d *Driver) lostSessions() []int32 {
+	var lost []int32
+	for key, conn := range d.conns {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if conn.Ping(ctx) != nil {
+			lost = append(lost, key)
+		}
+		cancel()
+	}
+	slices.Sort(lost)
+	return lost
 }
 
 // pick chooses the next operation by weight.
