@@ -18,7 +18,7 @@ SET state               = CASE WHEN j.state = 'available' THEN 'cancelled'::job_
     cancel_requested_at = CASE WHEN j.state = 'running' THEN COALESCE(j.cancel_requested_at, now()) END
 WHERE j.id = $1
   AND j.state IN ('available', 'running')
-RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session
+RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count
 `
 
 // Cancels an available job at once. A running job is only marked: its
@@ -51,12 +51,13 @@ func (q *Queries) JobCancel(ctx context.Context, id int64) (Job, error) {
 		&i.Result,
 		&i.IdempotencyKey,
 		&i.LeaseSession,
+		&i.ErrorCount,
 	)
 	return i, err
 }
 
 const jobGet = `-- name: JobGet :one
-SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session FROM jobs WHERE id = $1
+SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count FROM jobs WHERE id = $1
 `
 
 func (q *Queries) JobGet(ctx context.Context, id int64) (Job, error) {
@@ -85,12 +86,13 @@ func (q *Queries) JobGet(ctx context.Context, id int64) (Job, error) {
 		&i.Result,
 		&i.IdempotencyKey,
 		&i.LeaseSession,
+		&i.ErrorCount,
 	)
 	return i, err
 }
 
 const jobGetByIdempotencyKey = `-- name: JobGetByIdempotencyKey :one
-SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session FROM jobs WHERE queue = $1 AND idempotency_key = $2
+SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count FROM jobs WHERE queue = $1 AND idempotency_key = $2
 `
 
 type JobGetByIdempotencyKeyParams struct {
@@ -124,6 +126,7 @@ func (q *Queries) JobGetByIdempotencyKey(ctx context.Context, arg JobGetByIdempo
 		&i.Result,
 		&i.IdempotencyKey,
 		&i.LeaseSession,
+		&i.ErrorCount,
 	)
 	return i, err
 }
@@ -136,7 +139,7 @@ VALUES (
     $8
 )
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session
+RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count
 `
 
 type JobInsertParams struct {
@@ -189,6 +192,7 @@ func (q *Queries) JobInsert(ctx context.Context, arg JobInsertParams) (Job, erro
 		&i.Result,
 		&i.IdempotencyKey,
 		&i.LeaseSession,
+		&i.ErrorCount,
 	)
 	return i, err
 }
@@ -252,7 +256,7 @@ func (q *Queries) JobInsertMany(ctx context.Context, arg JobInsertManyParams) ([
 }
 
 const jobList = `-- name: JobList :many
-SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session FROM jobs
+SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count FROM jobs
 WHERE id > $1
   AND ($2::text IS NULL OR queue = $2)
   AND ($3::job_state IS NULL OR state = $3)
@@ -309,6 +313,7 @@ func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]Job, error)
 			&i.Result,
 			&i.IdempotencyKey,
 			&i.LeaseSession,
+			&i.ErrorCount,
 		); err != nil {
 			return nil, err
 		}
@@ -384,7 +389,7 @@ SET state       = 'available',
     result      = NULL
 WHERE id = $1
   AND state IN ('dead', 'cancelled')
-RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session
+RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count
 `
 
 // Makes a dead or cancelled job available again now, with a fresh set of
@@ -416,6 +421,7 @@ func (q *Queries) JobRetry(ctx context.Context, id int64) (Job, error) {
 		&i.Result,
 		&i.IdempotencyKey,
 		&i.LeaseSession,
+		&i.ErrorCount,
 	)
 	return i, err
 }

@@ -194,7 +194,8 @@ SET state = CASE
     lease_session       = NULL,
     cancel_requested_at = NULL,
     last_error          = f.error,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
+    error_count         = j.error_count + 1,
+    errors = job_errors_append(j.errors, jsonb_build_object(
         'attempt', j.attempt, 'worker', j.leased_by, 'error', f.error, 'at', now()))
 FROM (SELECT unnest($1::bigint[]) AS id,
           unnest($2::uuid[]) AS token,
@@ -223,7 +224,8 @@ type JobFailManyRow struct {
 }
 
 // Records the failure of each (id, token) given, where the fence holds, and
-// appends it to the error history of the job. The job then ends cancelled if
+// appends it to the error history of the job (which keeps its newest
+// entries: see job_errors_append) and its error_count. The job then ends cancelled if
 // someone asked to cancel it, dead if the error is permanent or it has used
 // its last attempt, and otherwise becomes available again retry_in_ms after
 // now() in the database. Returns the jobs whose failure was recorded, with
@@ -409,7 +411,8 @@ SET state = CASE
     lease_session       = NULL,
     cancel_requested_at = NULL,
     last_error  = CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
+    error_count = j.error_count + 1,
+    errors = job_errors_append(j.errors, jsonb_build_object(
         'attempt', j.attempt, 'worker', j.leased_by,
         'error', CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
         'at', now()))
@@ -482,9 +485,10 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
     lease_expires_at    = NULL,
     lease_session       = NULL,
     cancel_requested_at = NULL,
+    error_count = CASE WHEN $1::text IS NULL THEN j.error_count ELSE j.error_count + 1 END,
     errors = CASE
         WHEN $1::text IS NULL THEN j.errors
-        ELSE j.errors || jsonb_build_array(jsonb_build_object(
+        ELSE job_errors_append(j.errors, jsonb_build_object(
             'attempt', j.attempt, 'worker', j.leased_by, 'error', $1::text, 'at', now()))
     END
 FROM (SELECT unnest($2::bigint[]) AS id,

@@ -172,6 +172,7 @@ type Job struct {
 	Result            json.RawMessage
 	IdempotencyKey    *string
 	LeaseSession      *int32
+	ErrorCount        int32
 }
 
 type Worker struct {

@@ -159,7 +159,7 @@ func (h *history) exec(sql string, args ...any) {
 func (h *history) reclaim(id int64, reason string) {
 	h.t.Helper()
 	h.exec(`UPDATE jobs SET state = 'available', run_at = now(), lease_token = NULL, lease_expires_at = NULL,
-	            last_error = $2, errors = errors || jsonb_build_array(jsonb_build_object(
+	            last_error = $2, error_count = error_count + 1, errors = job_errors_append(errors, jsonb_build_object(
 	                'attempt', attempt, 'worker', leased_by, 'error', $2::text, 'at', now()))
 	        WHERE id = $1`, id, reason)
 }

@@ -2,6 +2,8 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +60,64 @@ func TestMigrations_CarryAPopulatedDatabaseUpAndDown(t *testing.T) {
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
+}
+
+// TestMigrations_CapExistingErrorHistoriesAndCountThem carries jobs with
+// error histories of several lengths over 00004 and back: up counts every
+// entry and keeps the newest 20, in order; down keeps what up kept.
+func TestMigrations_CapExistingErrorHistoriesAndCountThem(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := dbtest.New(t)
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, 3); err != nil {
+		t.Fatalf("down to 3: %v", err)
+	}
+	// Jobs named after the length of their history, entries numbered 1 to n.
+	exec(t, pool, `
+		INSERT INTO jobs (kind, errors)
+		SELECT 'errors' || n, (SELECT COALESCE(jsonb_agg(jsonb_build_object('attempt', i, 'error', 'e' || i) ORDER BY i), '[]')
+		                       FROM generate_series(1, n) AS i)
+		FROM unnest(ARRAY[0, 1, 20, 21, 45]) AS n`)
+	// Each job as kind, then the errors of its history in order.
+	const histories = `
+		SELECT string_agg(concat_ws(' ', kind, (SELECT string_agg(e ->> 'error', ' ' ORDER BY n)
+		                                       FROM jsonb_array_elements(errors) WITH ORDINALITY AS x (e, n))), ', ' ORDER BY id)
+		FROM jobs`
+	kept := "errors0, errors1 e1, errors20 " + entries(1, 20) + ", errors21 " + entries(2, 21) + ", errors45 " + entries(26, 45)
+
+	if _, err := m.UpTo(ctx, 4); err != nil {
+		t.Fatalf("up to 4: %v", err)
+	}
+	if diff := cmp.Diff(kept, one(t, pool, histories)); diff != "" {
+		t.Errorf("histories after 00004 (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff("0 1 20 21 45", one(t, pool, `SELECT string_agg(error_count::text, ' ' ORDER BY id) FROM jobs`)); diff != "" {
+		t.Errorf("error counts after 00004 (-want +got):\n%s", diff)
+	}
+
+	if _, err := m.DownTo(ctx, 3); err != nil {
+		t.Fatalf("down to 3: %v", err)
+	}
+	if diff := cmp.Diff(kept, one(t, pool, histories)); diff != "" {
+		t.Errorf("histories after rolling 00004 back (-want +got):\n%s", diff)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}
+
+// entries is "e<from> ... e<to>".
+func entries(from, to int) string {
+	var s []string
+	for i := from; i <= to; i++ {
+		s = append(s, fmt.Sprintf("e%d", i))
+	}
+	return strings.Join(s, " ")
 }
 
 func exec(t *testing.T, pool *pgxpool.Pool, sql string) {

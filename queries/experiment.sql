@@ -26,7 +26,7 @@ SELECT j.id,
        j.created_at,
        j.started_at,
        j.finished_at,
-       jsonb_array_length(j.errors)::integer   AS error_count,
+       j.error_count,
        (j.result IS NOT NULL)::boolean          AS has_result,
        COALESCE((j.result ->> 'attempt')::integer, 0)::integer AS result_attempt,
        COALESCE(j.result ->> 'worker', '')::text   AS result_worker

@@ -19,7 +19,9 @@ import (
 
 // JobView is a job as the API shows it, and as other tools print it. It
 // leaves out the lease token, which only the worker holding the lease may
-// know, and the idempotency key.
+// know, and the idempotency key. Errors holds the newest entries of the
+// error history, oldest first; ErrorCount counts every error ever recorded,
+// and ErrorsOmitted those older ones the history no longer holds.
 type JobView struct {
 	ID                int64           `json:"id"`
 	Queue             string          `json:"queue"`
@@ -38,7 +40,9 @@ type JobView struct {
 	LeaseExpiresAt    *time.Time      `json:"lease_expires_at"`
 	CancelRequestedAt *time.Time      `json:"cancel_requested_at"`
 	LastError         *string         `json:"last_error"`
+	ErrorCount        int32           `json:"error_count"`
 	Errors            json.RawMessage `json:"errors"`
+	ErrorsOmitted     int32           `json:"errors_omitted"`
 	Result            json.RawMessage `json:"result"`
 }
 
@@ -52,6 +56,9 @@ func NewJobView(j db.Job) JobView {
 	if len(errs) == 0 {
 		errs = json.RawMessage("[]")
 	}
+	// The database holds errors as an array (jobs_errors_array).
+	var kept []json.RawMessage
+	_ = json.Unmarshal(errs, &kept)
 	return JobView{
 		ID:                j.ID,
 		Queue:             j.Queue,
@@ -70,7 +77,9 @@ func NewJobView(j db.Job) JobView {
 		LeaseExpiresAt:    j.LeaseExpiresAt,
 		CancelRequestedAt: j.CancelRequestedAt,
 		LastError:         j.LastError,
+		ErrorCount:        j.ErrorCount,
 		Errors:            errs,
+		ErrorsOmitted:     max(j.ErrorCount-int32(len(kept)), 0),
 		Result:            j.Result,
 	}
 }

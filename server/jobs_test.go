@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
 
 	"github.com/relayq/relay/db"
 )
@@ -45,7 +46,7 @@ func TestGetJob_ShowsEveryFieldButNeverTheLeaseToken(t *testing.T) {
 	want := []string{
 		"id", "queue", "kind", "payload", "priority", "state", "attempt", "max_attempts", "fence",
 		"run_at", "created_at", "started_at", "finished_at", "leased_by", "lease_expires_at",
-		"cancel_requested_at", "last_error", "errors", "result",
+		"cancel_requested_at", "last_error", "error_count", "errors", "errors_omitted", "result",
 	}
 	if diff := cmp.Diff(slices.Sorted(slices.Values(want)), slices.Sorted(maps.Keys(fields))); diff != "" {
 		t.Errorf("fields (-want +got):\n%s", diff)
@@ -54,6 +55,95 @@ func TestGetJob_ShowsEveryFieldButNeverTheLeaseToken(t *testing.T) {
 	if got.State != db.JobStateRunning || got.Attempt != 1 || got.Fence != 1 ||
 		got.LeasedBy == nil || *got.LeasedBy != "test-worker" || got.LeaseExpiresAt == nil || got.StartedAt == nil {
 		t.Errorf("running job shown as %+v", got)
+	}
+}
+
+// TestGetJob_ShowsTheNewest20ErrorsAndCountsThemAll holds for each statement
+// that records an error: after 30 of them, the job shows the newest 20,
+// oldest first, and says that 10 older ones were left out.
+func TestGetJob_ShowsTheNewest20ErrorsAndCountsThemAll(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		// record claims the job and records error number round of it.
+		record func(t *testing.T, e *testEnv, id int64, round int)
+		// want is the error the entry of that round holds.
+		want func(round int) string
+	}{
+		{
+			name: "failed",
+			record: func(t *testing.T, e *testEnv, id int64, round int) {
+				rows, err := e.q.JobFailMany(context.Background(), db.JobFailManyParams{
+					Ids: []int64{id}, Tokens: []uuid.UUID{e.claimOne(t, id, time.Minute)},
+					Errors: []string{fmt.Sprintf("boom %d", round)}, Permanent: []bool{false}, RetryInMs: []int64{0},
+				})
+				if err != nil || len(rows) != 1 {
+					t.Fatalf("fail: %v %+v", err, rows)
+				}
+			},
+			want: func(round int) string { return fmt.Sprintf("boom %d", round) },
+		},
+		{
+			name: "reclaimed",
+			record: func(t *testing.T, e *testEnv, id int64, round int) {
+				e.claimOne(t, id, time.Millisecond)
+				for {
+					rows, err := e.q.JobReclaim(context.Background(), 10)
+					if err != nil {
+						t.Fatalf("reclaim: %v", err)
+					}
+					if len(rows) == 1 {
+						return
+					}
+					time.Sleep(time.Millisecond) // until the lease has expired by the database clock
+				}
+			},
+			want: func(int) string { return "lease expired" },
+		},
+		{
+			name: "released",
+			record: func(t *testing.T, e *testEnv, id int64, round int) {
+				note := fmt.Sprintf("released: round %d", round)
+				ids, err := e.q.JobReleaseMany(context.Background(), db.JobReleaseManyParams{
+					Note: &note, Ids: []int64{id}, Tokens: []uuid.UUID{e.claimOne(t, id, time.Minute)},
+				})
+				if err != nil || len(ids) != 1 {
+					t.Fatalf("release: %v %v", err, ids)
+				}
+			},
+			want: func(round int) string { return fmt.Sprintf("released: round %d", round) },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			job := e.enqueue(t, `{"kind":"a","queue":"q","max_attempts":100}`)
+			for round := 1; round <= 30; round++ {
+				tt.record(t, e, job.ID, round)
+			}
+
+			got := decode[JobView](t, e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", job.ID), ""))
+			if got.ErrorCount != 30 || got.ErrorsOmitted != 10 {
+				t.Errorf("error_count %d, errors_omitted %d; want 30 and 10", got.ErrorCount, got.ErrorsOmitted)
+			}
+			var entries []struct {
+				Error string `json:"error"`
+			}
+			if err := json.Unmarshal(got.Errors, &entries); err != nil {
+				t.Fatalf("errors %s: %v", got.Errors, err)
+			}
+			var gotErrors, wantErrors []string
+			for _, entry := range entries {
+				gotErrors = append(gotErrors, entry.Error)
+			}
+			for round := 11; round <= 30; round++ {
+				wantErrors = append(wantErrors, tt.want(round))
+			}
+			if diff := cmp.Diff(wantErrors, gotErrors); diff != "" {
+				t.Errorf("errors (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

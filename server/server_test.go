@@ -172,13 +172,19 @@ func leaseTokens(n int) []uuid.UUID {
 // returns their lease tokens by id.
 func (e *testEnv) claim(t testing.TB, queue string) map[int64]uuid.UUID {
 	t.Helper()
+	return e.claimFor(t, queue, time.Minute)
+}
+
+// claimFor claims as claim does, under leases of the given length.
+func (e *testEnv) claimFor(t testing.TB, queue string, lease time.Duration) map[int64]uuid.UUID {
+	t.Helper()
 	rows, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
 		CompleteIds:     []int64{},
 		CompleteTokens:  []uuid.UUID{},
 		CompleteResults: []json.RawMessage{},
 		Queue:           queue,
 		ClaimTokens:     leaseTokens(1000),
-		LeaseMs:         time.Minute.Milliseconds(),
+		LeaseMs:         lease.Milliseconds(),
 		WorkerID:        "test-worker",
 	})
 	if err != nil {
@@ -191,6 +197,22 @@ func (e *testEnv) claim(t testing.TB, queue string) map[int64]uuid.UUID {
 		}
 	}
 	return out
+}
+
+// claimOne claims the job with id, which must be the only ready job of its
+// queue, under a lease of the given length, and returns its lease token.
+func (e *testEnv) claimOne(t testing.TB, id int64, lease time.Duration) uuid.UUID {
+	t.Helper()
+	job, err := e.q.JobGet(context.Background(), id)
+	if err != nil {
+		t.Fatalf("get job %d: %v", id, err)
+	}
+	tokens := e.claimFor(t, job.Queue, lease)
+	token, ok := tokens[id]
+	if !ok || len(tokens) != 1 {
+		t.Fatalf("job %d was not claimed alone (claimed %v)", id, tokens)
+	}
+	return token
 }
 
 // kill claims the job with id (which must be the only ready job of its

@@ -138,7 +138,9 @@ DECLARE
     act    text;
     rfence bigint;
 BEGIN
-    IF jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors) THEN
+    -- Counted, not measured: a history at its cap drops its oldest entry
+    -- as it gains a new one.
+    IF NEW.error_count > OLD.error_count THEN
         entry := NEW.errors -> -1;
     END IF;
     IF NEW.result IS NOT NULL AND NEW.result IS DISTINCT FROM OLD.result
