@@ -131,6 +131,56 @@ func (q *Queries) JobGetByIdempotencyKey(ctx context.Context, arg JobGetByIdempo
 	return i, err
 }
 
+const jobGetMany = `-- name: JobGetMany :many
+SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count FROM jobs WHERE id = ANY ($1::bigint[]) ORDER BY id
+`
+
+// The jobs with the ids given, whole, in id order; ids that name no job
+// are left out.
+func (q *Queries) JobGetMany(ctx context.Context, ids []int64) ([]Job, error) {
+	rows, err := q.db.Query(ctx, jobGetMany, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Job{}
+	for rows.Next() {
+		var i Job
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.Payload,
+			&i.Priority,
+			&i.State,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.LeaseToken,
+			&i.LeaseExpiresAt,
+			&i.LeasedBy,
+			&i.CancelRequestedAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LastError,
+			&i.Errors,
+			&i.Result,
+			&i.IdempotencyKey,
+			&i.LeaseSession,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const jobInsert = `-- name: JobInsert :one
 INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
 VALUES (
@@ -256,7 +306,7 @@ func (q *Queries) JobInsertMany(ctx context.Context, arg JobInsertManyParams) ([
 }
 
 const jobList = `-- name: JobList :many
-SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count FROM jobs
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries
 WHERE id > $1
   AND ($2::text IS NULL OR queue = $2)
   AND ($3::job_state IS NULL OR state = $3)
@@ -273,9 +323,10 @@ type JobListParams struct {
 	MaxJobs int32
 }
 
-// Lists jobs in id order, a page at a time: pass the last id of one page as
-// after_id to get the next. Each filter applies only when given.
-func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]Job, error) {
+// Lists the summaries of jobs in id order, a page at a time: pass the last
+// id of one page as after_id to get the next. Each filter applies only when
+// given.
+func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobList,
 		arg.AfterID,
 		arg.Queue,
@@ -287,32 +338,26 @@ func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]Job, error)
 		return nil, err
 	}
 	defer rows.Close()
-	items := []Job{}
+	items := []JobSummary{}
 	for rows.Next() {
-		var i Job
+		var i JobSummary
 		if err := rows.Scan(
 			&i.ID,
 			&i.Queue,
 			&i.Kind,
-			&i.Payload,
-			&i.Priority,
 			&i.State,
+			&i.Priority,
 			&i.Attempt,
 			&i.MaxAttempts,
 			&i.Fence,
 			&i.RunAt,
-			&i.LeaseToken,
-			&i.LeaseExpiresAt,
-			&i.LeasedBy,
-			&i.CancelRequestedAt,
 			&i.CreatedAt,
 			&i.StartedAt,
 			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
 			&i.LastError,
-			&i.Errors,
-			&i.Result,
-			&i.IdempotencyKey,
-			&i.LeaseSession,
 			&i.ErrorCount,
 		); err != nil {
 			return nil, err

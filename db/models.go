@@ -175,6 +175,26 @@ type Job struct {
 	ErrorCount        int32
 }
 
+type JobSummary struct {
+	ID                int64
+	Queue             string
+	Kind              string
+	State             JobState
+	Priority          int16
+	Attempt           int32
+	MaxAttempts       int32
+	Fence             int64
+	RunAt             time.Time
+	CreatedAt         time.Time
+	StartedAt         *time.Time
+	FinishedAt        *time.Time
+	LeasedBy          *string
+	LeaseExpiresAt    *time.Time
+	CancelRequestedAt *time.Time
+	LastError         *string
+	ErrorCount        int32
+}
+
 type Worker struct {
 	ID         string
 	SessionKey int32

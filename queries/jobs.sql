@@ -34,13 +34,19 @@ RETURNING id;
 -- name: JobGet :one
 SELECT * FROM jobs WHERE id = @id;
 
+-- name: JobGetMany :many
+-- The jobs with the ids given, whole, in id order; ids that name no job
+-- are left out.
+SELECT * FROM jobs WHERE id = ANY (@ids::bigint[]) ORDER BY id;
+
 -- name: JobGetByIdempotencyKey :one
 SELECT * FROM jobs WHERE queue = @queue AND idempotency_key = @idempotency_key;
 
 -- name: JobList :many
--- Lists jobs in id order, a page at a time: pass the last id of one page as
--- after_id to get the next. Each filter applies only when given.
-SELECT * FROM jobs
+-- Lists the summaries of jobs in id order, a page at a time: pass the last
+-- id of one page as after_id to get the next. Each filter applies only when
+-- given.
+SELECT * FROM job_summaries
 WHERE id > @after_id
   AND (sqlc.narg(queue)::text IS NULL OR queue = sqlc.narg(queue))
   AND (sqlc.narg(state)::job_state IS NULL OR state = sqlc.narg(state))

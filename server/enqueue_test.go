@@ -41,12 +41,9 @@ func TestEnqueue_CreatesJobWithDefaults(t *testing.T) {
 	got := decode[JobView](t, rec)
 
 	want := JobView{
-		Queue:       "default",
-		Kind:        "email.send",
-		Payload:     json.RawMessage(`{}`),
-		State:       db.JobStateAvailable,
-		MaxAttempts: 25,
-		Errors:      json.RawMessage(`[]`),
+		JobSummary: JobSummary{Queue: "default", Kind: "email.send", State: db.JobStateAvailable, MaxAttempts: 25},
+		Payload:    json.RawMessage(`{}`),
+		Errors:     json.RawMessage(`[]`),
 	}
 	if diff := cmp.Diff(want, got, ignoreTimes, jsonValues); diff != "" {
 		t.Errorf("job (-want +got):\n%s", diff)
@@ -84,15 +81,17 @@ func TestEnqueue_StoresEveryField(t *testing.T) {
 	got := e.enqueue(t, body)
 
 	want := JobView{
-		ID:          got.ID,
-		Queue:       "reports",
-		Kind:        "report.build",
-		Payload:     json.RawMessage(`{"user": 42, "tags": ["a", "b"], "nested": {"deep": [null, true, 1.5]}}`),
-		Priority:    -7,
-		State:       db.JobStateAvailable,
-		MaxAttempts: 3,
-		RunAt:       runAt,
-		Errors:      json.RawMessage(`[]`),
+		JobSummary: JobSummary{
+			ID:          got.ID,
+			Queue:       "reports",
+			Kind:        "report.build",
+			Priority:    -7,
+			State:       db.JobStateAvailable,
+			MaxAttempts: 3,
+			RunAt:       runAt,
+		},
+		Payload: json.RawMessage(`{"user": 42, "tags": ["a", "b"], "nested": {"deep": [null, true, 1.5]}}`),
+		Errors:  json.RawMessage(`[]`),
 	}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(JobView{}, "CreatedAt"), jsonValues, cmpopts.EquateApproxTime(0)); diff != "" {
 		t.Errorf("job (-want +got):\n%s", diff)
@@ -476,9 +475,9 @@ func TestEnqueueBatch_InsertsAllInRequestOrder(t *testing.T) {
 		t.Fatalf("ids = %v, want 3", got.IDs)
 	}
 	want := []JobView{
-		{Queue: "default", Kind: "first", Payload: json.RawMessage(`{"n":1}`), MaxAttempts: 25},
-		{Queue: "other", Kind: "second", Payload: json.RawMessage(`{}`), Priority: -1, MaxAttempts: 2},
-		{Queue: "default", Kind: "third", Payload: json.RawMessage(`[1,"😀"]`), MaxAttempts: 25},
+		{JobSummary: JobSummary{Queue: "default", Kind: "first", MaxAttempts: 25}, Payload: json.RawMessage(`{"n":1}`)},
+		{JobSummary: JobSummary{Queue: "other", Kind: "second", Priority: -1, MaxAttempts: 2}, Payload: json.RawMessage(`{}`)},
+		{JobSummary: JobSummary{Queue: "default", Kind: "third", MaxAttempts: 25}, Payload: json.RawMessage(`[1,"😀"]`)},
 	}
 	for i, id := range got.IDs {
 		job, err := e.q.JobGet(context.Background(), id)

@@ -17,33 +17,65 @@ import (
 	"github.com/relayq/relay/internal/jsonb"
 )
 
-// JobView is a job as the API shows it, and as other tools print it. It
-// leaves out the lease token, which only the worker holding the lease may
-// know, and the idempotency key. Errors holds the newest entries of the
-// error history, oldest first; ErrorCount counts every error ever recorded,
-// and ErrorsOmitted those older ones the history no longer holds.
+// JobSummary is a job as a listing shows it: all of its view but the
+// payload, the result and the error history, which can be large and are
+// read one job at a time. ErrorCount counts every error ever recorded for
+// the job.
+type JobSummary struct {
+	ID                int64       `json:"id"`
+	Queue             string      `json:"queue"`
+	Kind              string      `json:"kind"`
+	State             db.JobState `json:"state"`
+	Priority          int16       `json:"priority"`
+	Attempt           int32       `json:"attempt"`
+	MaxAttempts       int32       `json:"max_attempts"`
+	Fence             int64       `json:"fence"`
+	RunAt             time.Time   `json:"run_at"`
+	CreatedAt         time.Time   `json:"created_at"`
+	StartedAt         *time.Time  `json:"started_at"`
+	FinishedAt        *time.Time  `json:"finished_at"`
+	LeasedBy          *string     `json:"leased_by"`
+	LeaseExpiresAt    *time.Time  `json:"lease_expires_at"`
+	CancelRequestedAt *time.Time  `json:"cancel_requested_at"`
+	LastError         *string     `json:"last_error"`
+	ErrorCount        int32       `json:"error_count"`
+}
+
+// NewJobSummary returns the API's summary of s.
+func NewJobSummary(s db.JobSummary) JobSummary {
+	return JobSummary{
+		ID:                s.ID,
+		Queue:             s.Queue,
+		Kind:              s.Kind,
+		State:             s.State,
+		Priority:          s.Priority,
+		Attempt:           s.Attempt,
+		MaxAttempts:       s.MaxAttempts,
+		Fence:             s.Fence,
+		RunAt:             s.RunAt,
+		CreatedAt:         s.CreatedAt,
+		StartedAt:         s.StartedAt,
+		FinishedAt:        s.FinishedAt,
+		LeasedBy:          s.LeasedBy,
+		LeaseExpiresAt:    s.LeaseExpiresAt,
+		CancelRequestedAt: s.CancelRequestedAt,
+		LastError:         s.LastError,
+		ErrorCount:        s.ErrorCount,
+	}
+}
+
+// JobView is a job as the API shows it, and as other tools print it: its
+// summary, with its payload, its result and its error history. It leaves
+// out the lease token, which only the worker holding the lease may know,
+// and the idempotency key. Errors holds the newest entries of the error
+// history, oldest first, and ErrorsOmitted counts the older ones it no
+// longer holds.
 type JobView struct {
-	ID                int64           `json:"id"`
-	Queue             string          `json:"queue"`
-	Kind              string          `json:"kind"`
-	Payload           json.RawMessage `json:"payload"`
-	Priority          int16           `json:"priority"`
-	State             db.JobState     `json:"state"`
-	Attempt           int32           `json:"attempt"`
-	MaxAttempts       int32           `json:"max_attempts"`
-	Fence             int64           `json:"fence"`
-	RunAt             time.Time       `json:"run_at"`
-	CreatedAt         time.Time       `json:"created_at"`
-	StartedAt         *time.Time      `json:"started_at"`
-	FinishedAt        *time.Time      `json:"finished_at"`
-	LeasedBy          *string         `json:"leased_by"`
-	LeaseExpiresAt    *time.Time      `json:"lease_expires_at"`
-	CancelRequestedAt *time.Time      `json:"cancel_requested_at"`
-	LastError         *string         `json:"last_error"`
-	ErrorCount        int32           `json:"error_count"`
-	Errors            json.RawMessage `json:"errors"`
-	ErrorsOmitted     int32           `json:"errors_omitted"`
-	Result            json.RawMessage `json:"result"`
+	JobSummary
+	Payload       json.RawMessage `json:"payload"`
+	Errors        json.RawMessage `json:"errors"`
+	ErrorsOmitted int32           `json:"errors_omitted"`
+	Result        json.RawMessage `json:"result"`
 }
 
 // NewJobView returns the API's view of j.
@@ -60,27 +92,29 @@ func NewJobView(j db.Job) JobView {
 	var kept []json.RawMessage
 	_ = json.Unmarshal(errs, &kept)
 	return JobView{
-		ID:                j.ID,
-		Queue:             j.Queue,
-		Kind:              j.Kind,
-		Payload:           payload,
-		Priority:          j.Priority,
-		State:             j.State,
-		Attempt:           j.Attempt,
-		MaxAttempts:       j.MaxAttempts,
-		Fence:             j.Fence,
-		RunAt:             j.RunAt,
-		CreatedAt:         j.CreatedAt,
-		StartedAt:         j.StartedAt,
-		FinishedAt:        j.FinishedAt,
-		LeasedBy:          j.LeasedBy,
-		LeaseExpiresAt:    j.LeaseExpiresAt,
-		CancelRequestedAt: j.CancelRequestedAt,
-		LastError:         j.LastError,
-		ErrorCount:        j.ErrorCount,
-		Errors:            errs,
-		ErrorsOmitted:     max(j.ErrorCount-int32(len(kept)), 0),
-		Result:            j.Result,
+		JobSummary: JobSummary{
+			ID:                j.ID,
+			Queue:             j.Queue,
+			Kind:              j.Kind,
+			State:             j.State,
+			Priority:          j.Priority,
+			Attempt:           j.Attempt,
+			MaxAttempts:       j.MaxAttempts,
+			Fence:             j.Fence,
+			RunAt:             j.RunAt,
+			CreatedAt:         j.CreatedAt,
+			StartedAt:         j.StartedAt,
+			FinishedAt:        j.FinishedAt,
+			LeasedBy:          j.LeasedBy,
+			LeaseExpiresAt:    j.LeaseExpiresAt,
+			CancelRequestedAt: j.CancelRequestedAt,
+			LastError:         j.LastError,
+			ErrorCount:        j.ErrorCount,
+		},
+		Payload:       payload,
+		Errors:        errs,
+		ErrorsOmitted: max(j.ErrorCount-int32(len(kept)), 0),
+		Result:        j.Result,
 	}
 }
 
@@ -338,14 +372,14 @@ func handleGetJob(logger *slog.Logger, queries *db.Queries) http.Handler {
 }
 
 type listResponse struct {
-	Jobs []JobView `json:"jobs"`
+	Jobs []JobSummary `json:"jobs"`
 	// Next is the cursor of the next page, to pass as after, or null on the
 	// last page.
 	Next *string `json:"next"`
 }
 
 // handleListJobs serves GET /v1/jobs?queue=&state=&kind=&limit=&after=,
-// jobs in id order a page at a time. Empty parameters are ignored. limit
+// the summaries of jobs in id order a page at a time. Empty parameters are ignored. limit
 // defaults to DefaultListLimit; above MaxListLimit it is a 400. after is
 // the next cursor of the previous page.
 func handleListJobs(logger *slog.Logger, queries *db.Queries) http.Handler {
@@ -360,14 +394,14 @@ func handleListJobs(logger *slog.Logger, queries *db.Queries) http.Handler {
 		if err != nil {
 			return fmt.Errorf("list jobs: %w", err)
 		}
-		resp := listResponse{Jobs: make([]JobView, 0, min(len(jobs), limit))}
+		resp := listResponse{Jobs: make([]JobSummary, 0, min(len(jobs), limit))}
 		if len(jobs) > limit {
 			jobs = jobs[:limit]
 			next := strconv.FormatInt(jobs[limit-1].ID, 10)
 			resp.Next = &next
 		}
 		for _, j := range jobs {
-			resp.Jobs = append(resp.Jobs, NewJobView(j))
+			resp.Jobs = append(resp.Jobs, NewJobSummary(j))
 		}
 		writeJSON(w, http.StatusOK, resp)
 		return nil

@@ -200,6 +200,62 @@ func TestListJobs_PagesThroughJobsInIDOrder(t *testing.T) {
 	}
 }
 
+// TestListJobs_ShowsEachJobsSummaryWithoutPayloadResultOrErrors pins the
+// lean shape of a listing: every field of the job's view but the payload,
+// the result and the error history, with the count of its errors.
+func TestListJobs_ShowsEachJobsSummaryWithoutPayloadResultOrErrors(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	big := strings.Repeat("p", 64<<10)
+	succeeded := e.enqueue(t, `{"kind":"a","queue":"done","payload":{"big":"`+big+`"}}`)
+	token := e.claimOne(t, succeeded.ID, time.Minute)
+	if _, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
+		CompleteIds: []int64{succeeded.ID}, CompleteTokens: []uuid.UUID{token},
+		CompleteResults: []json.RawMessage{json.RawMessage(`{"secret":"result"}`)},
+		Queue:           "done", ClaimTokens: []uuid.UUID{}, LeaseMs: 1000, WorkerID: "test-worker",
+	}); err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	dead := e.enqueue(t, `{"kind":"b","queue":"failing"}`)
+	e.kill(t, "failing", dead.ID)
+	running := e.enqueue(t, `{"kind":"c","queue":"busy","payload":{"big":"`+big+`"}}`)
+	e.claim(t, "busy")
+
+	rec := e.do(t, "GET", "/v1/jobs", "")
+	wantStatus(t, rec, http.StatusOK)
+	for _, s := range []string{big, "secret", `"payload"`, `"result"`, `"errors"`} {
+		if strings.Contains(rec.Body.String(), s) {
+			t.Errorf("listing carries %.20q", s)
+		}
+	}
+	wantNoLeak(t, rec.Body.String())
+	listed := decode[struct {
+		Jobs []map[string]json.RawMessage `json:"jobs"`
+	}](t, rec).Jobs
+	wantFields := []string{
+		"id", "queue", "kind", "state", "priority", "attempt", "max_attempts", "fence",
+		"run_at", "created_at", "started_at", "finished_at", "leased_by", "lease_expires_at",
+		"cancel_requested_at", "last_error", "error_count",
+	}
+	for _, fields := range listed {
+		if diff := cmp.Diff(slices.Sorted(slices.Values(wantFields)), slices.Sorted(maps.Keys(fields))); diff != "" {
+			t.Errorf("fields (-want +got):\n%s", diff)
+		}
+	}
+
+	summaries := decode[listResponse](t, rec).Jobs
+	var views []JobSummary
+	for _, id := range []int64{succeeded.ID, dead.ID, running.ID} {
+		views = append(views, decode[JobView](t, e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", id), "")).JobSummary)
+	}
+	if diff := cmp.Diff(views, summaries); diff != "" {
+		t.Errorf("summaries differ from the jobs' views (-views +listed):\n%s", diff)
+	}
+	if len(summaries) == 3 && (summaries[1].ErrorCount != 1 || summaries[0].ErrorCount != 0) {
+		t.Errorf("error counts %d and %d, want 0 for the succeeded job and 1 for the dead one", summaries[0].ErrorCount, summaries[1].ErrorCount)
+	}
+}
+
 func TestListJobs_LastPageHasNullNext(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -4,8 +4,8 @@
 //
 //	POST /v1/jobs              enqueue one job: 201 (200 for an idempotent replay)
 //	POST /v1/jobs/batch        enqueue up to 1000 jobs, all or none: 201 {"ids": [...]}
-//	GET  /v1/jobs              list jobs: ?queue=&state=&kind=&limit=&after=
-//	GET  /v1/jobs/{id}         one job (never its lease token)
+//	GET  /v1/jobs              list job summaries: ?queue=&state=&kind=&limit=&after=
+//	GET  /v1/jobs/{id}         one job, with payload, result and error history (never its lease token)
 //	POST /v1/jobs/{id}/cancel  cancel an available job, or ask a running one to stop
 //	POST /v1/jobs/{id}/retry   make a dead or cancelled job available again
 //	GET  /v1/queues            per queue: job counts by state, age of the oldest ready job
@@ -17,7 +17,8 @@
 // "delay" (a Go duration string such as "5s" or "1h30m"); see jobRequest.
 // POST /v1/jobs takes an optional Idempotency-Key header. Listing pages are
 // DefaultListLimit jobs unless limit says otherwise; a limit above
-// MaxListLimit is a 400. When Config.APIToken is set, every /v1 route needs
+// MaxListLimit is a 400. A listing shows each job's JobSummary, which
+// leaves out the payload, the result and the error history. When Config.APIToken is set, every /v1 route needs
 // "Authorization: Bearer <token>".
 //
 // Every response body is JSON. Errors have the shape

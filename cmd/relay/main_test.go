@@ -265,12 +265,14 @@ VERSION  STATE    MIGRATION
 1        pending  00001_create_jobs.sql
 2        pending  00002_create_workers.sql
 3        pending  00003_create_worker_sessions.sql
-4        pending  00004_cap_job_errors.sql`},
+4        pending  00004_cap_job_errors.sql
+5        pending  00005_create_job_summaries.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
 applied migration 3 00003_create_worker_sessions.sql
-applied migration 4 00004_cap_job_errors.sql`},
+applied migration 4 00004_cap_job_errors.sql
+applied migration 5 00005_create_job_summaries.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -278,15 +280,19 @@ VERSION  STATE    MIGRATION
 1        applied  00001_create_jobs.sql
 2        applied  00002_create_workers.sql
 3        applied  00003_create_worker_sessions.sql
-4        applied  00004_cap_job_errors.sql`},
+4        applied  00004_cap_job_errors.sql
+5        applied  00005_create_job_summaries.sql`},
 		{[]string{"migrate", "down"}, `
-rolled back migration 4 00004_cap_job_errors.sql`},
+rolled back migration 5 00005_create_job_summaries.sql`},
 		{[]string{"migrate", "status"}, `
 VERSION  STATE    MIGRATION
 1        applied  00001_create_jobs.sql
 2        applied  00002_create_workers.sql
 3        applied  00003_create_worker_sessions.sql
-4        pending  00004_cap_job_errors.sql`},
+4        applied  00004_cap_job_errors.sql
+5        pending  00005_create_job_summaries.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 4 00004_cap_job_errors.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 3 00003_create_worker_sessions.sql`},
 		{[]string{"migrate", "down"}, `
@@ -299,7 +305,8 @@ no migration to roll back`},
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
 applied migration 3 00003_create_worker_sessions.sql
-applied migration 4 00004_cap_job_errors.sql`},
+applied migration 4 00004_cap_job_errors.sql
+applied migration 5 00005_create_job_summaries.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)

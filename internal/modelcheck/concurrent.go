@@ -507,9 +507,9 @@ func (c *Concurrent) drain(ctx context.Context) error {
 
 // verify checks every job against its history.
 func (c *Concurrent) verify(ctx context.Context) error {
-	rows, err := db.New(c.pool).JobList(ctx, db.JobListParams{MaxJobs: 1 << 30})
+	rows, err := readJobs(ctx, db.New(c.pool))
 	if err != nil {
-		return fmt.Errorf("list jobs: %w", err)
+		return err
 	}
 	broken := slices.Clone(c.broken)
 	if len(rows) != len(c.jobs) {

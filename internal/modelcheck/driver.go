@@ -290,9 +290,9 @@ func endSession(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, key int
 // check compares the whole database with the model, and checks that no
 // terminal job changed but by a retry.
 func (d *Driver) check(ctx context.Context) error {
-	rows, err := d.q.JobList(ctx, db.JobListParams{MaxJobs: 1 << 30})
+	rows, err := readJobs(ctx, d.q)
 	if err != nil {
-		return fmt.Errorf("list jobs: %w", err)
+		return err
 	}
 	got := make([]Job, len(rows))
 	for i, r := range rows {
@@ -385,6 +385,10 @@ func fromDB(r db.Job) (Job, error) {
 	if err := json.Unmarshal(r.Errors, &history); err != nil {
 		return Job{}, fmt.Errorf("job %d: error history %s is not an array: %w", r.ID, r.Errors, err)
 	}
+	// The history keeps the newest entries; error_count counts them all.
+	if want := min(int(r.ErrorCount), maxErrorHistory); len(history) != want {
+		return Job{}, fmt.Errorf("job %d: error history of %d entries for %d errors, want %d", r.ID, len(history), r.ErrorCount, want)
+	}
 	result, err := canonicalJSON(r.Result)
 	if err != nil {
 		return Job{}, fmt.Errorf("job %d: result: %w", r.ID, err)
@@ -394,8 +398,33 @@ func fromDB(r db.Job) (Job, error) {
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Fence: r.Fence, RunAt: r.RunAt,
 		LeaseToken: r.LeaseToken, LeaseExpiresAt: r.LeaseExpiresAt, LeasedBy: r.LeasedBy, LeaseSession: r.LeaseSession,
 		CancelRequestedAt: r.CancelRequestedAt, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-		LastError: r.LastError, Errors: len(history), Result: result, IdempotencyKey: r.IdempotencyKey,
+		LastError: r.LastError, Errors: int(r.ErrorCount), Result: result, IdempotencyKey: r.IdempotencyKey,
 	}, nil
+}
+
+// maxErrorHistory is how many entries an error history keeps, as
+// docs/failure-semantics.md says: the newest 20.
+const maxErrorHistory = 20
+
+// readJobs reads the whole jobs table, every column, in id order: the ids
+// from the listing, then the jobs themselves.
+func readJobs(ctx context.Context, q *db.Queries) ([]db.Job, error) {
+	list, err := q.JobList(ctx, db.JobListParams{MaxJobs: 1 << 30})
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	ids := make([]int64, len(list))
+	for i, j := range list {
+		ids[i] = j.ID
+	}
+	jobs, err := q.JobGetMany(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read jobs: %w", err)
+	}
+	if len(jobs) != len(ids) {
+		return nil, fmt.Errorf("read jobs: %d listed, %d read", len(ids), len(jobs))
+	}
+	return jobs, nil
 }
 
 // canonicalJSON returns raw re-encoded with sorted keys and no spaces, ""
