@@ -306,34 +306,529 @@ func (q *Queries) JobInsertMany(ctx context.Context, arg JobInsertManyParams) ([
 }
 
 const jobList = `-- name: JobList :many
-SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries
-WHERE id > $1
-  AND ($2::text IS NULL OR queue = $2)
-  AND ($3::job_state IS NULL OR state = $3)
-  AND ($4::text IS NULL OR kind = $4)
-ORDER BY id
-LIMIT $5
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+WHERE j.id > (SELECT $1::bigint)
+ORDER BY j.id
+LIMIT (SELECT $2::integer)
 `
 
 type JobListParams struct {
 	AfterID int64
-	Queue   *string
-	State   *JobState
-	Kind    *string
 	MaxJobs int32
 }
 
-// Lists the summaries of jobs in id order, a page at a time: pass the last
-// id of one page as after_id to get the next. Each filter applies only when
-// given.
+// Lists the summaries of jobs (job_summaries) in id order, a page at a
+// time: pass the last id of one page as after_id to get the next. This one
+// lists every job, through the primary key; the other JobList statements
+// filter by queue, kind and state, one statement for each combination,
+// which the caller picks (server.listJobs).
+//
+// Each of those reads an index led by its filter's columns, then state,
+// then id (jobs_queue_state_idx, and those of migration 00006), from
+// after_id on, in index order, and stops after max_jobs rows: a page costs
+// the same however long the history, and a filter that matches nothing
+// costs a few index pages. Without a state, one branch per state (every
+// value of job_state: a new state needs a branch in each) reads its own
+// range of the index in id order, and the branches are merged.
+//
+// How they are written leaves the planner that index as the only good
+// plan, whatever the values and the statistics (server's
+// TestListJobs_EveryFilterReadsItsIndexWithoutScanningTheHistory checks it
+// for custom and generic plans):
+//   - The leading column of the index is matched with = ANY of a
+//     one-element array rather than =, and the page ordered by that column
+//     before id (which is id order, the column holding one value). After a
+//     plain equality the planner takes the column for a constant, and the
+//     primary key yields id order too: a plan that does not know the value
+//     may walk the primary key and filter its way through the history.
+//   - Every value, the page size included, is read through a scalar
+//     subquery, (SELECT @value), which the planner does not look into, so
+//     that the plan is the same for any values: pgx's prepared statements
+//     are planned for their values at first and may keep a generic plan
+//     after a few executions, and a plan made for the values trusts the
+//     statistics, which may say that so few jobs match that reading them
+//     all through another index and sorting them is cheaper.
+//   - A queue filtered with a kind is compared in the "C" collation, which
+//     only jobs_queue_kind_state_idx uses (see JobListByQueueKind).
 func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]JobSummary, error) {
-	rows, err := q.db.Query(ctx, jobList,
-		arg.AfterID,
-		arg.Queue,
-		arg.State,
+	rows, err := q.db.Query(ctx, jobList, arg.AfterID, arg.MaxJobs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobSummary{}
+	for rows.Next() {
+		var i JobSummary
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.State,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
+			&i.LastError,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobListByKind = `-- name: JobListByKind :many
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'available' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'running' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'succeeded' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'dead' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'cancelled' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
+ORDER BY kind, id
+LIMIT (SELECT $1::integer)
+`
+
+type JobListByKindParams struct {
+	MaxJobs int32
+	Kind    string
+	AfterID int64
+}
+
+// Lists the jobs of one kind, as JobList says, through
+// jobs_kind_state_idx.
+func (q *Queries) JobListByKind(ctx context.Context, arg JobListByKindParams) ([]JobSummary, error) {
+	rows, err := q.db.Query(ctx, jobListByKind, arg.MaxJobs, arg.Kind, arg.AfterID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobSummary{}
+	for rows.Next() {
+		var i JobSummary
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.State,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
+			&i.LastError,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobListByKindState = `-- name: JobListByKindState :many
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
+  AND j.state = (SELECT $2::job_state)
+  AND j.id > (SELECT $3::bigint)
+ORDER BY j.kind, j.id
+LIMIT (SELECT $4::integer)
+`
+
+type JobListByKindStateParams struct {
+	Kind    string
+	State   JobState
+	AfterID int64
+	MaxJobs int32
+}
+
+// Lists the jobs of one kind in one state, as JobList says, through
+// jobs_kind_state_idx.
+func (q *Queries) JobListByKindState(ctx context.Context, arg JobListByKindStateParams) ([]JobSummary, error) {
+	rows, err := q.db.Query(ctx, jobListByKindState,
 		arg.Kind,
+		arg.State,
+		arg.AfterID,
 		arg.MaxJobs,
 	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobSummary{}
+	for rows.Next() {
+		var i JobSummary
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.State,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
+			&i.LastError,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobListByQueue = `-- name: JobListByQueue :many
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'available' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'running' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'succeeded' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'dead' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
+UNION ALL
+(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
+   AND j.state = 'cancelled' AND j.id > (SELECT $3::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
+ORDER BY queue, id
+LIMIT (SELECT $1::integer)
+`
+
+type JobListByQueueParams struct {
+	MaxJobs int32
+	Queue   string
+	AfterID int64
+}
+
+// Lists the jobs of one queue, as JobList says, through
+// jobs_queue_state_idx.
+func (q *Queries) JobListByQueue(ctx context.Context, arg JobListByQueueParams) ([]JobSummary, error) {
+	rows, err := q.db.Query(ctx, jobListByQueue, arg.MaxJobs, arg.Queue, arg.AfterID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobSummary{}
+	for rows.Next() {
+		var i JobSummary
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.State,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
+			&i.LastError,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobListByQueueKind = `-- name: JobListByQueueKind :many
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
+       AND j.state = 'available' AND j.id > (SELECT $3::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
+       AND j.state = 'running' AND j.id > (SELECT $3::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
+       AND j.state = 'succeeded' AND j.id > (SELECT $3::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
+       AND j.state = 'dead' AND j.id > (SELECT $3::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
+       AND j.state = 'cancelled' AND j.id > (SELECT $3::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
+) AS u
+ORDER BY u.queue COLLATE "C", u.id
+LIMIT (SELECT $4::integer)
+`
+
+type JobListByQueueKindParams struct {
+	Queue   string
+	Kind    string
+	AfterID int64
+	MaxJobs int32
+}
+
+// Lists the jobs of one kind in one queue, as JobList says, through
+// jobs_queue_kind_state_idx, whose queue is in the "C" collation (the same
+// as the default one for equality). Compared in it, the queue matches no
+// other index. jobs_queue_state_idx also yields a queue's jobs in id order,
+// and where the statistics say that the kind leaves every job (a history
+// of one kind), the planner would read it instead, and filter its way
+// through the queue's whole history for a kind that has none.
+func (q *Queries) JobListByQueueKind(ctx context.Context, arg JobListByQueueKindParams) ([]JobSummary, error) {
+	rows, err := q.db.Query(ctx, jobListByQueueKind,
+		arg.Queue,
+		arg.Kind,
+		arg.AfterID,
+		arg.MaxJobs,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobSummary{}
+	for rows.Next() {
+		var i JobSummary
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.State,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
+			&i.LastError,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobListByQueueKindState = `-- name: JobListByQueueKindState :many
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)])
+  AND j.kind = (SELECT $2::text)
+  AND j.state = (SELECT $3::job_state)
+  AND j.id > (SELECT $4::bigint)
+ORDER BY j.queue COLLATE "C", j.id
+LIMIT (SELECT $5::integer)
+`
+
+type JobListByQueueKindStateParams struct {
+	Queue   string
+	Kind    string
+	State   JobState
+	AfterID int64
+	MaxJobs int32
+}
+
+// Lists the jobs of one kind in one queue in one state, as JobList says,
+// through jobs_queue_kind_state_idx (see JobListByQueueKind).
+func (q *Queries) JobListByQueueKindState(ctx context.Context, arg JobListByQueueKindStateParams) ([]JobSummary, error) {
+	rows, err := q.db.Query(ctx, jobListByQueueKindState,
+		arg.Queue,
+		arg.Kind,
+		arg.State,
+		arg.AfterID,
+		arg.MaxJobs,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobSummary{}
+	for rows.Next() {
+		var i JobSummary
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.State,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
+			&i.LastError,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobListByQueueState = `-- name: JobListByQueueState :many
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+WHERE j.queue = ANY (ARRAY[(SELECT $1::text)])
+  AND j.state = (SELECT $2::job_state)
+  AND j.id > (SELECT $3::bigint)
+ORDER BY j.queue, j.id
+LIMIT (SELECT $4::integer)
+`
+
+type JobListByQueueStateParams struct {
+	Queue   string
+	State   JobState
+	AfterID int64
+	MaxJobs int32
+}
+
+// Lists the jobs of one queue in one state, as JobList says, through
+// jobs_queue_state_idx.
+func (q *Queries) JobListByQueueState(ctx context.Context, arg JobListByQueueStateParams) ([]JobSummary, error) {
+	rows, err := q.db.Query(ctx, jobListByQueueState,
+		arg.Queue,
+		arg.State,
+		arg.AfterID,
+		arg.MaxJobs,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobSummary{}
+	for rows.Next() {
+		var i JobSummary
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Kind,
+			&i.State,
+			&i.Priority,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Fence,
+			&i.RunAt,
+			&i.CreatedAt,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LeasedBy,
+			&i.LeaseExpiresAt,
+			&i.CancelRequestedAt,
+			&i.LastError,
+			&i.ErrorCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobListByState = `-- name: JobListByState :many
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)])
+  AND j.id > (SELECT $2::bigint)
+ORDER BY j.state, j.id
+LIMIT (SELECT $3::integer)
+`
+
+type JobListByStateParams struct {
+	State   JobState
+	AfterID int64
+	MaxJobs int32
+}
+
+// Lists the jobs in one state, as JobList says, through jobs_state_idx.
+func (q *Queries) JobListByState(ctx context.Context, arg JobListByStateParams) ([]JobSummary, error) {
+	rows, err := q.db.Query(ctx, jobListByState, arg.State, arg.AfterID, arg.MaxJobs)
 	if err != nil {
 		return nil, err
 	}

@@ -43,16 +43,179 @@ SELECT * FROM jobs WHERE id = ANY (@ids::bigint[]) ORDER BY id;
 SELECT * FROM jobs WHERE queue = @queue AND idempotency_key = @idempotency_key;
 
 -- name: JobList :many
--- Lists the summaries of jobs in id order, a page at a time: pass the last
--- id of one page as after_id to get the next. Each filter applies only when
--- given.
-SELECT * FROM job_summaries
-WHERE id > @after_id
-  AND (sqlc.narg(queue)::text IS NULL OR queue = sqlc.narg(queue))
-  AND (sqlc.narg(state)::job_state IS NULL OR state = sqlc.narg(state))
-  AND (sqlc.narg(kind)::text IS NULL OR kind = sqlc.narg(kind))
-ORDER BY id
-LIMIT @max_jobs;
+-- Lists the summaries of jobs (job_summaries) in id order, a page at a
+-- time: pass the last id of one page as after_id to get the next. This one
+-- lists every job, through the primary key; the other JobList statements
+-- filter by queue, kind and state, one statement for each combination,
+-- which the caller picks (server.listJobs).
+--
+-- Each of those reads an index led by its filter's columns, then state,
+-- then id (jobs_queue_state_idx, and those of migration 00006), from
+-- after_id on, in index order, and stops after max_jobs rows: a page costs
+-- the same however long the history, and a filter that matches nothing
+-- costs a few index pages. Without a state, one branch per state (every
+-- value of job_state: a new state needs a branch in each) reads its own
+-- range of the index in id order, and the branches are merged.
+--
+-- How they are written leaves the planner that index as the only good
+-- plan, whatever the values and the statistics (server's
+-- TestListJobs_EveryFilterReadsItsIndexWithoutScanningTheHistory checks it
+-- for custom and generic plans):
+--   - The leading column of the index is matched with = ANY of a
+--     one-element array rather than =, and the page ordered by that column
+--     before id (which is id order, the column holding one value). After a
+--     plain equality the planner takes the column for a constant, and the
+--     primary key yields id order too: a plan that does not know the value
+--     may walk the primary key and filter its way through the history.
+--   - Every value, the page size included, is read through a scalar
+--     subquery, (SELECT @value), which the planner does not look into, so
+--     that the plan is the same for any values: pgx's prepared statements
+--     are planned for their values at first and may keep a generic plan
+--     after a few executions, and a plan made for the values trusts the
+--     statistics, which may say that so few jobs match that reading them
+--     all through another index and sorting them is cheaper.
+--   - A queue filtered with a kind is compared in the "C" collation, which
+--     only jobs_queue_kind_state_idx uses (see JobListByQueueKind).
+SELECT * FROM job_summaries AS j
+WHERE j.id > (SELECT @after_id::bigint)
+ORDER BY j.id
+LIMIT (SELECT @max_jobs::integer);
+
+-- name: JobListByState :many
+-- Lists the jobs in one state, as JobList says, through jobs_state_idx.
+SELECT * FROM job_summaries AS j
+WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)])
+  AND j.id > (SELECT @after_id::bigint)
+ORDER BY j.state, j.id
+LIMIT (SELECT @max_jobs::integer);
+
+-- name: JobListByQueue :many
+-- Lists the jobs of one queue, as JobList says, through
+-- jobs_queue_state_idx.
+(SELECT * FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+   AND j.state = 'available' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+   AND j.state = 'running' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+   AND j.state = 'succeeded' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+   AND j.state = 'dead' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+   AND j.state = 'cancelled' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+ORDER BY queue, id
+LIMIT (SELECT @max_jobs::integer);
+
+-- name: JobListByQueueState :many
+-- Lists the jobs of one queue in one state, as JobList says, through
+-- jobs_queue_state_idx.
+SELECT * FROM job_summaries AS j
+WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+  AND j.state = (SELECT @state::job_state)
+  AND j.id > (SELECT @after_id::bigint)
+ORDER BY j.queue, j.id
+LIMIT (SELECT @max_jobs::integer);
+
+-- name: JobListByKind :many
+-- Lists the jobs of one kind, as JobList says, through
+-- jobs_kind_state_idx.
+(SELECT * FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+   AND j.state = 'available' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+   AND j.state = 'running' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+   AND j.state = 'succeeded' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+   AND j.state = 'dead' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+UNION ALL
+(SELECT * FROM job_summaries AS j
+ WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+   AND j.state = 'cancelled' AND j.id > (SELECT @after_id::bigint)
+ ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+ORDER BY kind, id
+LIMIT (SELECT @max_jobs::integer);
+
+-- name: JobListByKindState :many
+-- Lists the jobs of one kind in one state, as JobList says, through
+-- jobs_kind_state_idx.
+SELECT * FROM job_summaries AS j
+WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+  AND j.state = (SELECT @state::job_state)
+  AND j.id > (SELECT @after_id::bigint)
+ORDER BY j.kind, j.id
+LIMIT (SELECT @max_jobs::integer);
+
+-- name: JobListByQueueKind :many
+-- Lists the jobs of one kind in one queue, as JobList says, through
+-- jobs_queue_kind_state_idx, whose queue is in the "C" collation (the same
+-- as the default one for equality). Compared in it, the queue matches no
+-- other index. jobs_queue_state_idx also yields a queue's jobs in id order,
+-- and where the statistics say that the kind leaves every job (a history
+-- of one kind), the planner would read it instead, and filter its way
+-- through the queue's whole history for a kind that has none.
+SELECT * FROM (
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
+       AND j.state = 'available' AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
+       AND j.state = 'running' AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
+       AND j.state = 'succeeded' AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
+       AND j.state = 'dead' AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
+       AND j.state = 'cancelled' AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
+) AS u
+ORDER BY u.queue COLLATE "C", u.id
+LIMIT (SELECT @max_jobs::integer);
+
+-- name: JobListByQueueKindState :many
+-- Lists the jobs of one kind in one queue in one state, as JobList says,
+-- through jobs_queue_kind_state_idx (see JobListByQueueKind).
+SELECT * FROM job_summaries AS j
+WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)])
+  AND j.kind = (SELECT @kind::text)
+  AND j.state = (SELECT @state::job_state)
+  AND j.id > (SELECT @after_id::bigint)
+ORDER BY j.queue COLLATE "C", j.id
+LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobQueueStats :many
 -- Counts jobs by state for every queue, with the age of the oldest job that

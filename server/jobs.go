@@ -384,13 +384,13 @@ type listResponse struct {
 // the next cursor of the previous page.
 func handleListJobs(logger *slog.Logger, queries *db.Queries) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
-		params, limit, err := listParams(r)
+		filter, limit, err := listParams(r)
 		if err != nil {
 			return err
 		}
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		jobs, err := queries.JobList(ctx, params)
+		jobs, err := listJobs(ctx, queries, filter)
 		if err != nil {
 			return fmt.Errorf("list jobs: %w", err)
 		}
@@ -408,9 +408,49 @@ func handleListJobs(logger *slog.Logger, queries *db.Queries) http.Handler {
 	})
 }
 
+// listFilter is what a job listing asks for: up to maxJobs jobs with an id
+// above afterID, of the queue, kind and state given (nil for any).
+type listFilter struct {
+	afterID int64
+	maxJobs int32
+	queue   *string
+	kind    *string
+	state   *db.JobState
+}
+
+// listJobs runs the statement of queries/jobs.sql that serves f's filters,
+// one for each combination of them, each through the index made for it.
+func listJobs(ctx context.Context, queries *db.Queries, f listFilter) ([]db.JobSummary, error) {
+	switch {
+	case f.queue != nil && f.kind != nil && f.state != nil:
+		return queries.JobListByQueueKindState(ctx, db.JobListByQueueKindStateParams{
+			Queue: *f.queue, Kind: *f.kind, State: *f.state, AfterID: f.afterID, MaxJobs: f.maxJobs})
+	case f.queue != nil && f.kind != nil:
+		return queries.JobListByQueueKind(ctx, db.JobListByQueueKindParams{
+			Queue: *f.queue, Kind: *f.kind, AfterID: f.afterID, MaxJobs: f.maxJobs})
+	case f.queue != nil && f.state != nil:
+		return queries.JobListByQueueState(ctx, db.JobListByQueueStateParams{
+			Queue: *f.queue, State: *f.state, AfterID: f.afterID, MaxJobs: f.maxJobs})
+	case f.queue != nil:
+		return queries.JobListByQueue(ctx, db.JobListByQueueParams{
+			Queue: *f.queue, AfterID: f.afterID, MaxJobs: f.maxJobs})
+	case f.kind != nil && f.state != nil:
+		return queries.JobListByKindState(ctx, db.JobListByKindStateParams{
+			Kind: *f.kind, State: *f.state, AfterID: f.afterID, MaxJobs: f.maxJobs})
+	case f.kind != nil:
+		return queries.JobListByKind(ctx, db.JobListByKindParams{
+			Kind: *f.kind, AfterID: f.afterID, MaxJobs: f.maxJobs})
+	case f.state != nil:
+		return queries.JobListByState(ctx, db.JobListByStateParams{
+			State: *f.state, AfterID: f.afterID, MaxJobs: f.maxJobs})
+	default:
+		return queries.JobList(ctx, db.JobListParams{AfterID: f.afterID, MaxJobs: f.maxJobs})
+	}
+}
+
 // listParams parses the query of a job listing. It asks for one job more
 // than the limit, to know whether there is a next page.
-func listParams(r *http.Request) (db.JobListParams, int, error) {
+func listParams(r *http.Request) (listFilter, int, error) {
 	query := r.URL.Query()
 	get := func(name string) (string, error) {
 		if len(query[name]) > 1 {
@@ -418,7 +458,7 @@ func listParams(r *http.Request) (db.JobListParams, int, error) {
 		}
 		return query.Get(name), nil
 	}
-	var p db.JobListParams
+	var p listFilter
 	limit := DefaultListLimit
 
 	if s, err := get("limit"); err != nil {
@@ -437,7 +477,7 @@ func listParams(r *http.Request) (db.JobListParams, int, error) {
 		if err != nil || n < 0 || strings.TrimLeft(s, "0123456789") != "" {
 			return p, 0, badRequest("after", "after must be the next cursor of a previous page")
 		}
-		p.AfterID = n
+		p.afterID = n
 	}
 	if s, err := get("state"); err != nil {
 		return p, 0, err
@@ -446,12 +486,12 @@ func listParams(r *http.Request) (db.JobListParams, int, error) {
 		if !state.Valid() {
 			return p, 0, badRequest("state", "state must be one of available, running, succeeded, dead, cancelled")
 		}
-		p.State = &state
+		p.state = &state
 	}
 	for _, f := range []struct {
 		name string
 		dst  **string
-	}{{"queue", &p.Queue}, {"kind", &p.Kind}} {
+	}{{"queue", &p.queue}, {"kind", &p.kind}} {
 		s, err := get(f.name)
 		if err != nil {
 			return p, 0, err
@@ -464,7 +504,7 @@ func listParams(r *http.Request) (db.JobListParams, int, error) {
 		}
 		*f.dst = &s
 	}
-	p.MaxJobs = int32(limit + 1)
+	p.maxJobs = int32(limit + 1)
 	return p, limit, nil
 }
 

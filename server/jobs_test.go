@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
 )
@@ -322,6 +324,89 @@ func TestListJobs_FiltersByQueueStateAndKind(t *testing.T) {
 				t.Errorf("ids (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestListJobs_EveryCombinationOfFiltersPagesThroughItsJobs lists jobs of
+// two queues, two kinds and every state by each combination of filters,
+// values that match nothing included, a page of two at a time: each
+// listing holds exactly the jobs that match, in id order.
+func TestListJobs_EveryCombinationOfFiltersPagesThroughItsJobs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	type job struct {
+		id                 int64
+		queue, kind, state string
+	}
+	var jobs []job
+	for range 2 {
+		for _, state := range db.AllJobStateValues() {
+			for _, queue := range []string{"one", "two"} {
+				for _, kind := range []string{"x", "y"} {
+					jobs = append(jobs, job{queue: queue, kind: kind, state: string(state)})
+				}
+			}
+		}
+	}
+	var queues, kinds, states []string
+	for _, j := range jobs {
+		queues, kinds, states = append(queues, j.queue), append(kinds, j.kind), append(states, j.state)
+	}
+	// A fixture: each job as the transitions to its state would leave it.
+	rows, err := e.pool.Query(context.Background(), `
+		INSERT INTO jobs (queue, kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at, finished_at)
+		SELECT s.queue, s.kind, s.state,
+		       CASE WHEN s.state = 'available' THEN 0 ELSE 1 END,
+		       CASE WHEN s.state = 'available' THEN 0 ELSE 1 END,
+		       CASE WHEN s.state = 'running' THEN gen_random_uuid() END,
+		       CASE WHEN s.state = 'running' THEN now() + interval '1 hour' END,
+		       CASE WHEN s.state <> 'available' THEN 'test-worker' END,
+		       CASE WHEN s.state <> 'available' THEN now() END,
+		       CASE WHEN s.state IN ('succeeded', 'dead', 'cancelled') THEN now() END
+		FROM unnest($1::text[], $2::text[], $3::job_state[]) WITH ORDINALITY AS s (queue, kind, state, n)
+		ORDER BY s.n
+		RETURNING id`, queues, kinds, states)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(ids) != len(jobs) {
+		t.Fatalf("insert jobs: %v (%d ids)", err, len(ids))
+	}
+	for i := range jobs {
+		jobs[i].id = ids[i]
+	}
+
+	for _, queue := range []string{"", "one", "two", "none"} {
+		for _, kind := range []string{"", "x", "y", "none"} {
+			for _, state := range append([]db.JobState{""}, db.AllJobStateValues()...) {
+				query := url.Values{"queue": {queue}, "kind": {kind}, "state": {string(state)}, "limit": {"2"}}
+				t.Run(query.Encode(), func(t *testing.T) {
+					want := []int64{}
+					for _, j := range jobs {
+						if (queue == "" || j.queue == queue) && (kind == "" || j.kind == kind) && (state == "" || j.state == string(state)) {
+							want = append(want, j.id)
+						}
+					}
+					got := []int64{}
+					for page := 0; page <= len(jobs); page++ {
+						rec := e.do(t, "GET", "/v1/jobs?"+query.Encode(), "")
+						wantStatus(t, rec, http.StatusOK)
+						resp := decode[listResponse](t, rec)
+						for _, j := range resp.Jobs {
+							got = append(got, j.ID)
+						}
+						if resp.Next == nil {
+							break
+						}
+						query.Set("after", *resp.Next)
+					}
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Errorf("ids (-want +got):\n%s", diff)
+					}
+				})
+			}
+		}
 	}
 }
 

@@ -266,13 +266,15 @@ VERSION  STATE    MIGRATION
 2        pending  00002_create_workers.sql
 3        pending  00003_create_worker_sessions.sql
 4        pending  00004_cap_job_errors.sql
-5        pending  00005_create_job_summaries.sql`},
+5        pending  00005_create_job_summaries.sql
+6        pending  00006_index_job_lists.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
 applied migration 3 00003_create_worker_sessions.sql
 applied migration 4 00004_cap_job_errors.sql
-applied migration 5 00005_create_job_summaries.sql`},
+applied migration 5 00005_create_job_summaries.sql
+applied migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -281,16 +283,20 @@ VERSION  STATE    MIGRATION
 2        applied  00002_create_workers.sql
 3        applied  00003_create_worker_sessions.sql
 4        applied  00004_cap_job_errors.sql
-5        applied  00005_create_job_summaries.sql`},
+5        applied  00005_create_job_summaries.sql
+6        applied  00006_index_job_lists.sql`},
 		{[]string{"migrate", "down"}, `
-rolled back migration 5 00005_create_job_summaries.sql`},
+rolled back migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "status"}, `
 VERSION  STATE    MIGRATION
 1        applied  00001_create_jobs.sql
 2        applied  00002_create_workers.sql
 3        applied  00003_create_worker_sessions.sql
 4        applied  00004_cap_job_errors.sql
-5        pending  00005_create_job_summaries.sql`},
+5        applied  00005_create_job_summaries.sql
+6        pending  00006_index_job_lists.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 5 00005_create_job_summaries.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 4 00004_cap_job_errors.sql`},
 		{[]string{"migrate", "down"}, `
@@ -306,7 +312,8 @@ applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
 applied migration 3 00003_create_worker_sessions.sql
 applied migration 4 00004_cap_job_errors.sql
-applied migration 5 00005_create_job_summaries.sql`},
+applied migration 5 00005_create_job_summaries.sql
+applied migration 6 00006_index_job_lists.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
