@@ -73,8 +73,10 @@ func (r *chaosRun) workload() []chaosJob {
 	case ChaosPgBouncer:
 		// Jobs that run for a lease, so that a worker killed holds some:
 		// a job held by a worker without a session shows how long only
-		// its lease takes to bring the job back.
-		for range min(max(5*c.Workers, n/20), n/4) {
+		// its lease takes to bring the job back. As many as fill about 15%
+		// of the slots over the run.
+		long := int(0.15 * float64(c.Workers*c.Slots) * c.Duration.Seconds() / c.Lease.Seconds())
+		for range min(max(long, 5*c.Workers), n/20) {
 			add(builtin.KindSleep, builtin.SleepPayload{Ms: c.Lease.Milliseconds()}, chaosMaxAttempts)
 		}
 	case ChaosStarvation:

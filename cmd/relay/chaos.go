@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/relayq/relay/experiment"
 )
@@ -28,6 +29,9 @@ is injected, then checks the recorded history of every job:
   poison        jobs that panic, always fail, or kill their own process
   starvation    jobs that hold every connection of the handlers' pool
   bad-input     malformed, oversized, duplicate-key and hostile requests
+  pgbouncer     workers and API through a transaction-mode PgBouncer, half
+                the workers with their session on PostgreSQL itself, half
+                on leases alone; SIGKILL them in turn, as kill does
 
 It fails (status 1) if any job was lost, any unexpected job ran, any stale
 acknowledgement was accepted, any finished job changed, any job was
@@ -45,7 +49,7 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 	)
 	fs := newFlagSet("experiment chaos", "relay experiment chaos [flags]", chaosUsage)
 	common.register(fs.FlagSet)
-	fs.StringVar(&scenarios, "scenarios", "all", "scenarios to run, separated by commas (kill, pause, partition, backend-kill, restart, poison, starvation, bad-input)")
+	fs.StringVar(&scenarios, "scenarios", "all", "scenarios to run, separated by commas ("+scenarioNames()+")")
 	fs.BoolVar(&short, "short", false, "the test suite's short form: a few hundred jobs, seconds per scenario (flags below still apply)")
 	fs.IntVar(&base.Jobs, "jobs", 0, fmt.Sprintf("jobs per scenario (default %d; %d with --short)", base.Jobs, experiment.ShortChaosConfig("").Jobs))
 	fs.IntVar(&base.Workers, "workers", 0, fmt.Sprintf("worker processes at once (default %d)", base.Workers))
@@ -181,4 +185,13 @@ connections are named relay-worker-ID. Not meant to be run by hand.`)
 		return fmt.Errorf("experiment chaos-worker: %w", err)
 	}
 	return nil
+}
+
+// scenarioNames lists the chaos scenarios, for the help.
+func scenarioNames() string {
+	var names []string
+	for _, s := range experiment.ChaosScenarios() {
+		names = append(names, string(s))
+	}
+	return strings.Join(names, ", ")
 }
