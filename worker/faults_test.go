@@ -30,6 +30,43 @@ func blockUntilCancelled(started chan<- int64) worker.HandlerFunc {
 	}
 }
 
+// holder is a handler that runs its first job until its context ends, and
+// tells when it started and why it stopped. Any later job, the same one
+// claimed again included, succeeds at once.
+type holder struct {
+	calls   atomic.Int32
+	started chan int64
+	stopped chan error
+}
+
+func newHolder() *holder {
+	return &holder{started: make(chan int64, 1), stopped: make(chan error, 1)}
+}
+
+func (h *holder) Work(ctx context.Context, j *worker.Job) (any, error) {
+	if h.calls.Add(1) > 1 {
+		return "ran again", nil
+	}
+	h.started <- j.ID
+	<-ctx.Done()
+	h.stopped <- context.Cause(ctx)
+	return nil, context.Cause(ctx)
+}
+
+// waitLeaseLost fails the test unless the handler stops, within 5s, because
+// its lease was lost.
+func (h *holder) waitLeaseLost(t *testing.T) {
+	t.Helper()
+	select {
+	case cause := <-h.stopped:
+		if !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Errorf("the handler stopped with %v, want %v", cause, worker.ErrLeaseLost)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("the handler still runs 5s after its job was taken back")
+	}
+}
+
 func TestWorker_RefusesToStartUnderAnIDALiveSessionHolds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -176,18 +213,12 @@ func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T)
 	t.Parallel()
 	b := setup(t)
 	job := b.enqueue(t, "task", `{}`, 3)
-	started := make(chan int64, 1)
-	stopped := make(chan error, 1)
+	first := newHolder()
 	// Heartbeats every 20s: the worker must not wait for one to learn.
 	b.startWorker(t, worker.Config{ID: "first", Slots: 1, Lease: time.Minute, ShutdownGrace: -1}, func(w *worker.Worker) {
-		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
-			started <- j.ID
-			<-ctx.Done()
-			stopped <- context.Cause(ctx)
-			return nil, context.Cause(ctx)
-		})
+		w.Handle("task", first)
 	})
-	<-started
+	<-first.started
 	// The server ends the worker's session; the worker reconnects at once.
 	var n int
 	if err := b.pool.QueryRow(b.ctx, `
@@ -201,12 +232,5 @@ func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T)
 		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) { return "second", nil })
 	})
 	b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
-	select {
-	case cause := <-stopped:
-		if !errors.Is(cause, worker.ErrLeaseLost) {
-			t.Errorf("the first worker's handler stopped with %v, want %v", cause, worker.ErrLeaseLost)
-		}
-	case <-time.After(5 * time.Second):
-		t.Errorf("the first worker's handler still runs 5s after its job was taken back")
-	}
+	first.waitLeaseLost(t)
 }

@@ -3,7 +3,6 @@ package worker_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -104,22 +103,16 @@ func TestWorker_ThroughATransactionPoolerWithADirectSessionIsJudgedByItsSession(
 	pooledURL := b.throughPooler(t)
 	proxy, direct := b.proxied(t)
 	job := b.enqueue(t, "task", `{}`, 3)
-	started := make(chan int64, 1)
-	stopped := make(chan error, 1)
+	first := newHolder()
 	const lease = time.Minute
 	// The first worker's session reaches PostgreSQL through a proxy that
 	// the test cuts: its process is gone, as far as the database knows.
 	b.runWorker(t, newPool(t, pooledURL), worker.Config{
 		ID: "first", Slots: 1, Lease: lease, ShutdownGrace: -1, SessionDatabaseURL: direct,
 	}, func(w *worker.Worker) {
-		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
-			started <- j.ID
-			<-ctx.Done()
-			stopped <- context.Cause(ctx)
-			return nil, context.Cause(ctx)
-		})
+		w.Handle("task", first)
 	})
-	<-started
+	<-first.started
 	if got := b.get(t, job.ID); got.LeaseSession == nil {
 		t.Fatalf("the job was claimed under no session, though the worker's session is direct")
 	}
@@ -135,12 +128,5 @@ func TestWorker_ThroughATransactionPoolerWithADirectSessionIsJudgedByItsSession(
 	}
 	// The first worker, alive but without its session, learns that the job
 	// was taken back long before its next heartbeat (20s), and stops it.
-	select {
-	case cause := <-stopped:
-		if !errors.Is(cause, worker.ErrLeaseLost) {
-			t.Errorf("the first worker's handler stopped with %v, want %v", cause, worker.ErrLeaseLost)
-		}
-	case <-time.After(5 * time.Second):
-		t.Errorf("the first worker's handler still runs 5s after its job was taken back")
-	}
+	first.waitLeaseLost(t)
 }
