@@ -206,6 +206,44 @@ func (q *Queries) WorkerRegister(ctx context.Context, arg WorkerRegisterParams) 
 	return i, err
 }
 
+const workerSessionAlive = `-- name: WorkerSessionAlive :one
+SELECT worker_session_alive($1::integer)::boolean AS alive
+`
+
+// Whether the session registered under a key still holds its lock.
+func (q *Queries) WorkerSessionAlive(ctx context.Context, sessionKey int32) (bool, error) {
+	row := q.db.QueryRow(ctx, workerSessionAlive, sessionKey)
+	var alive bool
+	err := row.Scan(&alive)
+	return alive, err
+}
+
+const workerSessionKeys = `-- name: WorkerSessionKeys :many
+SELECT s.session_key FROM worker_sessions AS s ORDER BY s.session_key
+`
+
+// The keys of every session recorded in worker_sessions, ended ones
+// included until WorkerForgetEnded removes them.
+func (q *Queries) WorkerSessionKeys(ctx context.Context) ([]int32, error) {
+	rows, err := q.db.Query(ctx, workerSessionKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int32{}
+	for rows.Next() {
+		var session_key int32
+		if err := rows.Scan(&session_key); err != nil {
+			return nil, err
+		}
+		items = append(items, session_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workerSessionsLiveCount = `-- name: WorkerSessionsLiveCount :one
 SELECT count(*)::integer AS live FROM worker_sessions_live
 `

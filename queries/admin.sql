@@ -9,3 +9,8 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database AS d WHERE d.datname = @name
 -- through a connection pooler, which may hand each transaction to another
 -- server session.
 SELECT pg_backend_pid()::integer AS backend_pid;
+
+-- name: DatabaseNow :one
+-- The database clock: the start of the calling transaction, the instant
+-- every fence in a statement of that transaction compares with.
+SELECT now()::timestamptz AS now;

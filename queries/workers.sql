@@ -97,6 +97,15 @@ WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
   AND NOT EXISTS (
       SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key);
 
+-- name: WorkerSessionAlive :one
+-- Whether the session registered under a key still holds its lock.
+SELECT worker_session_alive(@session_key::integer)::boolean AS alive;
+
+-- name: WorkerSessionKeys :many
+-- The keys of every session recorded in worker_sessions, ended ones
+-- included until WorkerForgetEnded removes them.
+SELECT s.session_key FROM worker_sessions AS s ORDER BY s.session_key;
+
 -- name: WorkerSessionsLiveCount :one
 -- Counts the worker sessions alive now, from one scan of pg_locks: how
 -- many workers share the reclaims.

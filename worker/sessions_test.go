@@ -262,11 +262,7 @@ func TestWorkerForgetEnded_KeepsLiveSessionsAndThoseHoldingJobs(t *testing.T) {
 	if n, err := b.q.WorkerForgetEnded(b.ctx); err != nil || n != 1 {
 		t.Fatalf("forget ended sessions: %d, %v; want 1 (idle's)", n, err)
 	}
-	rows, err := b.pool.Query(b.ctx, "SELECT session_key FROM worker_sessions ORDER BY session_key")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	keys, err := b.q.WorkerSessionKeys(b.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

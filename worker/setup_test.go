@@ -165,8 +165,8 @@ func (s *session) end(t *testing.T, b *bundle) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var alive bool
-		if err := b.pool.QueryRow(b.ctx, "SELECT worker_session_alive($1)", s.key).Scan(&alive); err != nil {
+		alive, err := b.q.WorkerSessionAlive(b.ctx, s.key)
+		if err != nil {
 			t.Fatal(err)
 		}
 		if !alive {

@@ -252,11 +252,12 @@ func inTx(ctx context.Context, pool *pgxpool.Pool, f func(q *db.Queries, now tim
 		return time.Time{}, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op once committed
-	var now time.Time
-	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+	q := db.New(tx)
+	now, err := q.DatabaseNow(ctx)
+	if err != nil {
 		return time.Time{}, fmt.Errorf("read now(): %w", err)
 	}
-	if err := f(db.New(tx), now); err != nil {
+	if err := f(q, now); err != nil {
 		return time.Time{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -273,8 +274,8 @@ func endSession(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, key int
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var alive bool
-		if err := pool.QueryRow(ctx, "SELECT worker_session_alive($1)", key).Scan(&alive); err != nil {
+		alive, err := db.New(pool).WorkerSessionAlive(ctx, key)
+		if err != nil {
 			return fmt.Errorf("read whether session %d is alive: %w", key, err)
 		}
 		if !alive {
@@ -368,11 +369,7 @@ func compareJobs(want, got []Job) error {
 
 // recordedSessions reads the keys of worker_sessions.
 func (d *Driver) recordedSessions(ctx context.Context) ([]int32, error) {
-	rows, err := d.pool.Query(ctx, "SELECT session_key FROM worker_sessions ORDER BY session_key")
-	if err != nil {
-		return nil, fmt.Errorf("read worker_sessions: %w", err)
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	keys, err := db.New(d.pool).WorkerSessionKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read worker_sessions: %w", err)
 	}
