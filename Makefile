@@ -44,8 +44,10 @@ RELAY_MODELCHECK_DURATION ?= 5m
 modelcheck:
 	RELAY_MODELCHECK_DURATION=$(RELAY_MODELCHECK_DURATION) $(GO) test -race -count=1 -v -timeout 0 -run 'TestModel$$|TestConcurrent$$' ./internal/modelcheck
 
+## build: bin/relay, and bin/relaylab, the lab's command that `relay experiment` runs
 build:
 	$(GO) build -o bin/relay ./cmd/relay
+	$(GO) build -o bin/relaylab ./experiment/cmd/relaylab
 
 ## run: a running Relay with a throwaway database (or DATABASE_URL)
 run:

@@ -96,7 +96,7 @@ func ParseChaosScenarios(s string) ([]ChaosScenario, error) {
 	return out, nil
 }
 
-// ChaosConfig configures one scenario run. Scenario and RelayBin are
+// ChaosConfig configures one scenario run. Scenario, RelayBin and WorkerBin are
 // required. Other zero fields take the defaults of DefaultChaosConfig,
 // except Heartbeat (a fifth of Lease), Seed (zero is a seed like any other)
 // and the optional DatabaseURL, LogDir, OutDir, Progress and Logger, whose
@@ -105,11 +105,13 @@ func ParseChaosScenarios(s string) ([]ChaosScenario, error) {
 type ChaosConfig struct {
 	// Scenario is the fault to inject.
 	Scenario ChaosScenario
-	// RelayBin is the relay binary: its `serve` runs the API, and
-	// WorkerArgs the chaos workers.
+	// RelayBin is the relay binary, whose `serve` runs the API.
 	RelayBin string
-	// WorkerArgs are the arguments that make RelayBin a chaos worker,
-	// before its flags. Default: experiment chaos-worker.
+	// WorkerBin is the binary of the chaos workers: the lab's command
+	// (experiment/cmd/relaylab), which WorkerArgs make a chaos worker.
+	WorkerBin string
+	// WorkerArgs are the arguments that make WorkerBin a chaos worker,
+	// before its flags. Default: chaos-worker.
 	WorkerArgs []string
 	// AdminURL is the server on which the run creates (and then drops) a
 	// database of its own. Default: DefaultAdminURL. The restart scenario
@@ -167,7 +169,7 @@ type ChaosConfig struct {
 func DefaultChaosConfig(s ChaosScenario) ChaosConfig {
 	return ChaosConfig{
 		Scenario:       s,
-		WorkerArgs:     []string{"experiment", "chaos-worker"},
+		WorkerArgs:     []string{"chaos-worker"},
 		AdminURL:       DefaultAdminURL,
 		Jobs:           10_000,
 		Workers:        4,
@@ -217,6 +219,9 @@ func (c ChaosConfig) withDefaults() (ChaosConfig, error) {
 	}
 	if c.RelayBin == "" {
 		return c, errors.New("chaos: the relay binary is required")
+	}
+	if c.WorkerBin == "" {
+		return c, errors.New("chaos: the binary of the chaos workers (relaylab) is required")
 	}
 	if len(c.WorkerArgs) == 0 {
 		c.WorkerArgs = d.WorkerArgs
@@ -563,7 +568,7 @@ func (r *chaosRun) startWorker(ctx context.Context) (*chaosWorker, error) {
 		}
 		return nil, errors.New("chaos: not starting a worker: the run is stopping")
 	}
-	p, err := r.procs.Start(ctx, id, args...)
+	p, err := r.procs.StartBin(ctx, r.cfg.WorkerBin, id, args...)
 	if err != nil {
 		if w.proxy != nil {
 			w.proxy.Close()

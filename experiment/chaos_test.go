@@ -43,6 +43,7 @@ func shortChaos(t *testing.T, s ChaosScenario) ChaosConfig {
 	}
 	cfg := ShortChaosConfig(s)
 	cfg.RelayBin = chaosBinary(t)
+	cfg.WorkerBin = relaybin.Lab(t)
 	if s != ChaosRestart {
 		cfg.DatabaseURL = dbtest.NewURL(t)
 	}
@@ -192,13 +193,13 @@ func TestChaosConfig_RefusesNegativeValues(t *testing.T) {
 		"CommitCuts":     func(c *ChaosConfig) { c.CommitCuts = -1 },
 		"BadInputRounds": func(c *ChaosConfig) { c.BadInputRounds = -1 },
 	} {
-		c := ChaosConfig{Scenario: ChaosKill, RelayBin: "relay"}
+		c := ChaosConfig{Scenario: ChaosKill, RelayBin: "relay", WorkerBin: "relaylab"}
 		set(&c)
 		if _, err := c.withDefaults(); err == nil {
 			t.Errorf("a negative %s was accepted", name)
 		}
 	}
-	if _, err := (ChaosConfig{Scenario: ChaosKill, RelayBin: "relay"}).withDefaults(); err != nil {
+	if _, err := (ChaosConfig{Scenario: ChaosKill, RelayBin: "relay", WorkerBin: "relaylab"}).withDefaults(); err != nil {
 		t.Errorf("the zero configuration was refused: %v", err)
 	}
 }

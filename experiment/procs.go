@@ -345,7 +345,13 @@ func NewProcs(bin, logDir string, env ...string) *Procs {
 
 // Start starts a relay process named name with args, and adds it to the set.
 func (g *Procs) Start(ctx context.Context, name string, args ...string) (*Proc, error) {
-	p, err := StartProc(ctx, ProcSpec{Name: name, Bin: g.bin, Args: args, Env: g.env, LogDir: g.logDir})
+	return g.StartBin(ctx, g.bin, name, args...)
+}
+
+// StartBin starts a process of another binary than the set's (the lab's
+// own command, say), named name with args, and adds it to the set.
+func (g *Procs) StartBin(ctx context.Context, bin, name string, args ...string) (*Proc, error) {
+	p, err := StartProc(ctx, ProcSpec{Name: name, Bin: bin, Args: args, Env: g.env, LogDir: g.logDir})
 	if err != nil {
 		return nil, err
 	}

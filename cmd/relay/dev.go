@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/devdb"
 	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
@@ -21,7 +22,7 @@ const devStopTimeout = 30 * time.Second
 
 func runDev(ctx context.Context, env *environment, args []string) (err error) {
 	var opts serveFlags
-	fs := newFlagSet("dev", "relay dev [flags]",
+	fs := cli.NewFlagSet("dev", "relay dev [flags]",
 		`Runs a zero-configuration playground: the HTTP API with worker slots for the
 built-in job kinds, on a database migrated to the current schema.
 
@@ -34,14 +35,14 @@ removed, with all its data, when relay stops (Ctrl-C or SIGTERM).
 Without an API token (--api-token or RELAY_API_TOKEN) it listens only on a
 loopback address, unless --insecure-no-auth is given.`)
 	opts.register(fs, devSlots)
-	pos, err := fs.parse(args, env.stderr)
+	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	if len(pos) > 0 {
-		return usageErrorf("dev: unexpected argument %q", pos[0])
+		return cli.Usagef("dev: unexpected argument %q", pos[0])
 	}
-	logger, err := opts.logs.logger(env.stderr)
+	logger, err := opts.logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
@@ -49,7 +50,7 @@ loopback address, unless --insecure-no-auth is given.`)
 		return err
 	}
 
-	dsn, _ := opts.db.resolve(env.getenv)
+	dsn, _ := opts.db.Resolve(env.getenv)
 	where := "the database at " + pgurl.Redact(dsn)
 	if dsn == "" {
 		cluster, err := devdb.Start(ctx, logger)
@@ -74,7 +75,7 @@ loopback address, unless --insecure-no-auth is given.`)
 		return err
 	}
 	return serve(ctx, logger, dsn, &opts, func(addr net.Addr) {
-		printDevBanner(env, addr, opts.apiToken, opts.worker.slots, where)
+		printDevBanner(env, addr, opts.apiToken, opts.worker.Slots, where)
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/jsonb"
 	"github.com/relayq/relay/server"
 )
@@ -37,8 +38,8 @@ func newJobJSON(j db.Job, existing bool) jobJSON {
 
 func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	var (
-		logs           logFlags
-		dbf            dbFlags
+		logs           cli.LogFlags
+		dbf            cli.DBFlags
 		payload        string
 		queue          string
 		priority       int
@@ -47,12 +48,12 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 		maxAttempts    int
 		idempotencyKey string
 	)
-	fs := newFlagSet("enqueue", "relay enqueue KIND [flags]",
+	fs := cli.NewFlagSet("enqueue", "relay enqueue KIND [flags]",
 		`Enqueues one job of the given kind directly in the database (no HTTP) and
 prints it as JSON. With an idempotency key already used in the queue, nothing
 is enqueued and the job holding the key is printed, with "existing": true.`)
-	logs.register(fs)
-	dbf.register(fs)
+	logs.Register(fs)
+	dbf.Register(fs)
 	fs.StringVar(&payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
 	fs.StringVar(&queue, "queue", server.DefaultQueue, "queue")
 	fs.IntVar(&priority, "priority", 0, "priority from -32768 to 32767; lower runs first")
@@ -60,15 +61,15 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 	fs.StringVar(&runAt, "run-at", "", "run no earlier than this RFC 3339 time, e.g. 2030-01-02T15:04:05Z")
 	fs.IntVar(&maxAttempts, "max-attempts", server.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", server.MaxMaxAttempts))
 	fs.StringVar(&idempotencyKey, "idempotency-key", "", "enqueue at most one job with this key in the queue")
-	pos, err := fs.parse(args, env.stderr)
+	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	if len(pos) != 1 {
-		return usageErrorf("enqueue: want exactly one KIND, got %d arguments (run \"relay enqueue -h\" for usage)", len(pos))
+		return cli.Usagef("enqueue: want exactly one KIND, got %d arguments (run \"relay enqueue -h\" for usage)", len(pos))
 	}
 	kind := pos[0]
-	logger, err := logs.logger(env.stderr)
+	logger, err := logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
@@ -81,22 +82,22 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 		return err
 	}
 	if priority < math.MinInt16 || priority > math.MaxInt16 {
-		return usageErrorf("--priority must be from %d to %d, got %d", math.MinInt16, math.MaxInt16, priority)
+		return cli.Usagef("--priority must be from %d to %d, got %d", math.MinInt16, math.MaxInt16, priority)
 	}
 	if maxAttempts < 1 || maxAttempts > server.MaxMaxAttempts {
-		return usageErrorf("--max-attempts must be from 1 to %d, got %d", server.MaxMaxAttempts, maxAttempts)
+		return cli.Usagef("--max-attempts must be from 1 to %d, got %d", server.MaxMaxAttempts, maxAttempts)
 	}
 	if runAt != "" && delay != 0 {
-		return usageErrorf("give --delay or --run-at, not both")
+		return cli.Usagef("give --delay or --run-at, not both")
 	}
 	if delay < 0 || delay > server.MaxDelay {
-		return usageErrorf("--delay must be from 0 to %s, got %s", server.MaxDelay, delay)
+		return cli.Usagef("--delay must be from 0 to %s, got %s", server.MaxDelay, delay)
 	}
 	params.DelayMs = delay.Milliseconds()
 	if runAt != "" {
 		t, err := time.Parse(time.RFC3339, runAt)
 		if err != nil {
-			return usageErrorf("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", runAt)
+			return cli.Usagef("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", runAt)
 		}
 		params.RunAt = &t
 	}
@@ -119,7 +120,7 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 		return err
 	}
 
-	dsn, err := dbf.resolve(env.getenv)
+	dsn, err := dbf.Resolve(env.getenv)
 	if err != nil {
 		return err
 	}
@@ -156,17 +157,17 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 func checkPayload(raw []byte) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
-		return nil, usageErrorf("--payload is empty: give a JSON value such as {}")
+		return nil, cli.Usagef("--payload is empty: give a JSON value such as {}")
 	}
 	if !utf8.Valid(raw) {
-		return nil, usageErrorf("--payload is not valid UTF-8")
+		return nil, cli.Usagef("--payload is not valid UTF-8")
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {
-		return nil, usageErrorf("--payload is not valid JSON: %v", err)
+		return nil, cli.Usagef("--payload is not valid JSON: %v", err)
 	}
 	if err := jsonb.Check(buf.Bytes()); err != nil {
-		return nil, usageErrorf("--payload %v", err)
+		return nil, cli.Usagef("--payload %v", err)
 	}
 	return buf.Bytes(), nil
 }
@@ -175,11 +176,11 @@ func checkPayload(raw []byte) (json.RawMessage, error) {
 func checkName(what, s string, maxBytes int) error {
 	switch {
 	case s == "":
-		return usageErrorf("%s must not be empty", what)
+		return cli.Usagef("%s must not be empty", what)
 	case len(s) > maxBytes:
-		return usageErrorf("%s must be at most %d bytes", what, maxBytes)
+		return cli.Usagef("%s must be at most %d bytes", what, maxBytes)
 	case !utf8.ValidString(s) || bytes.IndexByte([]byte(s), 0) >= 0:
-		return usageErrorf("%s must be valid UTF-8 without NUL characters", what)
+		return cli.Usagef("%s must be valid UTF-8 without NUL characters", what)
 	}
 	return nil
 }

@@ -2,230 +2,45 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"io"
 	"os"
-	"strings"
+	"os/exec"
+	"path/filepath"
+	"syscall"
 
-	"github.com/relayq/relay/experiment"
+	"github.com/relayq/relay/internal/cli"
 )
 
-// experimentUsage is the help of `relay experiment`.
-const experimentUsage = `Usage: relay experiment crash|burst|chaos [flags]
+// labCommand is the lab's command, which runs the recorded experiments. It
+// is built from experiment/cmd/relaylab, apart from relay, so that relay
+// carries none of the lab: `relay experiment NAME` runs `relaylab NAME`.
+const labCommand = "relaylab"
 
-Runs one of Relay's recorded experiments against real relay processes
-(this binary, or --relay-bin) and the PostgreSQL server of --database-url
-(default $DATABASE_URL, else ` + experiment.DefaultAdminURL + `),
-on which it creates, and afterwards drops, databases of its own: the URL's
-user must be allowed to create databases.
-
-  crash  SIGKILLs the worker running a 2 s job, --trials times, and times
-         how soon another worker re-claims and completes it; then freezes a
-         worker past its lease (SIGSTOP) and shows from its own log that its
-         stale acknowledgement is rejected once it is thawed (SIGCONT).
-  burst  submits --jobs hash jobs through the HTTP API to each --configs
-         configuration (PROCSxSLOTS) and measures throughput and latency
-         from the database's timestamps.
-  chaos  the fault-injection programme (relay experiment chaos -h); its
-         worker processes run as "relay experiment chaos-worker".
-
-Each run writes a JSON file of raw results and SVG charts to --out, shows
-its progress on stderr and prints a summary table on stdout. It fails
-(status 1) when a job was lost or ran other than as the experiment
-requires; figures that miss their targets are reported, not failed.
-Run "relay experiment NAME -h" for the flags of each.
-`
-
-// runExperiment runs `relay experiment crash|burst|chaos [flags]`; args
-// follow "experiment".
-func runExperiment(ctx context.Context, env *environment, args []string) error {
-	getenv, stdout, stderr := env.getenv, env.stdout, env.stderr
-	if len(args) == 0 {
-		fmt.Fprint(stderr, experimentUsage)
-		return usageErrorf("experiment: name an experiment: crash, burst or chaos")
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stderr, experimentUsage)
-		return nil
-	case "crash":
-		return runExperimentCrash(ctx, args[1:], getenv, stdout, stderr)
-	case "burst":
-		return runExperimentBurst(ctx, args[1:], getenv, stdout, stderr)
-	// The fault-injection programme and its worker process (chaos.go).
-	case "chaos":
-		return runChaos(ctx, args[1:], getenv, stdout, stderr)
-	case "chaos-worker":
-		return runChaosWorker(ctx, args[1:], getenv, stdout, stderr)
-	default:
-		return usageErrorf("experiment: unknown experiment %q: want crash, burst or chaos", args[0])
-	}
-}
-
-// experimentCommon are the flags both experiments share.
-type experimentCommon struct {
-	databaseURL string
-	out         string
-	relayBin    string
-	logDir      string
-}
-
-func (c *experimentCommon) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL server to create the experiment's databases on (default $DATABASE_URL, else "+experiment.DefaultAdminURL+")")
-	fs.StringVar(&c.out, "out", "experiment/results", "directory for the results (JSON and SVG); empty: write nothing")
-	fs.StringVar(&c.relayBin, "relay-bin", "", "relay binary to run as serve and work processes (default: this binary)")
-	fs.StringVar(&c.logDir, "log-dir", "", "keep the relay processes' logs in this directory (default: a temporary directory, removed)")
-}
-
-// resolve fills in the defaults that come from the environment.
-func (c *experimentCommon) resolve(getenv func(string) string) error {
-	if c.databaseURL == "" {
-		c.databaseURL = getenv("DATABASE_URL")
-	}
-	if c.databaseURL == "" {
-		c.databaseURL = experiment.DefaultAdminURL
-	}
-	if c.relayBin == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("experiment: find this binary (give --relay-bin): %w", err)
-		}
-		c.relayBin = exe
-	}
-	return nil
-}
-
-// parseExperiment parses an experiment's flags; experiments take no
-// positional arguments. On -h it returns errHelp, as flagSet.parse does.
-func parseExperiment(fs *flagSet, args []string, stderr io.Writer) error {
-	pos, err := fs.parse(args, stderr)
+// runExperiment replaces this process with the lab's command, given the
+// same arguments, environment and terminal: its output, signals and exit
+// status are the command's own.
+func runExperiment(_ context.Context, env *environment, args []string) error {
+	path, err := labBinary()
 	if err != nil {
 		return err
 	}
-	if len(pos) > 0 {
-		return usageErrorf("%s: unexpected argument %q", fs.Name(), pos[0])
+	if err := syscall.Exec(path, append([]string{labCommand}, args...), os.Environ()); err != nil {
+		return fmt.Errorf("experiment: run %s: %w", path, err)
 	}
 	return nil
 }
 
-func runExperimentCrash(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	var (
-		common      experimentCommon
-		cfg         = experiment.DefaultCrashConfig()
-		workerFlags string
-		noZombie    bool
-	)
-	fs := newFlagSet("experiment crash", "relay experiment crash [flags]",
-		`SIGKILLs the worker running a sleep job, --trials times, and times how
-soon another worker re-claims and completes it; then freezes a worker past
-its lease (SIGSTOP) and shows from its own log that its stale
-acknowledgement is rejected once it is thawed (SIGCONT).`)
-	common.register(fs.FlagSet)
-	fs.IntVar(&cfg.Trials, "trials", cfg.Trials, "how many times a worker is killed mid-job")
-	fs.DurationVar(&cfg.JobDuration, "job-duration", cfg.JobDuration, "how long the sleep job runs")
-	fs.DurationVar(&cfg.KillAfter, "kill-after", 0, "how long after the claim the worker is killed (default: half the job)")
-	fs.StringVar(&workerFlags, "worker-flags", "", `extra flags for the killed trials' workers, e.g. "--reclaim-interval 100ms" (default: none, the worker defaults)`)
-	fs.BoolVar(&noZombie, "no-zombie", false, "leave out the zombie (SIGSTOP) case")
-	fs.DurationVar(&cfg.ZombieLease, "zombie-lease", cfg.ZombieLease, "lease of the zombie case's workers")
-	fs.DurationVar(&cfg.ZombieHeartbeat, "zombie-heartbeat", 0, "heartbeat interval of the zombie case's workers (default: a quarter of --zombie-lease)")
-	fs.DurationVar(&cfg.PauseAfter, "pause-after", 0, "how long after the claim the zombie is frozen (default: a quarter of the job)")
-	if err := parseExperiment(fs, args, stderr); err != nil {
-		return helped(err)
-	}
-	if err := common.resolve(getenv); err != nil {
-		return err
-	}
-	cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
-	cfg.WorkerArgs = strings.Fields(workerFlags)
-	cfg.SkipZombie = noZombie
-	cfg.Progress = stderr
-	if cfg.Trials < 1 {
-		return usageErrorf("experiment crash: --trials must be at least 1, got %d", cfg.Trials)
-	}
-
-	res, err := experiment.Crash(ctx, cfg)
-	if res != nil {
-		if werr := res.WriteSummary(stdout); werr != nil && err == nil {
-			err = werr
+// labBinary finds relaylab beside this binary, else on PATH.
+func labBinary() (string, error) {
+	if exe, err := os.Executable(); err == nil {
+		beside := filepath.Join(filepath.Dir(exe), labCommand)
+		if info, err := os.Stat(beside); err == nil && !info.IsDir() {
+			return beside, nil
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("experiment crash: %w", err)
+	if path, err := exec.LookPath(labCommand); err == nil {
+		return path, nil
 	}
-	failed := 0
-	for _, t := range res.Trials {
-		if !t.OK {
-			failed++
-		}
-	}
-	if res.Zombie != nil && !res.Zombie.OK {
-		failed++
-	}
-	if failed > 0 {
-		return fmt.Errorf("experiment crash: %d case(s) broke an invariant (see PROBLEM lines above)", failed)
-	}
-	return nil
-}
-
-func runExperimentBurst(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	var (
-		common   experimentCommon
-		cfg      = experiment.DefaultBurstConfig()
-		configs  string
-		workload = *cfg.Workload
-	)
-	fs := newFlagSet("experiment burst", "relay experiment burst [flags]",
-		`Submits --jobs hash jobs through the HTTP API to each --configs
-configuration (PROCSxSLOTS) and measures throughput and latency from the
-database's timestamps.`)
-	common.register(fs.FlagSet)
-	fs.IntVar(&cfg.Jobs, "jobs", cfg.Jobs, "jobs per configuration")
-	fs.StringVar(&configs, "configs", experiment.FormatConfigs(cfg.Configs), "configurations, PROCSxSLOTS separated by commas")
-	fs.Int64Var(&workload.SleepMs, "sleep-ms", workload.SleepMs, "each hash job's sleep_ms")
-	fs.Int64Var(&workload.Iterations, "iterations", workload.Iterations, "each hash job's iterations")
-	fs.IntVar(&cfg.BatchSize, "batch-size", cfg.BatchSize, "jobs per POST /v1/jobs/batch (at most 1000)")
-	fs.IntVar(&cfg.Submitters, "submitters", cfg.Submitters, "concurrent HTTP clients submitting batches")
-	fs.DurationVar(&cfg.Timeout, "timeout", 0, "bound on each configuration's run (default: 4× its drain-time floor plus a minute)")
-	fs.BoolVar(&cfg.KeepDatabases, "keep-databases", false, "keep each configuration's database instead of dropping it")
-	fs.IntVar(&cfg.ProbeSamples, "probe-samples", cfg.ProbeSamples, "samples of each latency probe after a configuration (negative: no probes)")
-	if err := parseExperiment(fs, args, stderr); err != nil {
-		return helped(err)
-	}
-	if err := common.resolve(getenv); err != nil {
-		return err
-	}
-	var err error
-	if cfg.Configs, err = experiment.ParseConfigs(configs); err != nil {
-		return usageErrorf("experiment burst: --configs: %v", err)
-	}
-	switch {
-	case cfg.Jobs < 1:
-		return usageErrorf("experiment burst: --jobs must be at least 1, got %d", cfg.Jobs)
-	case cfg.BatchSize < 1 || cfg.BatchSize > 1000:
-		return usageErrorf("experiment burst: --batch-size must be between 1 and 1000, got %d", cfg.BatchSize)
-	case cfg.Submitters < 1:
-		return usageErrorf("experiment burst: --submitters must be at least 1, got %d", cfg.Submitters)
-	case workload.SleepMs < 0 || workload.Iterations < 0:
-		return usageErrorf("experiment burst: --sleep-ms and --iterations must not be negative")
-	}
-	cfg.Workload = &workload
-	cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
-	cfg.Progress = stderr
-
-	res, err := experiment.Burst(ctx, cfg)
-	if res != nil {
-		if werr := res.WriteSummary(stdout); werr != nil && err == nil {
-			err = werr
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("experiment burst: %w", err)
-	}
-	for _, run := range res.Runs {
-		if !run.Check.OK {
-			return fmt.Errorf("experiment burst: configuration %s did not run every job exactly once (see PROBLEM lines above)", run.Config)
-		}
-	}
-	return nil
+	return "", cli.Usagef("experiment: the experiments are run by %s, found neither beside relay nor on PATH: build it with `go build -o bin/%s ./experiment/cmd/%s` (or `make build`)",
+		labCommand, labCommand, labCommand)
 }

@@ -7,7 +7,7 @@
 //	relay serve [--slots N]       # the HTTP API, optionally with workers
 //	relay work                    # a worker process
 //	relay enqueue KIND [--payload JSON]
-//	relay experiment crash|burst|chaos
+//	relay experiment crash|burst|chaos  # runs relaylab, the lab's command
 //	relay version
 //
 // Run "relay COMMAND -h" for a command's flags. The database comes from
@@ -16,15 +16,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
-	"strings"
 	"syscall"
+
+	"github.com/relayq/relay/internal/cli"
 )
 
 // version is the release, set at build time with
@@ -40,13 +40,8 @@ func main() {
 	stop()
 	if err != nil {
 		// One line, whatever the error.
-		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
-		fmt.Fprintln(os.Stderr, "relay: "+msg)
-		var u *usageError
-		if errors.As(err, &u) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+		fmt.Fprintln(os.Stderr, "relay: "+cli.OneLine(err))
+		os.Exit(cli.ExitCode(err))
 	}
 }
 
@@ -83,7 +78,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	env := &environment{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	if len(args) < 2 {
 		printUsage(stderr)
-		return usageErrorf("no command given")
+		return cli.Usagef("no command given")
 	}
 	name, rest := args[1], args[2:]
 	switch name {
@@ -102,7 +97,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return c.run(ctx, env, rest)
 		}
 	}
-	return usageErrorf("unknown command %q (run \"relay -h\" for the list)", name)
+	return cli.Usagef("unknown command %q (run \"relay -h\" for the list)", name)
 }
 
 func printUsage(w io.Writer) {
@@ -129,13 +124,13 @@ Environment:
 }
 
 func runVersion(_ context.Context, env *environment, args []string) error {
-	fs := newFlagSet("version", "relay version", "Prints the version of relay.")
-	pos, err := fs.parse(args, env.stderr)
+	fs := cli.NewFlagSet("version", "relay version", "Prints the version of relay.")
+	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	if len(pos) > 0 {
-		return usageErrorf("version: unexpected argument %q", pos[0])
+		return cli.Usagef("version: unexpected argument %q", pos[0])
 	}
 	fmt.Fprintln(env.stdout, versionString())
 	return nil

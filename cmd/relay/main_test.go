@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/dbtest"
 )
 
@@ -146,7 +147,7 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := runRelay(testContext(t, 10*time.Second), tt.env, "", tt.args...)
-			var u *usageError
+			var u *cli.UsageError
 			if !errors.As(r.err, &u) {
 				t.Fatalf("error = %v (%T), want a usage error", r.err, r.err)
 			}
@@ -165,7 +166,7 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 
 func TestRun_WithoutCommandPrintsUsageAndFails(t *testing.T) {
 	r := runRelay(t.Context(), nil, "")
-	var u *usageError
+	var u *cli.UsageError
 	if !errors.As(r.err, &u) {
 		t.Fatalf("error = %v, want a usage error", r.err)
 	}

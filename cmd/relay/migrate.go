@@ -5,24 +5,25 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/migrations"
 )
 
 func runMigrate(ctx context.Context, env *environment, args []string) error {
 	var (
-		logs logFlags
-		dbf  dbFlags
+		logs cli.LogFlags
+		dbf  cli.DBFlags
 	)
-	fs := newFlagSet("migrate", "relay migrate [up|down|status] [flags]",
+	fs := cli.NewFlagSet("migrate", "relay migrate [up|down|status] [flags]",
 		`Applies Relay's schema migrations, embedded in the binary:
   up      apply every pending migration (the default)
   down    roll back the most recent migration
   status  list the migrations and whether each is applied`)
-	logs.register(fs)
-	dbf.register(fs)
-	pos, err := fs.parse(args, env.stderr)
+	logs.Register(fs)
+	dbf.Register(fs)
+	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	action := "up"
 	switch len(pos) {
@@ -30,16 +31,16 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	case 1:
 		action = pos[0]
 	default:
-		return usageErrorf("migrate: want one of up, down or status, got %q", pos)
+		return cli.Usagef("migrate: want one of up, down or status, got %q", pos)
 	}
 	if action != "up" && action != "down" && action != "status" {
-		return usageErrorf("migrate: unknown action %q: want up, down or status", action)
+		return cli.Usagef("migrate: unknown action %q: want up, down or status", action)
 	}
-	logger, err := logs.logger(env.stderr)
+	logger, err := logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
-	dsn, err := dbf.resolve(env.getenv)
+	dsn, err := dbf.Resolve(env.getenv)
 	if err != nil {
 		return err
 	}

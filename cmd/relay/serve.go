@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/internal/builtin"
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/server"
 	"github.com/relayq/relay/worker"
 )
@@ -25,9 +26,9 @@ const addrLookupTimeout = 3 * time.Second
 // serveFlags configure the API, and the worker slots that may run beside it.
 type serveFlags struct {
 	command         string // the command the flags belong to, for errors
-	logs            logFlags
-	db              dbFlags
-	worker          workerFlags
+	logs            cli.LogFlags
+	db              cli.DBFlags
+	worker          cli.WorkerFlags
 	addr            string
 	apiToken        string
 	insecureNoAuth  bool
@@ -35,16 +36,16 @@ type serveFlags struct {
 	shutdownTimeout time.Duration
 }
 
-func (s *serveFlags) register(fs *flagSet, defaultSlots int) {
+func (s *serveFlags) register(fs *cli.FlagSet, defaultSlots int) {
 	s.command = fs.Name()
-	s.logs.register(fs)
-	s.db.register(fs)
+	s.logs.Register(fs)
+	s.db.Register(fs)
 	fs.StringVar(&s.addr, "addr", "", "address to listen on (default $RELAY_ADDR, else "+defaultAddr+")")
 	fs.StringVar(&s.apiToken, "api-token", "", "bearer token every /v1 request must present (default $RELAY_API_TOKEN; required on a non-loopback --addr unless --insecure-no-auth)")
 	fs.BoolVar(&s.insecureNoAuth, "insecure-no-auth", false, "serve without a token on a non-loopback --addr: the API then accepts unauthenticated requests from the network")
 	fs.Int64Var(&s.maxBodyBytes, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted")
 	fs.DurationVar(&s.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may finish at shutdown")
-	s.worker.register(fs, defaultSlots, "worker slots to run in this process with the built-in handlers (0: none)")
+	s.worker.Register(fs, defaultSlots, "worker slots to run in this process with the built-in handlers (0: none)")
 }
 
 // resolve fills in what comes from the environment and checks the flags.
@@ -58,15 +59,15 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 	if s.apiToken == "" {
 		s.apiToken = getenv("RELAY_API_TOKEN")
 	}
-	s.worker.resolveEnv(getenv)
+	s.worker.ResolveEnv(getenv)
 	if s.maxBodyBytes <= 0 {
-		return usageErrorf("--max-body-bytes must be positive, got %d", s.maxBodyBytes)
+		return cli.Usagef("--max-body-bytes must be positive, got %d", s.maxBodyBytes)
 	}
-	if s.worker.slots < 0 {
-		return usageErrorf("--slots must not be negative, got %d", s.worker.slots)
+	if s.worker.Slots < 0 {
+		return cli.Usagef("--slots must not be negative, got %d", s.worker.Slots)
 	}
 	if s.shutdownTimeout <= 0 {
-		return usageErrorf("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
+		return cli.Usagef("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
 	}
 	return s.requireTokenOffLoopback(ctx, net.DefaultResolver.LookupHost)
 }
@@ -77,7 +78,7 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 func (s *serveFlags) requireTokenOffLoopback(ctx context.Context, lookupHost func(context.Context, string) ([]string, error)) error {
 	host, _, err := net.SplitHostPort(s.addr)
 	if err != nil {
-		return usageErrorf("%s: invalid address %q (--addr or RELAY_ADDR): %v", s.command, s.addr, err)
+		return cli.Usagef("%s: invalid address %q (--addr or RELAY_ADDR): %v", s.command, s.addr, err)
 	}
 	if s.apiToken != "" || s.insecureNoAuth {
 		return nil
@@ -85,10 +86,10 @@ func (s *serveFlags) requireTokenOffLoopback(ctx context.Context, lookupHost fun
 	const fix = "set --api-token (or RELAY_API_TOKEN), listen on a loopback address, or pass --insecure-no-auth"
 	loopback, err := isLoopbackHost(ctx, host, lookupHost)
 	if err != nil {
-		return usageErrorf("%s: refusing to serve the API on %s without a token: %v; %s", s.command, s.addr, err, fix)
+		return cli.Usagef("%s: refusing to serve the API on %s without a token: %v; %s", s.command, s.addr, err, fix)
 	}
 	if !loopback {
-		return usageErrorf("%s: refusing to serve the API on %s without a token: %s", s.command, s.addr, fix)
+		return cli.Usagef("%s: refusing to serve the API on %s without a token: %s", s.command, s.addr, fix)
 	}
 	return nil
 }
@@ -134,7 +135,7 @@ func isLoopbackListener(ln net.Listener) bool {
 
 func runServe(ctx context.Context, env *environment, args []string) error {
 	var opts serveFlags
-	fs := newFlagSet("serve", "relay serve [flags]",
+	fs := cli.NewFlagSet("serve", "relay serve [flags]",
 		`Serves the HTTP API. With --slots N it also runs N worker slots with the
 built-in handlers on --queue, on a database pool of their own. The database
 must be reachable and migrated. Without an API token (--api-token or
@@ -143,21 +144,21 @@ RELAY_API_TOKEN) it listens only on a loopback address, unless
 finish (up to --shutdown-timeout) and running jobs drain (up to
 --shutdown-grace) before the process exits.`)
 	opts.register(fs, 0)
-	pos, err := fs.parse(args, env.stderr)
+	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	if len(pos) > 0 {
-		return usageErrorf("serve: unexpected argument %q", pos[0])
+		return cli.Usagef("serve: unexpected argument %q", pos[0])
 	}
-	logger, err := opts.logs.logger(env.stderr)
+	logger, err := opts.logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
 	if err := opts.resolve(ctx, env.getenv); err != nil {
 		return err
 	}
-	dsn, err := opts.db.resolve(env.getenv)
+	dsn, err := opts.db.Resolve(env.getenv)
 	if err != nil {
 		return err
 	}
@@ -178,8 +179,8 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 	}
 
 	var w *worker.Worker
-	if opts.worker.slots > 0 {
-		cfg, err := opts.worker.config(logger)
+	if opts.worker.Slots > 0 {
+		cfg, err := opts.worker.Config(logger)
 		if err != nil {
 			return err
 		}
@@ -220,7 +221,7 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		logger.Warn("the API accepts unauthenticated requests from the network (--insecure-no-auth)", "addr", ln.Addr().String())
 	}
 	logger.Info("serving the API", "addr", ln.Addr().String(), "auth", opts.apiToken != "",
-		"worker_slots", opts.worker.slots, "queue", opts.worker.queue)
+		"worker_slots", opts.worker.Slots, "queue", opts.worker.Queue)
 	if ready != nil {
 		ready(ln.Addr())
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/dbtest"
 )
 
@@ -74,7 +75,7 @@ func TestServe_RefusesNonLoopbackAddressWithoutToken(t *testing.T) {
 				args := append([]string{command}, tt.args...)
 				if tt.refuses != "" {
 					r := runRelay(testContext(t, 10*time.Second), env, "", args...)
-					var u *usageError
+					var u *cli.UsageError
 					if !errors.As(r.err, &u) {
 						t.Fatalf("error = %v (%T), want a usage error", r.err, r.err)
 					}
@@ -112,7 +113,7 @@ func TestServe_RefusesAnAddressItCannotResolveWithoutToken(t *testing.T) {
 			env := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}
 			// .invalid never resolves (RFC 6761).
 			r := runRelay(testContext(t, 10*time.Second), env, "", command, "--addr", "relay.invalid:8080")
-			var u *usageError
+			var u *cli.UsageError
 			if !errors.As(r.err, &u) {
 				t.Fatalf("error = %v (%T), want a usage error", r.err, r.err)
 			}

@@ -5,43 +5,44 @@ import (
 	"fmt"
 
 	"github.com/relayq/relay/internal/builtin"
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/worker"
 )
 
 func runWork(ctx context.Context, env *environment, args []string) error {
 	var (
-		logs logFlags
-		dbf  dbFlags
-		wf   workerFlags
+		logs cli.LogFlags
+		dbf  cli.DBFlags
+		wf   cli.WorkerFlags
 	)
-	fs := newFlagSet("work", "relay work [flags]",
+	fs := cli.NewFlagSet("work", "relay work [flags]",
 		`Runs a worker with the built-in job handlers (hash, sleep, fail, noop) on
 one queue. Any number of workers may run against one database. On SIGINT or
 SIGTERM the worker stops claiming, lets running jobs finish for up to
 --shutdown-grace, then releases the rest to other workers.`)
-	logs.register(fs)
-	dbf.register(fs)
-	wf.register(fs, worker.DefaultSlots, "jobs to run at once")
-	pos, err := fs.parse(args, env.stderr)
+	logs.Register(fs)
+	dbf.Register(fs)
+	wf.Register(fs, worker.DefaultSlots, "jobs to run at once")
+	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	if len(pos) > 0 {
-		return usageErrorf("work: unexpected argument %q", pos[0])
+		return cli.Usagef("work: unexpected argument %q", pos[0])
 	}
-	logger, err := logs.logger(env.stderr)
+	logger, err := logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
-	if wf.slots < 1 {
-		return usageErrorf("--slots must be at least 1, got %d", wf.slots)
+	if wf.Slots < 1 {
+		return cli.Usagef("--slots must be at least 1, got %d", wf.Slots)
 	}
-	wf.resolveEnv(env.getenv)
-	cfg, err := wf.config(logger)
+	wf.ResolveEnv(env.getenv)
+	cfg, err := wf.Config(logger)
 	if err != nil {
 		return err
 	}
-	dsn, err := dbf.resolve(env.getenv)
+	dsn, err := dbf.Resolve(env.getenv)
 	if err != nil {
 		return err
 	}

@@ -1,5 +1,6 @@
-// Package relaybin builds the relay command once per test process, for the
-// tests that run it as real operating-system processes.
+// Package relaybin builds the relay command, and the lab's relaylab, once
+// per test process, for the tests that run them as real operating-system
+// processes.
 package relaybin
 
 import (
@@ -13,43 +14,67 @@ import (
 	"time"
 )
 
-// buildTimeout bounds the build of the relay command.
+// buildTimeout bounds the build of a command.
 const buildTimeout = 10 * time.Minute
 
+// binary is one command, built on first use.
+type binary struct {
+	name, pkg string
+	once      sync.Once
+	path      string
+	err       error
+}
+
 var (
-	once sync.Once
-	dir  string
-	path string
-	err  error
+	dirOnce sync.Once
+	dir     string
+	dirErr  error
+
+	relay    = &binary{name: "relay", pkg: "github.com/relayq/relay/cmd/relay"}
+	relaylab = &binary{name: "relaylab", pkg: "github.com/relayq/relay/experiment/cmd/relaylab"}
 )
 
 // Path returns a relay binary built from this module's cmd/relay, building
 // it on first use. A failed build fails the test.
 func Path(t testing.TB) string {
 	t.Helper()
-	once.Do(func() {
-		dir, err = os.MkdirTemp("", "relay-test-bin-")
-		if err != nil {
+	return relay.build(t)
+}
+
+// Lab returns a relaylab binary built from experiment/cmd/relaylab, in the
+// same directory as Path's relay, building it on first use. A failed build
+// fails the test.
+func Lab(t testing.TB) string {
+	t.Helper()
+	return relaylab.build(t)
+}
+
+func (b *binary) build(t testing.TB) string {
+	t.Helper()
+	b.once.Do(func() {
+		dirOnce.Do(func() { dir, dirErr = os.MkdirTemp("", "relay-test-bin-") })
+		if dirErr != nil {
+			b.err = dirErr
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 		defer cancel()
-		p := filepath.Join(dir, "relay")
-		out, buildErr := exec.CommandContext(ctx, "go", "build", "-o", p, "github.com/relayq/relay/cmd/relay").CombinedOutput()
-		if buildErr != nil {
-			err = fmt.Errorf("go build: %w\n%s", buildErr, out)
+		p := filepath.Join(dir, b.name)
+		out, err := exec.CommandContext(ctx, "go", "build", "-o", p, b.pkg).CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("go build: %w\n%s", err, out)
 			return
 		}
-		path = p
+		b.path = p
 	})
-	if err != nil {
-		t.Fatalf("build relay: %v", err)
+	if b.err != nil {
+		t.Fatalf("build %s: %v", b.name, b.err)
 	}
-	return path
+	return b.path
 }
 
-// Cleanup removes the binary, if one was built. Call it from TestMain once
-// the tests have run.
+// Cleanup removes the binaries, if any were built. Call it from TestMain
+// once the tests have run.
 func Cleanup() {
 	if dir != "" {
 		os.RemoveAll(dir)

@@ -7,15 +7,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/relayq/relay/experiment"
+	"github.com/relayq/relay/internal/cli"
 )
 
 // chaosUsage is the help of `relay experiment chaos`.
 const chaosUsage = `Runs Relay's fault-injection programme: for each scenario, a workload of
-short sleep and hash jobs on several real worker processes (this binary, or
---relay-bin, as "relay experiment chaos-worker"), while one kind of fault
+short sleep and hash jobs on several real worker processes (this binary, as
+"relaylab chaos-worker"; the API is --relay-bin's serve), while one kind of fault
 is injected, then checks the recorded history of every job:
 
   kill          SIGKILL a random worker every --fault-every; start another
@@ -47,7 +49,7 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		short     bool
 		base      = experiment.DefaultChaosConfig("")
 	)
-	fs := newFlagSet("experiment chaos", "relay experiment chaos [flags]", chaosUsage)
+	fs := cli.NewFlagSet("experiment chaos", "relay experiment chaos [flags]", chaosUsage)
 	common.register(fs.FlagSet)
 	fs.StringVar(&scenarios, "scenarios", "all", "scenarios to run, separated by commas ("+scenarioNames()+")")
 	fs.BoolVar(&short, "short", false, "the test suite's short form: a few hundred jobs, seconds per scenario (flags below still apply)")
@@ -62,20 +64,24 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 	fs.DurationVar(&base.Downtime, "downtime", 0, fmt.Sprintf("how long the restart scenario keeps PostgreSQL down (default %s)", base.Downtime))
 	fs.Uint64Var(&base.Seed, "seed", 0, "seed of the workload and of the choice of victims (default 1)")
 	if err := parseExperiment(fs, args, stderr); err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	if err := common.resolve(getenv); err != nil {
 		return err
 	}
+	labBin, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("experiment chaos: find this binary, which runs the chaos workers: %w", err)
+	}
 	list, err := experiment.ParseChaosScenarios(scenarios)
 	if err != nil {
-		return usageErrorf("experiment chaos: --scenarios: %v", err)
+		return cli.Usagef("experiment chaos: --scenarios: %v", err)
 	}
 	switch {
 	case base.Jobs < 0 || base.Workers < 0 || base.Slots < 0:
-		return usageErrorf("experiment chaos: --jobs, --workers and --slots must not be negative")
+		return cli.Usagef("experiment chaos: --jobs, --workers and --slots must not be negative")
 	case base.Lease < 0 || base.Heartbeat < 0 || base.Duration < 0 || base.FaultEvery < 0 || base.Downtime < 0:
-		return usageErrorf("experiment chaos: durations must not be negative")
+		return cli.Usagef("experiment chaos: durations must not be negative")
 	}
 
 	var results []*experiment.ChaosResult
@@ -97,7 +103,7 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		if base.Lease > 0 && base.Heartbeat == 0 {
 			cfg.Heartbeat = cfg.Lease / 5
 		}
-		cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
+		cfg.AdminURL, cfg.RelayBin, cfg.WorkerBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, labBin, common.out, common.logDir
 		cfg.Progress = stderr
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		res, err := experiment.RunChaos(ctx, cfg)
@@ -132,45 +138,45 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 // the harness's tables. Not meant to be run by hand.
 func runChaosWorker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var (
-		logs         logFlags
-		dbf          dbFlags
-		wf           workerFlags
+		logs         cli.LogFlags
+		dbf          cli.DBFlags
+		wf           cli.WorkerFlags
 		recordURL    string
 		handlerConns int
 	)
-	fs := newFlagSet("experiment chaos-worker", "relay experiment chaos-worker --id ID [flags]",
+	fs := cli.NewFlagSet("experiment chaos-worker", "relaylab chaos-worker --id ID [flags]",
 		`The worker process of "relay experiment chaos": a worker with the built-in
 handlers and the chaos job kinds, recording every execution and the fate of
 its acknowledgement in the tables the harness added to the database. Its
 connections are named relay-worker-ID. Not meant to be run by hand.`)
-	logs.register(fs)
-	dbf.register(fs)
-	wf.register(fs, 10, "jobs to run at once")
+	logs.Register(fs)
+	dbf.Register(fs)
+	wf.Register(fs, 10, "jobs to run at once")
 	fs.StringVar(&recordURL, "record-database-url", "", "where to record executions, never through a fault proxy (default: --database-url)")
 	fs.IntVar(&handlerConns, "handler-pool-size", experiment.DefaultChaosHandlerPoolSize, "connections of the handlers' own pool")
-	pos, err := fs.parse(args, stderr)
+	pos, err := fs.Parse(args, stderr)
 	if err != nil {
-		return helped(err)
+		return cli.Helped(err)
 	}
 	if len(pos) > 0 {
-		return usageErrorf("experiment chaos-worker: unexpected argument %q", pos[0])
+		return cli.Usagef("experiment chaos-worker: unexpected argument %q", pos[0])
 	}
-	if wf.id == "" {
-		return usageErrorf("experiment chaos-worker: --id is required")
+	if wf.ID == "" {
+		return cli.Usagef("experiment chaos-worker: --id is required")
 	}
 	if handlerConns < 1 {
-		return usageErrorf("experiment chaos-worker: --handler-pool-size must be at least 1, got %d", handlerConns)
+		return cli.Usagef("experiment chaos-worker: --handler-pool-size must be at least 1, got %d", handlerConns)
 	}
-	logger, err := logs.logger(stderr)
+	logger, err := logs.Logger(stderr)
 	if err != nil {
 		return err
 	}
-	wf.resolveEnv(getenv)
-	cfg, err := wf.config(logger)
+	wf.ResolveEnv(getenv)
+	cfg, err := wf.Config(logger)
 	if err != nil {
 		return err
 	}
-	dsn, err := dbf.resolve(getenv)
+	dsn, err := dbf.Resolve(getenv)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,238 @@
+// Package cli holds what Relay's commands (relay, and the lab's relaylab)
+// share of their command lines: flag sets that mix flags and arguments and
+// report a mistake in one line, the usage error that exits with status 2,
+// and the logging, database and worker flags.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/relayq/relay/worker"
+)
+
+// UsageError is a mistake in the command line. A program exits with status
+// 2 for it, 1 for any other error (see ExitCode).
+type UsageError struct{ msg string }
+
+func (e *UsageError) Error() string { return e.msg }
+
+// Usagef returns a UsageError.
+func Usagef(format string, args ...any) error {
+	return &UsageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// ErrHelp reports that a command printed its help: the program exits 0.
+var ErrHelp = errors.New("help requested")
+
+// Helped turns ErrHelp into success.
+func Helped(err error) error {
+	if errors.Is(err, ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+// ExitCode is the status a program exits with after err: 0 for none, 2 for
+// a UsageError, 1 for anything else.
+func ExitCode(err error) int {
+	var u *UsageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &u):
+		return 2
+	default:
+		return 1
+	}
+}
+
+// OneLine is err's message on one line, as a program prints it.
+func OneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}
+
+// FlagSet is a command's flags with the text its -h prints above them.
+type FlagSet struct {
+	*flag.FlagSet
+	usage   string
+	command string
+}
+
+// NewFlagSet returns a flag set that reports nothing itself: Parse turns
+// its errors into one line, and prints the usage only when asked to. The
+// synopsis ("relay enqueue KIND [flags]") starts with the command's words.
+func NewFlagSet(name, synopsis, description string) *FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &FlagSet{
+		FlagSet: fs,
+		usage:   "Usage: " + synopsis + "\n\n" + description + "\n",
+		command: commandOf(synopsis),
+	}
+}
+
+// commandOf returns the words of a synopsis that name the command: those
+// before the first flag or argument ("--id", "KIND", "[flags]").
+func commandOf(synopsis string) string {
+	var words []string
+	for _, w := range strings.Fields(synopsis) {
+		if r := []rune(w)[0]; r == '[' || r == '-' || unicode.IsUpper(r) {
+			break
+		}
+		words = append(words, w)
+	}
+	return strings.Join(words, " ")
+}
+
+// Parse parses args, which may mix flags and positional arguments in any
+// order ("--" ends the flags), and returns the positional arguments. On -h
+// it prints the usage to stderr and returns ErrHelp; a bad flag is a
+// UsageError of one line.
+func (fs *FlagSet) Parse(args []string, stderr io.Writer) ([]string, error) {
+	var positional []string
+	for {
+		err := fs.FlagSet.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stderr, fs.usage)
+			fmt.Fprintln(stderr, "\nFlags:")
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			fs.SetOutput(io.Discard)
+			return nil, ErrHelp
+		}
+		if err != nil {
+			return nil, Usagef("%s: %v (run \"%s -h\" for usage)", fs.Name(), err, fs.command)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// LogFlags are the logging flags every command has.
+type LogFlags struct {
+	Format string
+	Level  string
+}
+
+// Register adds --log-format and --log-level to fs.
+func (l *LogFlags) Register(fs *FlagSet) {
+	fs.StringVar(&l.Format, "log-format", "text", "log format: text or json")
+	fs.StringVar(&l.Level, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// Logger returns a logger writing to w as the flags ask.
+func (l *LogFlags) Logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.Level)); err != nil {
+		return nil, Usagef("invalid --log-level %q: want debug, info, warn or error", l.Level)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch l.Format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, Usagef("invalid --log-format %q: want text or json", l.Format)
+	}
+}
+
+// DBFlags is the --database-url flag, with DATABASE_URL as its fallback.
+type DBFlags struct{ URL string }
+
+// Register adds --database-url to fs.
+func (d *DBFlags) Register(fs *FlagSet) {
+	// The environment is read after parsing, so that -h never prints a
+	// password from it as the default.
+	fs.StringVar(&d.URL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
+}
+
+// Resolve returns the database URL from the flag or the environment.
+func (d *DBFlags) Resolve(getenv func(string) string) (string, error) {
+	if d.URL != "" {
+		return d.URL, nil
+	}
+	if u := getenv("DATABASE_URL"); u != "" {
+		return u, nil
+	}
+	return "", Usagef("no database: give --database-url or set DATABASE_URL (e.g. postgres://user:password@localhost:5432/relay)")
+}
+
+// WorkerFlags configure a worker.
+type WorkerFlags struct {
+	SessionURL      string
+	Queue           string
+	Slots           int
+	ID              string
+	Lease           time.Duration
+	Heartbeat       time.Duration
+	Poll            time.Duration
+	ReclaimInterval time.Duration
+	Prefetch        int
+	PrefetchWait    time.Duration
+	ShutdownGrace   time.Duration
+	BackoffBase     time.Duration
+}
+
+// Register adds the worker's flags to fs, --slots with the default and
+// help given.
+func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) {
+	fs.StringVar(&w.SessionURL, "session-database-url", "", "PostgreSQL URL of the worker's session, which shows it alive: PostgreSQL itself or a session-mode pool, never a transaction-mode pooler (default $RELAY_SESSION_DATABASE_URL, else the database URL)")
+	fs.StringVar(&w.Queue, "queue", worker.DefaultQueue, "queue to work on")
+	fs.IntVar(&w.Slots, "slots", defaultSlots, slotsHelp)
+	fs.StringVar(&w.ID, "id", "", "worker id, unique among live workers (default host-pid-random)")
+	fs.DurationVar(&w.Lease, "lease", worker.DefaultLease, "how long a claim holds a job without a heartbeat")
+	fs.DurationVar(&w.Heartbeat, "heartbeat", 0, "how often leases are renewed (default lease/3)")
+	fs.DurationVar(&w.Poll, "poll", worker.DefaultPollInterval, "how often an idle worker looks for jobs no notification announced")
+	fs.DurationVar(&w.ReclaimInterval, "reclaim-interval", worker.DefaultReclaimInterval, "how often jobs of dead workers and expired leases are taken back")
+	fs.IntVar(&w.Prefetch, "prefetch", 0, "jobs claimed ahead of a free slot while jobs are short (default: as many as --slots; -1: none)")
+	fs.DurationVar(&w.PrefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is handed back")
+	fs.DurationVar(&w.ShutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (negative: release at once)")
+	fs.DurationVar(&w.BackoffBase, "backoff-base", worker.DefaultBackoffBase,
+		fmt.Sprintf("retry backoff after the first failure, doubling each attempt up to %s (for tests and demos)", worker.DefaultBackoffMax))
+}
+
+// ResolveEnv fills in what comes from the environment. It runs after the
+// flags are parsed, so that -h never prints a password from it.
+func (w *WorkerFlags) ResolveEnv(getenv func(string) string) {
+	if w.SessionURL == "" {
+		w.SessionURL = getenv("RELAY_SESSION_DATABASE_URL")
+	}
+}
+
+// Config returns the worker configuration the flags describe.
+func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
+	if w.BackoffBase <= 0 {
+		return worker.Config{}, Usagef("--backoff-base must be positive, got %s", w.BackoffBase)
+	}
+	return worker.Config{
+		SessionDatabaseURL: w.SessionURL,
+		Queue:              w.Queue,
+		Slots:              w.Slots,
+		ID:                 w.ID,
+		Lease:              w.Lease,
+		HeartbeatInterval:  w.Heartbeat,
+		PollInterval:       w.Poll,
+		ReclaimInterval:    w.ReclaimInterval,
+		Prefetch:           w.Prefetch,
+		PrefetchWait:       w.PrefetchWait,
+		ShutdownGrace:      w.ShutdownGrace,
+		Backoff:            worker.ExponentialBackoff(w.BackoffBase, worker.DefaultBackoffMax),
+		Logger:             logger,
+	}, nil
+}
