@@ -472,7 +472,8 @@ func (r *chaosRun) evaluatePause(ctx context.Context, res *ChaosResult, d chaosD
 }
 
 // evaluatePartition checks that every partitioned worker came back by
-// itself, and that the cuts at commit hit commits.
+// itself (claimed again after the heal, with a new session or the one it
+// kept), and that the cuts at commit hit commits.
 func (r *chaosRun) evaluatePartition(ctx context.Context, res *ChaosResult, d chaosDetails, survivors map[string]bool) error {
 	sessions, err := r.q.ChaosSessions(ctx)
 	if err != nil {
@@ -497,8 +498,11 @@ func (r *chaosRun) evaluatePartition(ctx context.Context, res *ChaosResult, d ch
 				rec.FirstClaimAfterMs = ms(c.At.Sub(h.at))
 			}
 		}
-		if rec.ReregisteredAfterMs < 0 {
-			unrecovered.add("%s never registered a new session after its %s was healed", h.worker, h.kind)
+		// A worker comes back with a new session, or with the one it
+		// had, which a blackhole shorter than the wait for a ping keeps:
+		// claiming again after the heal needs a live session either way.
+		if rec.ReregisteredAfterMs < 0 && rec.FirstClaimAfterMs < 0 {
+			unrecovered.add("%s neither registered a new session nor claimed again after its %s was healed", h.worker, h.kind)
 		}
 		p.Partitions = append(p.Partitions, rec)
 	}
