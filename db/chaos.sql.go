@@ -209,14 +209,14 @@ ON CONFLICT (job_id) DO NOTHING
 `
 
 type ChaosEnqueuedParams struct {
-	JobIds []int64
+	JobIDs []int64
 	Via    string
 }
 
 // Records jobs whose enqueue was acknowledged, and how.
 // @sqlc-vet-disable sqlc/db-prepare
 func (q *Queries) ChaosEnqueued(ctx context.Context, arg ChaosEnqueuedParams) error {
-	_, err := q.db.Exec(ctx, chaosEnqueued, arg.JobIds, arg.Via)
+	_, err := q.db.Exec(ctx, chaosEnqueued, arg.JobIDs, arg.Via)
 	return err
 }
 
@@ -233,7 +233,7 @@ type ChaosExecutionStartParams struct {
 	Attempt int32
 	Fence   int64
 	Worker  string
-	Pid     int32
+	PID     int32
 }
 
 // Statements of `relay experiment chaos` (package experiment): its chaos
@@ -253,7 +253,7 @@ func (q *Queries) ChaosExecutionStart(ctx context.Context, arg ChaosExecutionSta
 		arg.Attempt,
 		arg.Fence,
 		arg.Worker,
-		arg.Pid,
+		arg.PID,
 	)
 	return err
 }
@@ -283,7 +283,7 @@ func (q *Queries) ChaosExecutions(ctx context.Context) ([]ChaosExecution, error)
 			&i.Attempt,
 			&i.Fence,
 			&i.Worker,
-			&i.Pid,
+			&i.PID,
 			&i.StartedAt,
 			&i.EndedAt,
 			&i.Outcome,
@@ -316,7 +316,7 @@ WHERE e.job_id = a.job_id AND e.fence = a.fence
 `
 
 type ChaosExecutionsAckParams struct {
-	JobIds   []int64
+	JobIDs   []int64
 	Fences   []int64
 	Acks     []string
 	Accepted []bool
@@ -328,7 +328,7 @@ type ChaosExecutionsAckParams struct {
 // @sqlc-vet-disable sqlc/db-prepare
 func (q *Queries) ChaosExecutionsAck(ctx context.Context, arg ChaosExecutionsAckParams) error {
 	_, err := q.db.Exec(ctx, chaosExecutionsAck,
-		arg.JobIds,
+		arg.JobIDs,
 		arg.Fences,
 		arg.Acks,
 		arg.Accepted,
@@ -351,7 +351,7 @@ WHERE e.job_id = f.job_id AND e.fence = f.fence
 `
 
 type ChaosExecutionsEndParams struct {
-	JobIds   []int64
+	JobIDs   []int64
 	Fences   []int64
 	EndedAts []time.Time
 	Outcomes []string
@@ -363,7 +363,7 @@ type ChaosExecutionsEndParams struct {
 // @sqlc-vet-disable sqlc/db-prepare
 func (q *Queries) ChaosExecutionsEnd(ctx context.Context, arg ChaosExecutionsEndParams) error {
 	_, err := q.db.Exec(ctx, chaosExecutionsEnd,
-		arg.JobIds,
+		arg.JobIDs,
 		arg.Fences,
 		arg.EndedAts,
 		arg.Outcomes,
@@ -392,7 +392,7 @@ RETURNING id
 type ChaosFaultRecordParams struct {
 	Kind   string
 	Target string
-	Pid    int32
+	PID    int32
 	Detail string
 }
 
@@ -402,7 +402,7 @@ func (q *Queries) ChaosFaultRecord(ctx context.Context, arg ChaosFaultRecordPara
 	row := q.db.QueryRow(ctx, chaosFaultRecord,
 		arg.Kind,
 		arg.Target,
-		arg.Pid,
+		arg.PID,
 		arg.Detail,
 	)
 	var id int64
@@ -431,7 +431,7 @@ func (q *Queries) ChaosFaults(ctx context.Context) ([]ChaosFault, error) {
 			&i.At,
 			&i.Kind,
 			&i.Target,
-			&i.Pid,
+			&i.PID,
 			&i.Detail,
 			&i.EndedAt,
 		); err != nil {
@@ -1053,7 +1053,7 @@ ORDER BY a.pid
 `
 
 type ChaosWorkerBackendsRow struct {
-	Pid             int32
+	PID             int32
 	ApplicationName string
 	State           string
 	Query           string
@@ -1073,7 +1073,7 @@ func (q *Queries) ChaosWorkerBackends(ctx context.Context) ([]ChaosWorkerBackend
 	for rows.Next() {
 		var i ChaosWorkerBackendsRow
 		if err := rows.Scan(
-			&i.Pid,
+			&i.PID,
 			&i.ApplicationName,
 			&i.State,
 			&i.Query,

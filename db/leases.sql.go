@@ -79,7 +79,7 @@ LEFT JOIN claimed ON true
 `
 
 type JobCompleteAndClaimParams struct {
-	CompleteIds     []int64
+	CompleteIDs     []int64
 	CompleteTokens  []uuid.UUID
 	CompleteResults []json.RawMessage
 	SessionKey      *int32
@@ -90,7 +90,7 @@ type JobCompleteAndClaimParams struct {
 }
 
 type JobCompleteAndClaimRow struct {
-	CompletedIds   []int64
+	CompletedIDs   []int64
 	ID             *int64
 	Queue          *string
 	Kind           *string
@@ -132,7 +132,7 @@ type JobCompleteAndClaimRow struct {
 // columns of one row (all null when nothing was claimed).
 func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndClaimParams) ([]JobCompleteAndClaimRow, error) {
 	rows, err := q.db.Query(ctx, jobCompleteAndClaim,
-		arg.CompleteIds,
+		arg.CompleteIDs,
 		arg.CompleteTokens,
 		arg.CompleteResults,
 		arg.SessionKey,
@@ -149,7 +149,7 @@ func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndCla
 	for rows.Next() {
 		var i JobCompleteAndClaimRow
 		if err := rows.Scan(
-			&i.CompletedIds,
+			&i.CompletedIDs,
 			&i.ID,
 			&i.Queue,
 			&i.Kind,
@@ -211,7 +211,7 @@ RETURNING j.id, j.state
 `
 
 type JobFailManyParams struct {
-	Ids       []int64
+	IDs       []int64
 	Tokens    []uuid.UUID
 	Errors    []string
 	Permanent []bool
@@ -232,7 +232,7 @@ type JobFailManyRow struct {
 // the state each went to.
 func (q *Queries) JobFailMany(ctx context.Context, arg JobFailManyParams) ([]JobFailManyRow, error) {
 	rows, err := q.db.Query(ctx, jobFailMany,
-		arg.Ids,
+		arg.IDs,
 		arg.Tokens,
 		arg.Errors,
 		arg.Permanent,
@@ -334,7 +334,7 @@ RETURNING j.id, j.lease_expires_at, (j.cancel_requested_at IS NOT NULL)::boolean
 
 type JobHeartbeatManyParams struct {
 	LeaseMs int64
-	Ids     []int64
+	IDs     []int64
 	Tokens  []uuid.UUID
 }
 
@@ -350,7 +350,7 @@ type JobHeartbeatManyRow struct {
 // expired even when no one has reclaimed the job yet. Returns the renewed
 // jobs, and whether someone asked to cancel each.
 func (q *Queries) JobHeartbeatMany(ctx context.Context, arg JobHeartbeatManyParams) ([]JobHeartbeatManyRow, error) {
-	rows, err := q.db.Query(ctx, jobHeartbeatMany, arg.LeaseMs, arg.Ids, arg.Tokens)
+	rows, err := q.db.Query(ctx, jobHeartbeatMany, arg.LeaseMs, arg.IDs, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -502,7 +502,7 @@ RETURNING j.id
 
 type JobReleaseManyParams struct {
 	Note   *string
-	Ids    []int64
+	IDs    []int64
 	Tokens []uuid.UUID
 }
 
@@ -516,7 +516,7 @@ type JobReleaseManyParams struct {
 // acknowledgement; returns the jobs handed back. The job keeps its run_at,
 // and so its place in the queue ahead of jobs that became ready after it.
 func (q *Queries) JobReleaseMany(ctx context.Context, arg JobReleaseManyParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, jobReleaseMany, arg.Note, arg.Ids, arg.Tokens)
+	rows, err := q.db.Query(ctx, jobReleaseMany, arg.Note, arg.IDs, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}

@@ -98,7 +98,7 @@ type ChaosExecution struct {
 	Attempt   int32
 	Fence     int64
 	Worker    string
-	Pid       int32
+	PID       int32
 	StartedAt time.Time
 	EndedAt   *time.Time
 	Outcome   *string
@@ -113,7 +113,7 @@ type ChaosFault struct {
 	At      time.Time
 	Kind    string
 	Target  string
-	Pid     int32
+	PID     int32
 	Detail  string
 	EndedAt *time.Time
 }
@@ -199,7 +199,7 @@ type Worker struct {
 	ID         string
 	SessionKey int32
 	Queue      string
-	Pid        int32
+	PID        int32
 	Host       string
 	StartedAt  time.Time
 }
@@ -208,7 +208,7 @@ type WorkerSession struct {
 	SessionKey int32
 	WorkerID   string
 	Queue      string
-	Pid        int32
+	PID        int32
 	Host       string
 	StartedAt  time.Time
 }

@@ -50,7 +50,7 @@ WHERE w.id = $1
 type WorkerHolderRow struct {
 	ID           string
 	SessionKey   int32
-	Pid          int32
+	PID          int32
 	Host         string
 	StartedAt    time.Time
 	SessionAlive bool
@@ -64,7 +64,7 @@ func (q *Queries) WorkerHolder(ctx context.Context, id string) (WorkerHolderRow,
 	err := row.Scan(
 		&i.ID,
 		&i.SessionKey,
-		&i.Pid,
+		&i.PID,
 		&i.Host,
 		&i.StartedAt,
 		&i.SessionAlive,
@@ -83,7 +83,7 @@ type WorkerListRow struct {
 	ID           string
 	SessionKey   int32
 	Queue        string
-	Pid          int32
+	PID          int32
 	Host         string
 	StartedAt    time.Time
 	SessionAlive bool
@@ -104,7 +104,7 @@ func (q *Queries) WorkerList(ctx context.Context) ([]WorkerListRow, error) {
 			&i.ID,
 			&i.SessionKey,
 			&i.Queue,
-			&i.Pid,
+			&i.PID,
 			&i.Host,
 			&i.StartedAt,
 			&i.SessionAlive,
@@ -166,14 +166,14 @@ FROM session AS s
 type WorkerRegisterParams struct {
 	ID                 string
 	Queue              string
-	Pid                int32
+	PID                int32
 	Host               string
 	PreviousSessionKey *int32
 }
 
 type WorkerRegisterRow struct {
 	SessionKey int32
-	BackendPid int32
+	BackendPID int32
 }
 
 // Registers a new session of a worker: draws a fresh session key, takes
@@ -197,12 +197,12 @@ func (q *Queries) WorkerRegister(ctx context.Context, arg WorkerRegisterParams) 
 	row := q.db.QueryRow(ctx, workerRegister,
 		arg.ID,
 		arg.Queue,
-		arg.Pid,
+		arg.PID,
 		arg.Host,
 		arg.PreviousSessionKey,
 	)
 	var i WorkerRegisterRow
-	err := row.Scan(&i.SessionKey, &i.BackendPid)
+	err := row.Scan(&i.SessionKey, &i.BackendPID)
 	return i, err
 }
 

@@ -648,7 +648,7 @@ func (r *chaosRun) liveWorkers() []*chaosWorker {
 func (r *chaosRun) recordFault(ctx context.Context, kind, target string, pid int, detail string) int64 {
 	for attempt := 0; ; attempt++ {
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		id, err := r.q.ChaosFaultRecord(fctx, db.ChaosFaultRecordParams{Kind: kind, Target: target, Pid: int32(pid), Detail: detail})
+		id, err := r.q.ChaosFaultRecord(fctx, db.ChaosFaultRecordParams{Kind: kind, Target: target, PID: int32(pid), Detail: detail})
 		cancel()
 		if err == nil {
 			r.faultCount.Add(1)

@@ -49,7 +49,7 @@ func newHistory(t *testing.T) *history {
 func (h *history) enqueue(kind string, maxAttempts int32) int64 {
 	h.t.Helper()
 	id := h.insert(kind, maxAttempts)
-	if err := h.q.ChaosEnqueued(h.ctx, db.ChaosEnqueuedParams{JobIds: []int64{id}, Via: "go"}); err != nil {
+	if err := h.q.ChaosEnqueued(h.ctx, db.ChaosEnqueuedParams{JobIDs: []int64{id}, Via: "go"}); err != nil {
 		h.t.Fatal(err)
 	}
 	return id
@@ -81,7 +81,7 @@ type claimed struct {
 func (h *history) claim(worker string, lease time.Duration) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 		Queue: "default", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: lease.Milliseconds(), WorkerID: worker,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {
@@ -89,7 +89,7 @@ func (h *history) claim(worker string, lease time.Duration) claimed {
 	}
 	c := claimed{id: *rows[0].ID, fence: *rows[0].Fence, token: *rows[0].LeaseToken, worker: worker}
 	if err := h.q.ChaosExecutionStart(h.ctx, db.ChaosExecutionStartParams{
-		JobID: c.id, Kind: *rows[0].Kind, Attempt: *rows[0].Attempt, Fence: c.fence, Worker: worker, Pid: 1,
+		JobID: c.id, Kind: *rows[0].Kind, Attempt: *rows[0].Attempt, Fence: c.fence, Worker: worker, PID: 1,
 	}); err != nil {
 		h.t.Fatal(err)
 	}
@@ -101,14 +101,14 @@ func (h *history) claim(worker string, lease time.Duration) claimed {
 func (h *history) complete(c claimed) bool {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{c.id}, CompleteTokens: []uuid.UUID{c.token},
+		CompleteIDs: []int64{c.id}, CompleteTokens: []uuid.UUID{c.token},
 		CompleteResults: []json.RawMessage{json.RawMessage(fmt.Sprintf(`{"fence": %d}`, c.fence))},
 		Queue:           "default", LeaseMs: 1000, WorkerID: c.worker,
 	})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	accepted := len(rows) > 0 && len(rows[0].CompletedIds) == 1
+	accepted := len(rows) > 0 && len(rows[0].CompletedIDs) == 1
 	h.ack(c, "completed", accepted)
 	return accepted
 }
@@ -118,7 +118,7 @@ func (h *history) complete(c claimed) bool {
 func (h *history) fail(c claimed, retry time.Duration) bool {
 	h.t.Helper()
 	rows, err := h.q.JobFailMany(h.ctx, db.JobFailManyParams{
-		Ids: []int64{c.id}, Tokens: []uuid.UUID{c.token}, Errors: []string{fmt.Sprintf("boom (fence=%d)", c.fence)},
+		IDs: []int64{c.id}, Tokens: []uuid.UUID{c.token}, Errors: []string{fmt.Sprintf("boom (fence=%d)", c.fence)},
 		Permanent: []bool{false}, RetryInMs: []int64{retry.Milliseconds()},
 	})
 	if err != nil {
@@ -132,7 +132,7 @@ func (h *history) fail(c claimed, retry time.Duration) bool {
 func (h *history) ack(c claimed, ack string, accepted bool) {
 	h.t.Helper()
 	if err := h.q.ChaosExecutionsAck(h.ctx, db.ChaosExecutionsAckParams{
-		JobIds: []int64{c.id}, Fences: []int64{c.fence}, Acks: []string{ack}, Accepted: []bool{accepted}, AckedAts: []time.Time{time.Now()},
+		JobIDs: []int64{c.id}, Fences: []int64{c.fence}, Acks: []string{ack}, Accepted: []bool{accepted}, AckedAts: []time.Time{time.Now()},
 	}); err != nil {
 		h.t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func TestCheckChaosHistory_AcceptsALegalHistory(t *testing.T) {
 func TestCheckChaosHistory_CatchesALostJob(t *testing.T) {
 	h := newHistory(t)
 	h.enqueue("sleep", 25) // never run
-	if err := h.q.ChaosEnqueued(h.ctx, db.ChaosEnqueuedParams{JobIds: []int64{424242}, Via: "http"}); err != nil {
+	if err := h.q.ChaosEnqueued(h.ctx, db.ChaosEnqueuedParams{JobIDs: []int64{424242}, Via: "http"}); err != nil {
 		t.Fatal(err) // acknowledged, but not in the table at all
 	}
 	wantFindings(t, h.check(), map[string]int64{"lost": 2})
@@ -364,7 +364,7 @@ func (h *history) brokenClaim(id int64, worker string, attempts int32) claimed {
 		h.t.Fatal(err)
 	}
 	if err := h.q.ChaosExecutionStart(h.ctx, db.ChaosExecutionStartParams{
-		JobID: c.id, Kind: kind, Attempt: attempt, Fence: c.fence, Worker: worker, Pid: 1,
+		JobID: c.id, Kind: kind, Attempt: attempt, Fence: c.fence, Worker: worker, PID: 1,
 	}); err != nil {
 		h.t.Fatal(err)
 	}
@@ -413,7 +413,7 @@ func TestCheckChaosHistory_CatchesPoisonDeadAfterOtherThanMaxAttempts(t *testing
 func (h *history) claimAhead(worker string) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 		Queue: "default", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: worker,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {
@@ -426,7 +426,7 @@ func TestCheckChaosHistory_AHandedBackClaimIsNoAttempt(t *testing.T) {
 	h := newHistory(t)
 	h.enqueue(KindChaosFail, 2)
 	ahead := h.claimAhead("w1")
-	ids, err := h.q.JobReleaseMany(h.ctx, db.JobReleaseManyParams{Ids: []int64{ahead.id}, Tokens: []uuid.UUID{ahead.token}})
+	ids, err := h.q.JobReleaseMany(h.ctx, db.JobReleaseManyParams{IDs: []int64{ahead.id}, Tokens: []uuid.UUID{ahead.token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("hand back: %v, %v", ids, err)
 	}

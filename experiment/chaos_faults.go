@@ -358,12 +358,12 @@ func (r *chaosRun) killBackends(ctx context.Context, start time.Time) error {
 				kind = "backend_kill_session"
 			}
 			target := strings.TrimPrefix(b.ApplicationName, "relay-worker-")
-			r.recordFault(ctx, kind, target, int(b.Pid), fmt.Sprintf("backend %d (%s): %s", b.Pid, b.State, chaosOneLine(b.Query)))
+			r.recordFault(ctx, kind, target, int(b.PID), fmt.Sprintf("backend %d (%s): %s", b.PID, b.State, chaosOneLine(b.Query)))
 			qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := r.q.ChaosTerminateBackend(qctx, b.Pid)
+			_, err := r.q.ChaosTerminateBackend(qctx, b.PID)
 			cancel()
 			if err != nil {
-				return fmt.Errorf("chaos: terminate backend %d: %w", b.Pid, err)
+				return fmt.Errorf("chaos: terminate backend %d: %w", b.PID, err)
 			}
 		}
 	}

@@ -386,7 +386,7 @@ func (l *chaosLedger) flush(ctx context.Context) error {
 		if len(ids) == 0 {
 			continue
 		}
-		if err := l.q.ChaosEnqueued(ctx, db.ChaosEnqueuedParams{JobIds: ids, Via: via}); err != nil {
+		if err := l.q.ChaosEnqueued(ctx, db.ChaosEnqueuedParams{JobIDs: ids, Via: via}); err != nil {
 			errs = append(errs, fmt.Errorf("record %d enqueues: %w", len(ids), err))
 			l.mu.Lock()
 			l.pending[via] = append(l.pending[via], ids...)

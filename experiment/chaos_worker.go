@@ -211,7 +211,7 @@ func (r *chaosRecorder) start(ctx context.Context, job *worker.Job) error {
 			Attempt: int32(job.Attempt),
 			Fence:   job.Fence,
 			Worker:  r.worker,
-			Pid:     int32(r.pid),
+			PID:     int32(r.pid),
 		})
 		cancel()
 		if err == nil {
@@ -316,7 +316,7 @@ func (r *chaosRecorder) flush(ctx context.Context) error {
 	if len(ends) > 0 {
 		p := db.ChaosExecutionsEndParams{}
 		for _, e := range ends {
-			p.JobIds = append(p.JobIds, e.jobID)
+			p.JobIDs = append(p.JobIDs, e.jobID)
 			p.Fences = append(p.Fences, e.fence)
 			p.EndedAts = append(p.EndedAts, e.at)
 			p.Outcomes = append(p.Outcomes, e.outcome)
@@ -335,7 +335,7 @@ func (r *chaosRecorder) flush(ctx context.Context) error {
 	if len(acks) > 0 {
 		p := db.ChaosExecutionsAckParams{}
 		for _, a := range acks {
-			p.JobIds = append(p.JobIds, a.jobID)
+			p.JobIDs = append(p.JobIDs, a.jobID)
 			p.Fences = append(p.Fences, a.fence)
 			p.Acks = append(p.Acks, a.ack)
 			p.Accepted = append(p.Accepted, a.accepted)
@@ -399,7 +399,7 @@ func (k *chaosKinds) exit(ctx context.Context, job *worker.Job) (any, error) {
 		_, err := k.rec.q.ChaosFaultRecord(rctx, db.ChaosFaultRecordParams{
 			Kind:   "self_exit",
 			Target: k.rec.worker,
-			Pid:    int32(k.rec.pid),
+			PID:    int32(k.rec.pid),
 			Detail: fmt.Sprintf("job %d attempt %d (fence=%d) exits with status %d", job.ID, job.Attempt, job.Fence, ChaosExitCode),
 		})
 		cancel()

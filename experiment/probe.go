@@ -97,7 +97,7 @@ func probeStatements(ctx context.Context, d *Database, n int, pace time.Duration
 		return nil, fmt.Errorf("probe: insert jobs: %w", err)
 	}
 	cp := db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 		Queue: burstProbeQueue, LeaseMs: 30000, WorkerID: "experiment-probe",
 	}
 	result := json.RawMessage(`{"worker":"experiment-probe","pid":0,"attempt":1,"fence":1}`)
@@ -138,9 +138,9 @@ func probeStatements(ctx context.Context, d *Database, n int, pace time.Duration
 		if err != nil {
 			return 0, err
 		}
-		cp.CompleteIds, cp.CompleteTokens, cp.CompleteResults = cp.CompleteIds[:0], cp.CompleteTokens[:0], cp.CompleteResults[:0]
+		cp.CompleteIDs, cp.CompleteTokens, cp.CompleteResults = cp.CompleteIDs[:0], cp.CompleteTokens[:0], cp.CompleteResults[:0]
 		if len(rows) > 0 && rows[0].ID != nil {
-			cp.CompleteIds = append(cp.CompleteIds, *rows[0].ID)
+			cp.CompleteIDs = append(cp.CompleteIDs, *rows[0].ID)
 			cp.CompleteTokens = append(cp.CompleteTokens, *rows[0].LeaseToken)
 			cp.CompleteResults = append(cp.CompleteResults, result)
 		}

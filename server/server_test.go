@@ -179,7 +179,7 @@ func (e *testEnv) claim(t testing.TB, queue string) map[int64]uuid.UUID {
 func (e *testEnv) claimFor(t testing.TB, queue string, lease time.Duration) map[int64]uuid.UUID {
 	t.Helper()
 	rows, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
-		CompleteIds:     []int64{},
+		CompleteIDs:     []int64{},
 		CompleteTokens:  []uuid.UUID{},
 		CompleteResults: []json.RawMessage{},
 		Queue:           queue,
@@ -225,7 +225,7 @@ func (e *testEnv) kill(t testing.TB, queue string, id int64) {
 		t.Fatalf("job %d was not claimed (claimed %v)", id, tokens)
 	}
 	rows, err := e.q.JobFailMany(context.Background(), db.JobFailManyParams{
-		Ids: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
+		IDs: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
 		Permanent: []bool{true}, RetryInMs: []int64{0},
 	})
 	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {

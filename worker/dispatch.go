@@ -446,7 +446,7 @@ func (w *Worker) sendCompleteAndClaim(ctx context.Context, r *round, done []outc
 		claim = 0
 	}
 	params := db.JobCompleteAndClaimParams{
-		CompleteIds:     make([]int64, len(done)),
+		CompleteIDs:     make([]int64, len(done)),
 		CompleteTokens:  make([]uuid.UUID, len(done)),
 		CompleteResults: make([]json.RawMessage, len(done)),
 		SessionKey:      session,
@@ -456,7 +456,7 @@ func (w *Worker) sendCompleteAndClaim(ctx context.Context, r *round, done []outc
 		WorkerID:        w.cfg.ID,
 	}
 	for i, o := range done {
-		params.CompleteIds[i] = o.exec.job.ID
+		params.CompleteIDs[i] = o.exec.job.ID
 		params.CompleteTokens[i] = o.exec.token
 		params.CompleteResults[i] = o.result
 	}
@@ -476,7 +476,7 @@ func (w *Worker) sendCompleteAndClaim(ctx context.Context, r *round, done []outc
 		return nil, err
 	}
 	if len(rows) > 0 {
-		for _, id := range rows[0].CompletedIds {
+		for _, id := range rows[0].CompletedIDs {
 			r.completed[id] = true
 		}
 	}
@@ -496,9 +496,9 @@ func (w *Worker) sendCompleteAndClaim(ctx context.Context, r *round, done []outc
 func (w *Worker) handBack(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
 	taken := make(map[int64]bool, len(execs))
 	refused, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
-		params := db.JobReleaseManyParams{Note: note, Ids: make([]int64, len(part)), Tokens: make([]uuid.UUID, len(part))}
+		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]uuid.UUID, len(part))}
 		for i, e := range part {
-			params.Ids[i] = e.job.ID
+			params.IDs[i] = e.job.ID
 			params.Tokens[i] = e.token
 		}
 		ids, err := w.q.JobReleaseMany(ctx, params)
@@ -523,14 +523,14 @@ func (w *Worker) fail(ctx context.Context, failed []outcome) (map[int64]db.JobSt
 	states := make(map[int64]db.JobState, len(failed))
 	refused, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
 		params := db.JobFailManyParams{
-			Ids:       make([]int64, len(part)),
+			IDs:       make([]int64, len(part)),
 			Tokens:    make([]uuid.UUID, len(part)),
 			Errors:    make([]string, len(part)),
 			Permanent: make([]bool, len(part)),
 			RetryInMs: make([]int64, len(part)),
 		}
 		for i, o := range part {
-			params.Ids[i] = o.exec.job.ID
+			params.IDs[i] = o.exec.job.ID
 			params.Tokens[i] = o.exec.token
 			params.Errors[i] = errorText(o.err, MaxErrorLength)
 			params.Permanent[i] = IsPermanent(o.err)

@@ -185,7 +185,7 @@ var acks = []ack{
 	}},
 	{"fail", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
 		rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-			Ids: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"stale failure"},
+			IDs: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"stale failure"},
 			Permanent: []bool{false}, RetryInMs: []int64{0},
 		})
 		if err != nil {
@@ -195,7 +195,7 @@ var acks = []ack{
 	}},
 	{"heartbeat", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
 		rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{
-			LeaseMs: 60_000, Ids: []int64{id}, Tokens: []uuid.UUID{token},
+			LeaseMs: 60_000, IDs: []int64{id}, Tokens: []uuid.UUID{token},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -203,7 +203,7 @@ var acks = []ack{
 		return len(rows) == 1
 	}},
 	{"release", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
-		ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{id}, Tokens: []uuid.UUID{token}})
+		ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []uuid.UUID{token}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -292,7 +292,7 @@ func TestHeartbeat_ExtendsLeaseInDatabaseTime(t *testing.T) {
 	b := setup(t)
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "w", time.Second)
-	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 120_000, Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 120_000, IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}})
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("heartbeat: %v rows, err %v", len(rows), err)
 	}
@@ -311,7 +311,7 @@ func TestFail_SchedulesRetryWithBackoffInDatabaseTime(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 3)
 	_, token := b.claimOne(t, "w", time.Minute)
 	rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
+		IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
 		Permanent: []bool{false}, RetryInMs: []int64{90_000},
 	})
 	if err != nil {
@@ -339,7 +339,7 @@ func TestFail_GoesDeadAfterMaxAttemptsWithFullErrorHistory(t *testing.T) {
 	for attempt := 1; attempt <= 3; attempt++ {
 		_, token := b.claimOne(t, fmt.Sprintf("w%d", attempt), time.Minute)
 		rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-			Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{fmt.Sprintf("error %d", attempt)},
+			IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{fmt.Sprintf("error %d", attempt)},
 			Permanent: []bool{false}, RetryInMs: []int64{0},
 		})
 		if err != nil || len(rows) != 1 {
@@ -385,7 +385,7 @@ func TestFail_PermanentErrorGoesDeadAtOnce(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 10)
 	_, token := b.claimOne(t, "w", time.Minute)
 	rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"bad input"},
+		IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"bad input"},
 		Permanent: []bool{true}, RetryInMs: []int64{0},
 	})
 	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
@@ -428,7 +428,7 @@ func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "leaving", time.Minute)
 	note := "released: worker shutting down"
-	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Note: &note, Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Note: &note, IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("release: %v, %v", ids, err)
 	}
@@ -452,11 +452,11 @@ func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *test
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "ahead", time.Minute)
 
-	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{uuid.New()}})
+	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{uuid.New()}})
 	if err != nil || len(ids) != 0 {
 		t.Fatalf("hand back with a stranger's token: %v, %v; want nothing handed back", ids, err)
 	}
-	ids, err = b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	ids, err = b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("hand back: %v, %v", ids, err)
 	}
@@ -476,7 +476,7 @@ func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *test
 	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
-	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}}); err != nil {
+	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}}); err != nil {
 		t.Fatalf("hand back: %v", err)
 	}
 	if got := b.get(t, job.ID); got.State != db.JobStateCancelled || got.FinishedAt == nil || got.Fence != 2 {
@@ -499,12 +499,12 @@ func TestCancel_AvailableJobEndsAtOnceRunningJobIsMarked(t *testing.T) {
 	if err != nil || got.State != db.JobStateRunning || got.CancelRequestedAt == nil {
 		t.Fatalf("cancel running: %+v, %v", got, err)
 	}
-	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 60_000, Ids: []int64{running.ID}, Tokens: []uuid.UUID{token}})
+	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 60_000, IDs: []int64{running.ID}, Tokens: []uuid.UUID{token}})
 	if err != nil || len(rows) != 1 || !rows[0].CancelRequested {
 		t.Fatalf("heartbeat after cancel: %+v, %v; want renewed with cancel_requested", rows, err)
 	}
 	failed, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		Ids: []int64{running.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"context canceled"},
+		IDs: []int64{running.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"context canceled"},
 		Permanent: []bool{false}, RetryInMs: []int64{0},
 	})
 	if err != nil || len(failed) != 1 || failed[0].State != db.JobStateCancelled {
@@ -522,7 +522,7 @@ func TestRetry_MakesDeadJobAvailableWithFreshAttemptsAndGrowingFence(t *testing.
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "w", time.Minute)
 	if _, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		Ids: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"x"}, Permanent: []bool{true}, RetryInMs: []int64{0},
+		IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"x"}, Permanent: []bool{true}, RetryInMs: []int64{0},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +614,7 @@ func TestClaim_UsesItsIndexAndSortsNothing(t *testing.T) {
 	var args []any
 	capture := captureQuery(&sql, &args)
 	if _, err := db.New(capture(tx)).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 		Queue: "default", ClaimTokens: leaseTokens(10), LeaseMs: 30_000, WorkerID: "explain",
 	}); err != nil {
 		t.Fatal(err)

@@ -203,7 +203,7 @@ func (w *Worker) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, pr
 	params := db.WorkerRegisterParams{
 		ID:    w.cfg.ID,
 		Queue: w.cfg.Queue,
-		Pid:   int32(os.Getpid()),
+		PID:   int32(os.Getpid()),
 		Host:  hostname(),
 	}
 	if previous != 0 {
@@ -224,7 +224,7 @@ func (w *Worker) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, pr
 		// It ended between the two statements: the next attempt takes it.
 		return 0, errors.New("register worker: the id's holder ended while this worker registered")
 	}
-	return 0, &IDInUseError{ID: w.cfg.ID, PID: holder.Pid, Host: holder.Host}
+	return 0, &IDInUseError{ID: w.cfg.ID, PID: holder.PID, Host: holder.Host}
 }
 
 // hostname returns the name of this host, or "unknown".

@@ -113,7 +113,7 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 			reclaimed <- rows
 		}()
 		s2 := b.register(t, "w", s1.key)
-		handedBack, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Ids: []int64{job.ID}, Tokens: []uuid.UUID{*rows[0].LeaseToken}})
+		handedBack, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{*rows[0].LeaseToken}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func TestRegister_GivesAWorkerIDToOneLiveSessionAtATime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.SessionKey != holder.key || !h.SessionAlive || h.Pid != 1 || h.Host != "test" {
+	if h.SessionKey != holder.key || !h.SessionAlive || h.PID != 1 || h.Host != "test" {
 		t.Errorf("holder %+v, want the live session %d (pid 1 on host test)", h, holder.key)
 	}
 

@@ -144,7 +144,7 @@ func (b *bundle) tryRegister(t *testing.T, id string, previous int32) (*session,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	p := db.WorkerRegisterParams{ID: id, Queue: "default", Pid: 1, Host: "test"}
+	p := db.WorkerRegisterParams{ID: id, Queue: "default", PID: 1, Host: "test"}
 	if previous != 0 {
 		p.PreviousSessionKey = &previous
 	}
@@ -183,14 +183,14 @@ func (s *session) end(t *testing.T, b *bundle) {
 func (b *bundle) complete(t *testing.T, id int64, token uuid.UUID, result string) bool {
 	t.Helper()
 	rows, err := b.q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{id}, CompleteTokens: []uuid.UUID{token},
+		CompleteIDs: []int64{id}, CompleteTokens: []uuid.UUID{token},
 		CompleteResults: []json.RawMessage{json.RawMessage(result)},
 		Queue:           "default", WorkerID: "unused",
 	})
 	if err != nil {
 		t.Fatalf("complete: %v", err)
 	}
-	return len(rows) == 1 && len(rows[0].CompletedIds) == 1 && rows[0].CompletedIds[0] == id
+	return len(rows) == 1 && len(rows[0].CompletedIDs) == 1 && rows[0].CompletedIDs[0] == id
 }
 
 func (b *bundle) get(t *testing.T, id int64) db.Job {

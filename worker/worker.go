@@ -431,11 +431,11 @@ func (w *Worker) heartbeat(ctx context.Context) {
 	}
 	params := db.JobHeartbeatManyParams{
 		LeaseMs: w.cfg.Lease.Milliseconds(),
-		Ids:     make([]int64, len(held)),
+		IDs:     make([]int64, len(held)),
 		Tokens:  make([]uuid.UUID, len(held)),
 	}
 	for i, e := range held {
-		params.Ids[i] = e.job.ID
+		params.IDs[i] = e.job.ID
 		params.Tokens[i] = e.token
 	}
 	sentAt := time.Now()

@@ -142,12 +142,12 @@ func TestProxy_CutAfterCommitLeavesTheClientUnsureAlthoughTheStatementCommitted(
 			p.ClaimTokens = append(p.ClaimTokens, uuid.New())
 		}
 		for _, r := range complete {
-			p.CompleteIds = append(p.CompleteIds, *r.ID)
+			p.CompleteIDs = append(p.CompleteIDs, *r.ID)
 			p.CompleteTokens = append(p.CompleteTokens, *r.LeaseToken)
 			p.CompleteResults = append(p.CompleteResults, []byte(`{"ok":true}`))
 		}
-		if p.CompleteIds == nil {
-			p.CompleteIds, p.CompleteTokens, p.CompleteResults = []int64{}, []uuid.UUID{}, []json.RawMessage{}
+		if p.CompleteIDs == nil {
+			p.CompleteIDs, p.CompleteTokens, p.CompleteResults = []int64{}, []uuid.UUID{}, []json.RawMessage{}
 		}
 		return q.JobCompleteAndClaim(ctx, p)
 	}

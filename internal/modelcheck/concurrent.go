@@ -257,7 +257,7 @@ func (w *crowdWorker) work(ctx context.Context, q *db.Queries) error {
 		tokens[i] = uuid.New()
 	}
 	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: lease.Milliseconds(), WorkerID: w.id,
 	})
 	if err != nil {
@@ -324,7 +324,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 	now, err := inTx(ctx, w.c.pool, func(q *db.Queries, _ time.Time) error {
 		switch kind {
 		case "heartbeat":
-			rows, err := q.JobHeartbeatMany(ctx, db.JobHeartbeatManyParams{LeaseMs: 50, Ids: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
+			rows, err := q.JobHeartbeatMany(ctx, db.JobHeartbeatManyParams{LeaseMs: 50, IDs: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
 			if err != nil {
 				return err
 			}
@@ -333,17 +333,17 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			}
 		case "complete":
 			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				CompleteIds: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				CompleteIDs: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
 				Queue: QueueDefault, ClaimTokens: []uuid.UUID{}, WorkerID: w.id,
 			})
 			if err != nil {
 				return err
 			}
-			accepted = len(rows) > 0 && slices.Contains(rows[0].CompletedIds, a.ID)
+			accepted = len(rows) > 0 && slices.Contains(rows[0].CompletedIDs, a.ID)
 			record = func(h *jobHistory) { h.completed = append(h.completed, a.Token) }
 		case "fail", "fail permanently":
 			rows, err := q.JobFailMany(ctx, db.JobFailManyParams{
-				Ids: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}, Errors: []string{"failed"},
+				IDs: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}, Errors: []string{"failed"},
 				Permanent: []bool{kind == "fail permanently"}, RetryInMs: []int64{int64(w.rng.IntN(20))},
 			})
 			if err != nil {
@@ -356,7 +356,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			if kind == "release" {
 				note = ptr(ShutdownNote)
 			}
-			rows, err := q.JobReleaseMany(ctx, db.JobReleaseManyParams{Note: note, Ids: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
+			rows, err := q.JobReleaseMany(ctx, db.JobReleaseManyParams{Note: note, IDs: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
 			if err != nil {
 				return err
 			}
@@ -411,7 +411,7 @@ func (w *crowdWorker) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: connect: %w", w.id, err)
 	}
-	p := db.WorkerRegisterParams{ID: w.id, Queue: QueueDefault, Pid: 1, Host: "modelcheck"}
+	p := db.WorkerRegisterParams{ID: w.id, Queue: QueueDefault, PID: 1, Host: "modelcheck"}
 	if w.session != 0 {
 		p.PreviousSessionKey = &w.session
 	}
@@ -436,7 +436,7 @@ func (w *crowdWorker) crash(ctx context.Context) error {
 	// Its claims in flight still name the ended session: they must
 	// claim nothing.
 	rows, err := db.New(w.c.pool).JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: 1000, WorkerID: w.id,
 	})
 	if err != nil {
@@ -467,7 +467,7 @@ func (c *Concurrent) drain(ctx context.Context) error {
 			tokens[i] = uuid.New()
 		}
 		claimed, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-			CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+			CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 			Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: time.Minute.Milliseconds(), WorkerID: "drain",
 		})
 		if err != nil {
@@ -476,13 +476,13 @@ func (c *Concurrent) drain(ctx context.Context) error {
 		acks := c.recordClaims(claimed)
 		for _, a := range acks {
 			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				CompleteIds: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				CompleteIDs: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
 				Queue: QueueDefault, ClaimTokens: []uuid.UUID{}, WorkerID: "drain",
 			})
 			if err != nil {
 				return fmt.Errorf("drain: complete: %w", err)
 			}
-			if len(rows) == 0 || !slices.Contains(rows[0].CompletedIds, a.ID) {
+			if len(rows) == 0 || !slices.Contains(rows[0].CompletedIDs, a.ID) {
 				return fmt.Errorf("drain: completion of job %d under a fresh one-minute lease refused", a.ID)
 			}
 			c.recordEnd(a, func(h *jobHistory) { h.completed = append(h.completed, a.Token) })

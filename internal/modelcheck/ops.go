@@ -313,7 +313,7 @@ func viewOf(j Job) claimView {
 // tokens with the worker instead of the jobs.
 func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack, tokens []uuid.UUID, lease time.Duration, lost bool) error {
 	params := db.JobCompleteAndClaimParams{
-		CompleteIds:     make([]int64, len(done)),
+		CompleteIDs:     make([]int64, len(done)),
 		CompleteTokens:  make([]uuid.UUID, len(done)),
 		CompleteResults: make([]json.RawMessage, len(done)),
 		Queue:           w.queue,
@@ -329,7 +329,7 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 	}
 	results := make([]string, len(done))
 	for i, a := range done {
-		params.CompleteIds[i] = a.ID
+		params.CompleteIDs[i] = a.ID
 		params.CompleteTokens[i] = a.Token
 		raw, err := json.Marshal(map[string]any{"by": w.id, "step": d.step})
 		if err != nil {
@@ -352,11 +352,11 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 	}
 	d.bury(done)
 
-	completed := slices.Clone(rows[0].CompletedIds)
+	completed := slices.Clone(rows[0].CompletedIDs)
 	slices.Sort(completed)
 	for _, r := range rows[1:] {
-		if !slices.Equal(slices.Sorted(slices.Values(r.CompletedIds)), completed) {
-			return fmt.Errorf("JobCompleteAndClaim's rows disagree on the completions: %v and %v", rows[0].CompletedIds, r.CompletedIds)
+		if !slices.Equal(slices.Sorted(slices.Values(r.CompletedIDs)), completed) {
+			return fmt.Errorf("JobCompleteAndClaim's rows disagree on the completions: %v and %v", rows[0].CompletedIDs, r.CompletedIDs)
 		}
 	}
 	wantDone := d.model.Complete(now, done, results)
@@ -478,7 +478,7 @@ func (d *Driver) sendHeartbeat(ctx context.Context, w *simWorker, acks []Ack) (m
 	lease := d.lease()
 	params := db.JobHeartbeatManyParams{LeaseMs: lease.Milliseconds()}
 	for _, a := range acks {
-		params.Ids = append(params.Ids, a.ID)
+		params.IDs = append(params.IDs, a.ID)
 		params.Tokens = append(params.Tokens, a.Token)
 	}
 	var rows []db.JobHeartbeatManyRow
@@ -534,7 +534,7 @@ func (d *Driver) sendFail(ctx context.Context, w *simWorker, acks []Ack) error {
 			RetryIn: []time.Duration{0, 5, 30, 150}[d.choose(4)] * time.Millisecond,
 		}
 		failures = append(failures, f)
-		params.Ids = append(params.Ids, a.ID)
+		params.IDs = append(params.IDs, a.ID)
 		params.Tokens = append(params.Tokens, a.Token)
 		params.Errors = append(params.Errors, f.Error)
 		params.Permanent = append(params.Permanent, f.Permanent)
@@ -592,9 +592,9 @@ func (d *Driver) release(ctx context.Context, noted bool) error {
 
 // sendRelease releases acks for w, with note (nil: a hand back).
 func (d *Driver) sendRelease(ctx context.Context, w *simWorker, note *string, acks []Ack) error {
-	params := db.JobReleaseManyParams{Note: note, Ids: []int64{}, Tokens: []uuid.UUID{}}
+	params := db.JobReleaseManyParams{Note: note, IDs: []int64{}, Tokens: []uuid.UUID{}}
 	for _, a := range acks {
-		params.Ids = append(params.Ids, a.ID)
+		params.IDs = append(params.IDs, a.ID)
 		params.Tokens = append(params.Tokens, a.Token)
 	}
 	var got []int64
@@ -826,7 +826,7 @@ func (d *Driver) register(ctx context.Context, w *simWorker, previous *int32) er
 	may := d.model.MayRegister(w.id, previous)
 	holder, isHeld := d.model.Holder(w.id)
 	reg, err := db.New(conn).WorkerRegister(ctx, db.WorkerRegisterParams{
-		ID: w.id, Queue: w.queue, Pid: 1, Host: "modelcheck", PreviousSessionKey: previous,
+		ID: w.id, Queue: w.queue, PID: 1, Host: "modelcheck", PreviousSessionKey: previous,
 	})
 	if noRow(err) {
 		conn.Close(ctx)

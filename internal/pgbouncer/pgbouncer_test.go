@@ -331,7 +331,7 @@ func TestURL_RunsTheSqlcStatementsOfConcurrentClients(t *testing.T) {
 		t.Fatalf("JobInsertMany: %v", err)
 	}
 	claimed, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		CompleteIds: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
 		Queue: "claimed", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: time.Hour.Milliseconds(), WorkerID: "w",
 	})
 	if err != nil || len(claimed) != 1 || claimed[0].ID == nil {
@@ -351,7 +351,7 @@ func TestURL_RunsTheSqlcStatementsOfConcurrentClients(t *testing.T) {
 					return
 				}
 				renewed, err := q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{
-					LeaseMs: time.Hour.Milliseconds(), Ids: []int64{id}, Tokens: []uuid.UUID{token},
+					LeaseMs: time.Hour.Milliseconds(), IDs: []int64{id}, Tokens: []uuid.UUID{token},
 				})
 				if err != nil || len(renewed) != 1 {
 					t.Errorf("JobHeartbeatMany = %v, %v; want the claimed job renewed", renewed, err)
