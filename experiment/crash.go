@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/enqueue"
 	"github.com/relayq/relay/internal/builtin"
-	"github.com/relayq/relay/server"
 	"github.com/relayq/relay/worker"
 )
 
@@ -409,7 +409,7 @@ func enqueueSleep(ctx context.Context, q *db.Queries, queue string, d time.Durat
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	job, err := q.JobInsert(ctx, db.JobInsertParams{
-		Queue: queue, Kind: builtin.KindSleep, Payload: payload, MaxAttempts: server.DefaultMaxAttempts,
+		Queue: queue, Kind: builtin.KindSleep, Payload: payload, MaxAttempts: enqueue.DefaultMaxAttempts,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("enqueue: %w", err)

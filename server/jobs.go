@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/internal/jsonb"
+	"github.com/relayq/relay/enqueue"
 )
 
 // JobSummary is a job as a listing shows it: all of its view but the
@@ -137,18 +137,13 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), dbTimeout)
 }
 
-// idempotencyAttempts bounds how often an enqueue with an idempotency key
-// retries when its insert found the key taken but the job holding it was
-// gone by the time it was read (deleted in between).
-const idempotencyAttempts = 3
-
 // handleEnqueue serves POST /v1/jobs: 201 with the new job. With an
 // Idempotency-Key header, a repeat of the same request (same kind, queue,
 // payload as JSON values, priority and max_attempts; run_at and delay are
 // not compared, since a delay is relative to the time of each request)
 // returns the original job with 200, and a different request under the same
 // key in the same queue is a 409.
-func handleEnqueue(logger *slog.Logger, queries *db.Queries, maxBody int64) http.Handler {
+func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		key, err := idempotencyKey(r)
 		if err != nil {
@@ -169,59 +164,27 @@ func handleEnqueue(logger *slog.Logger, queries *db.Queries, maxBody int64) http
 
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		params := db.JobInsertParams{
-			Queue:          spec.Queue,
-			Kind:           spec.Kind,
-			Payload:        spec.Payload,
-			Priority:       spec.Priority,
-			MaxAttempts:    spec.MaxAttempts,
-			RunAt:          spec.RunAt,
-			DelayMs:        spec.DelayMs,
-			IdempotencyKey: spec.IdempotencyKey,
+		job, replayed, err := enqueue.Insert(ctx, dbtx, spec)
+		switch {
+		case errors.Is(err, enqueue.ErrIdempotencyConflict):
+			return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")
+		case errors.Is(err, enqueue.ErrIdempotencyRace):
+			return &apiError{
+				status: http.StatusServiceUnavailable,
+				msg:    "the job holding this Idempotency-Key changed while the request ran; try again",
+				cause:  err,
+			}
+		case err != nil:
+			return err
 		}
-		for range idempotencyAttempts {
-			job, err := queries.JobInsert(ctx, params)
-			if err == nil {
-				w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(job.ID, 10))
-				writeJSON(w, http.StatusCreated, NewJobView(job))
-				return nil
-			}
-			if !errors.Is(err, pgx.ErrNoRows) || spec.IdempotencyKey == nil {
-				return fmt.Errorf("insert job: %w", err)
-			}
-			existing, err := queries.JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{
-				Queue:          spec.Queue,
-				IdempotencyKey: spec.IdempotencyKey,
-			})
-			if errors.Is(err, pgx.ErrNoRows) {
-				continue // deleted between the two statements: try again
-			}
-			if err != nil {
-				return fmt.Errorf("get job by idempotency key: %w", err)
-			}
-			if !sameJob(existing, spec) {
-				return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")
-			}
-			w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(existing.ID, 10))
-			writeJSON(w, http.StatusOK, NewJobView(existing))
-			return nil
+		status := http.StatusCreated
+		if replayed {
+			status = http.StatusOK
 		}
-		return &apiError{
-			status: http.StatusServiceUnavailable,
-			msg:    "the job holding this Idempotency-Key changed while the request ran; try again",
-			cause:  fmt.Errorf("insert job: key %q taken but no job found after %d attempts", *spec.IdempotencyKey, idempotencyAttempts),
-		}
+		w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(job.ID, 10))
+		writeJSON(w, status, NewJobView(job))
+		return nil
 	})
-}
-
-// sameJob reports whether j is what spec would have enqueued, for an
-// idempotent replay. The queue matched already, by the lookup.
-func sameJob(j db.Job, spec jobSpec) bool {
-	return j.Kind == spec.Kind &&
-		j.Queue == spec.Queue &&
-		j.Priority == spec.Priority &&
-		j.MaxAttempts == spec.MaxAttempts &&
-		jsonb.Equal(j.Payload, spec.Payload)
 }
 
 // idempotencyKey returns the Idempotency-Key header, or nil without one.
@@ -247,12 +210,12 @@ type batchResponse struct {
 	IDs []int64 `json:"ids"`
 }
 
-// handleEnqueueBatch serves POST /v1/jobs/batch: up to MaxBatchJobs jobs,
+// handleEnqueueBatch serves POST /v1/jobs/batch: up to enqueue.MaxBatchJobs jobs,
 // each as in POST /v1/jobs, inserted in one statement, all or none. It
 // answers 201 with their ids in request order. If any job is invalid the
 // whole batch is rejected, naming the first bad one (field "jobs[3].kind").
 // Batches take no Idempotency-Key.
-func handleEnqueueBatch(logger *slog.Logger, queries *db.Queries, maxBody int64) http.Handler {
+func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		if _, ok := r.Header["Idempotency-Key"]; ok {
 			return badRequest("Idempotency-Key", "batch requests do not support Idempotency-Key")
@@ -268,57 +231,38 @@ func handleEnqueueBatch(logger *slog.Logger, queries *db.Queries, maxBody int64)
 		switch n := len(batch.Jobs); {
 		case n == 0:
 			return badRequest("jobs", "jobs must hold at least one job")
-		case n > MaxBatchJobs:
-			return badRequest("jobs", "jobs must hold at most %d jobs, not %d", MaxBatchJobs, n)
+		case n > enqueue.MaxBatchJobs:
+			return badRequest("jobs", "jobs must hold at most %d jobs, not %d", enqueue.MaxBatchJobs, n)
 		}
 
 		now := time.Now()
-		n := len(batch.Jobs)
-		params := db.JobInsertManyParams{
-			Queues:      make([]string, 0, n),
-			Kinds:       make([]string, 0, n),
-			Payloads:    make([]json.RawMessage, 0, n),
-			Priorities:  make([]int16, 0, n),
-			MaxAttempts: make([]int32, 0, n),
-			RunAts:      make([]time.Time, 0, n),
-			DelaysMs:    make([]int64, 0, n),
-		}
+		jobs := make([]enqueue.Job, 0, len(batch.Jobs))
 		for i, raw := range batch.Jobs {
-			spec, err := batchJob(raw, now)
+			job, err := batchJob(raw, now)
 			if err != nil {
 				return inBatch(i, err)
 			}
-			var runAt time.Time // zero: DelayMs after now() in the database
-			if spec.RunAt != nil {
-				runAt = *spec.RunAt
-			}
-			params.Queues = append(params.Queues, spec.Queue)
-			params.Kinds = append(params.Kinds, spec.Kind)
-			params.Payloads = append(params.Payloads, spec.Payload)
-			params.Priorities = append(params.Priorities, spec.Priority)
-			params.MaxAttempts = append(params.MaxAttempts, spec.MaxAttempts)
-			params.RunAts = append(params.RunAts, runAt)
-			params.DelaysMs = append(params.DelaysMs, spec.DelayMs)
+			jobs = append(jobs, job)
 		}
 
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		ids, err := queries.JobInsertMany(ctx, params)
+		ids, err := enqueue.InsertMany(ctx, dbtx, jobs)
 		if err != nil {
-			return fmt.Errorf("insert %d jobs: %w", n, err)
+			return err
 		}
 		writeJSON(w, http.StatusCreated, batchResponse{IDs: ids})
 		return nil
 	})
 }
 
-func batchJob(raw json.RawMessage, now time.Time) (jobSpec, error) {
+func batchJob(raw json.RawMessage, now time.Time) (enqueue.Job, error) {
 	if len(raw) == 0 || raw[0] != '{' {
-		return jobSpec{}, badRequest("", "each job must be a JSON object")
+		return enqueue.Job{}, badRequest("", "each job must be a JSON object")
 	}
 	req, err := decodeJob(raw)
 	if err != nil {
-		return jobSpec{}, err
+		return enqueue.Job{}, err
 	}
 	return validateJob(req, nil, now)
 }
@@ -499,7 +443,7 @@ func listParams(r *http.Request) (listFilter, int, error) {
 		if s == "" {
 			continue
 		}
-		if err := checkName(f.name, s, MaxNameBytes); err != nil {
+		if err := checkName(f.name, s); err != nil {
 			return p, 0, err
 		}
 		*f.dst = &s

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/relayq/relay/enqueue"
 )
 
 // This file holds all JSON encoding and decoding of the API.
@@ -122,7 +124,7 @@ var fieldTypes = map[string]string{
 	"run_at":       "an RFC 3339 timestamp string",
 	"delay":        `a duration string such as "5s" or "1h30m"`,
 	"priority":     "an integer from -32768 to 32767",
-	"max_attempts": fmt.Sprintf("an integer from 1 to %d", MaxMaxAttempts),
+	"max_attempts": fmt.Sprintf("an integer from 1 to %d", enqueue.MaxMaxAttempts),
 	"jobs":         "an array of job objects",
 }
 

@@ -41,22 +41,8 @@ import (
 // not set.
 const DefaultMaxBodyBytes = 1 << 20
 
-// Limits and defaults of the API, shared by single and batch enqueueing.
+// Limits of the API beyond those of enqueueing, which package enqueue holds.
 const (
-	// DefaultQueue is the queue of a job enqueued without one.
-	DefaultQueue = "default"
-	// MaxNameBytes bounds the length of a queue or kind name, in bytes.
-	MaxNameBytes = 128
-	// MaxIdempotencyKeyBytes bounds the length of an Idempotency-Key header.
-	MaxIdempotencyKeyBytes = 255
-	// DefaultMaxAttempts is the max_attempts of a job enqueued without one.
-	DefaultMaxAttempts = 25
-	// MaxMaxAttempts is the largest max_attempts a job may have.
-	MaxMaxAttempts = 1000
-	// MaxDelay is how far ahead a job may be scheduled, by delay or run_at.
-	MaxDelay = 365 * 24 * time.Hour
-	// MaxBatchJobs is how many jobs one batch request may enqueue.
-	MaxBatchJobs = 1000
 	// DefaultListLimit is the page size of a job listing without a limit.
 	DefaultListLimit = 100
 	// MaxListLimit is the largest page size of a job listing; a larger

@@ -7,13 +7,16 @@ import (
 	"math/rand/v2"
 	"os"
 	"time"
+
+	"github.com/relayq/relay/enqueue"
 )
 
 // Defaults for every timing knob and limit of a Worker. A zero field in
 // Config takes the default named here.
 const (
-	// DefaultQueue is the queue a worker serves when none is given.
-	DefaultQueue = "default"
+	// DefaultQueue is the queue a worker serves when none is given: the
+	// queue of a job enqueued without one.
+	DefaultQueue = enqueue.DefaultQueue
 	// DefaultSlots is how many jobs a worker runs at once.
 	DefaultSlots = 10
 	// DefaultLease is how long a claim holds a job without a heartbeat.

@@ -7,15 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/enqueue"
 	"github.com/relayq/relay/internal/cli"
-	"github.com/relayq/relay/internal/jsonb"
 	"github.com/relayq/relay/server"
 )
 
@@ -51,15 +49,17 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	fs := cli.NewFlagSet("enqueue", "relay enqueue KIND [flags]",
 		`Enqueues one job of the given kind directly in the database (no HTTP) and
 prints it as JSON. With an idempotency key already used in the queue, nothing
-is enqueued and the job holding the key is printed, with "existing": true.`)
+is enqueued: if the job holding the key is the same job, it is printed, with
+"existing": true; if it is a different job, enqueue fails, as the API answers
+409.`)
 	logs.Register(fs)
 	dbf.Register(fs)
 	fs.StringVar(&payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
-	fs.StringVar(&queue, "queue", server.DefaultQueue, "queue")
+	fs.StringVar(&queue, "queue", enqueue.DefaultQueue, "queue")
 	fs.IntVar(&priority, "priority", 0, "priority from -32768 to 32767; lower runs first")
 	fs.DurationVar(&delay, "delay", 0, "run no earlier than this long from now, e.g. 5s")
-	fs.StringVar(&runAt, "run-at", "", "run no earlier than this RFC 3339 time, e.g. 2030-01-02T15:04:05Z")
-	fs.IntVar(&maxAttempts, "max-attempts", server.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", server.MaxMaxAttempts))
+	fs.StringVar(&runAt, "run-at", "", "run no earlier than this RFC 3339 time, such as 2027-01-02T15:04:05Z, and at most a year from now")
+	fs.IntVar(&maxAttempts, "max-attempts", enqueue.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", enqueue.MaxMaxAttempts))
 	fs.StringVar(&idempotencyKey, "idempotency-key", "", "enqueue at most one job with this key in the queue")
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
@@ -74,38 +74,19 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 		return err
 	}
 
-	params := db.JobInsertParams{Queue: queue, Kind: kind, Priority: int16(priority), MaxAttempts: int32(maxAttempts)}
-	if err := checkName("kind", kind, server.MaxNameBytes); err != nil {
-		return err
-	}
-	if err := checkName("--queue", queue, server.MaxNameBytes); err != nil {
-		return err
-	}
-	if priority < math.MinInt16 || priority > math.MaxInt16 {
-		return cli.Usagef("--priority must be from %d to %d, got %d", math.MinInt16, math.MaxInt16, priority)
-	}
-	if maxAttempts < 1 || maxAttempts > server.MaxMaxAttempts {
-		return cli.Usagef("--max-attempts must be from 1 to %d, got %d", server.MaxMaxAttempts, maxAttempts)
-	}
-	if runAt != "" && delay != 0 {
-		return cli.Usagef("give --delay or --run-at, not both")
-	}
-	if delay < 0 || delay > server.MaxDelay {
-		return cli.Usagef("--delay must be from 0 to %s, got %s", server.MaxDelay, delay)
-	}
-	params.DelayMs = delay.Milliseconds()
+	req := enqueue.Request{Kind: kind, Queue: &queue, Priority: ptr(int64(priority)), MaxAttempts: ptr(int64(maxAttempts))}
 	if runAt != "" {
 		t, err := time.Parse(time.RFC3339, runAt)
 		if err != nil {
 			return cli.Usagef("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", runAt)
 		}
-		params.RunAt = &t
+		req.RunAt = &t
+	}
+	if delay != 0 {
+		req.Delay = &delay
 	}
 	if idempotencyKey != "" {
-		if err := checkName("--idempotency-key", idempotencyKey, server.MaxIdempotencyKeyBytes); err != nil {
-			return err
-		}
-		params.IdempotencyKey = &idempotencyKey
+		req.IdempotencyKey = &idempotencyKey
 	}
 	raw := []byte(payload)
 	if payload == "-" {
@@ -116,7 +97,15 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 			return fmt.Errorf("payload from standard input is larger than %d bytes", maxPayloadBytes)
 		}
 	}
-	if params.Payload, err = checkPayload(raw); err != nil {
+	if req.Payload, err = compactPayload(raw); err != nil {
+		return err
+	}
+	job, err := enqueue.Validate(req, time.Now())
+	var fe *enqueue.FieldError
+	if errors.As(err, &fe) {
+		return cli.Usagef("%s", fe.Message(flagOf))
+	}
+	if err != nil {
 		return err
 	}
 
@@ -132,19 +121,15 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 	if err := requireMigrated(ctx, pool); err != nil {
 		return err
 	}
-	q := db.New(pool)
-	job, err := q.JobInsert(ctx, params)
-	existing := false
-	if errors.Is(err, pgx.ErrNoRows) && params.IdempotencyKey != nil {
-		existing = true
-		job, err = q.JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{Queue: queue, IdempotencyKey: params.IdempotencyKey})
-		if err != nil {
-			return fmt.Errorf("get the job holding idempotency key %q: %w", idempotencyKey, err)
-		}
-	} else if err != nil {
+	stored, existing, err := enqueue.Insert(ctx, pool, job)
+	if errors.Is(err, enqueue.ErrIdempotencyConflict) {
+		return fmt.Errorf("enqueue: --idempotency-key %q was already used in queue %q for a different job (job %d); nothing was enqueued",
+			idempotencyKey, queue, stored.ID)
+	}
+	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
-	out, err := json.MarshalIndent(newJobJSON(job, existing), "", "  ")
+	out, err := json.MarshalIndent(newJobJSON(stored, existing), "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode the job: %w", err)
 	}
@@ -152,9 +137,10 @@ is enqueued and the job holding the key is printed, with "existing": true.`)
 	return err
 }
 
-// checkPayload returns the payload compacted, or a clear error if it is not
-// one valid JSON value that PostgreSQL can store as jsonb.
-func checkPayload(raw []byte) (json.RawMessage, error) {
+// compactPayload returns the payload compacted, or a clear error if it is
+// not one valid JSON value; enqueue.Validate checks that PostgreSQL can
+// store it as jsonb.
+func compactPayload(raw []byte) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return nil, cli.Usagef("--payload is empty: give a JSON value such as {}")
@@ -166,21 +152,15 @@ func checkPayload(raw []byte) (json.RawMessage, error) {
 	if err := json.Compact(&buf, raw); err != nil {
 		return nil, cli.Usagef("--payload is not valid JSON: %v", err)
 	}
-	if err := jsonb.Check(buf.Bytes()); err != nil {
-		return nil, cli.Usagef("--payload %v", err)
-	}
 	return buf.Bytes(), nil
 }
 
-// checkName checks a name stored as PostgreSQL text.
-func checkName(what, s string, maxBytes int) error {
-	switch {
-	case s == "":
-		return cli.Usagef("%s must not be empty", what)
-	case len(s) > maxBytes:
-		return cli.Usagef("%s must be at most %d bytes", what, maxBytes)
-	case !utf8.ValidString(s) || bytes.IndexByte([]byte(s), 0) >= 0:
-		return cli.Usagef("%s must be valid UTF-8 without NUL characters", what)
+// flagOf spells a field of package enqueue as relay enqueue's flag for it.
+func flagOf(field string) string {
+	if field == enqueue.FieldKind {
+		return "kind"
 	}
-	return nil
+	return "--" + strings.ReplaceAll(field, "_", "-")
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -135,11 +135,12 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 		{"enqueue invalid JSON", db, []string{"enqueue", "hash", "--payload", "{iterations: 1}"}, "--payload is not valid JSON"},
 		{"enqueue two JSON values", db, []string{"enqueue", "hash", "--payload", "{} {}"}, "--payload is not valid JSON"},
 		{"enqueue empty payload", db, []string{"enqueue", "hash", "--payload", " "}, "--payload is empty"},
-		{"enqueue delay and run-at", db, []string{"enqueue", "hash", "--delay", "1s", "--run-at", "2030-01-02T15:04:05Z"}, "not both"},
+		{"enqueue run-at beyond a year", db, []string{"enqueue", "hash", "--run-at", "2999-01-02T15:04:05Z"}, "--run-at must be at most 8760h0m0s from now"},
+		{"enqueue delay and run-at", db, []string{"enqueue", "hash", "--delay", "1s", "--run-at", "2030-01-02T15:04:05Z"}, "--delay must not be given together with --run-at"},
 		{"enqueue bad run-at", db, []string{"enqueue", "hash", "--run-at", "tomorrow"}, "--run-at must be an RFC 3339 time"},
-		{"enqueue negative delay", db, []string{"enqueue", "hash", "--delay", "-1s"}, "--delay must be from 0"},
-		{"enqueue priority out of range", db, []string{"enqueue", "hash", "--priority", "40000"}, "--priority must be from -32768 to 32767"},
-		{"enqueue zero max attempts", db, []string{"enqueue", "hash", "--max-attempts", "0"}, "--max-attempts must be from 1 to 1000"},
+		{"enqueue negative delay", db, []string{"enqueue", "hash", "--delay", "-1s"}, "--delay must not be negative"},
+		{"enqueue priority out of range", db, []string{"enqueue", "hash", "--priority", "40000"}, "--priority must be an integer from -32768 to 32767"},
+		{"enqueue zero max attempts", db, []string{"enqueue", "hash", "--max-attempts", "0"}, "--max-attempts must be an integer from 1 to 1000"},
 		{"enqueue long kind", db, []string{"enqueue", strings.Repeat("k", 129)}, "kind must be at most 128 bytes"},
 		{"no database configured", nil, []string{"work"}, "no database: give --database-url or set DATABASE_URL"},
 		{"version with argument", nil, []string{"version", "x"}, `unexpected argument "x"`},
@@ -394,9 +395,10 @@ func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
 		if d := runAt.Sub(before); d < 59*time.Minute || d > 61*time.Minute {
 			t.Errorf("run_at %s is %s from now, want about 1h", runAt, d)
 		}
-		job = enqueue(t, "", "noop", "--run-at", "2030-01-02T15:04:05Z")
+		want := time.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
+		job = enqueue(t, "", "noop", "--run-at", want.Format(time.RFC3339))
 		runAt, _ = time.Parse(time.RFC3339Nano, job["run_at"].(string))
-		if want := time.Date(2030, 1, 2, 15, 4, 5, 0, time.UTC); !runAt.Equal(want) {
+		if !runAt.Equal(want) {
 			t.Errorf("run_at = %s, want %s", runAt, want)
 		}
 	})
@@ -412,6 +414,21 @@ func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
 		other := enqueue(t, "", "noop", "--idempotency-key", "once", "--queue", "elsewhere")
 		if other["id"] == first["id"] {
 			t.Errorf("the same key in another queue returned the first job")
+		}
+	})
+	t.Run("idempotency key of a different job is refused as the API refuses it", func(t *testing.T) {
+		first := enqueue(t, "", "noop", "--idempotency-key", "twice", "--payload", `{"n":1}`)
+		r := runRelay(ctx, env, "", "enqueue", "noop", "--idempotency-key", "twice", "--payload", `{"n":2}`)
+		want := fmt.Sprintf(`enqueue: --idempotency-key "twice" was already used in queue "default" for a different job (job %v); nothing was enqueued`, first["id"])
+		if r.err == nil || r.err.Error() != want {
+			t.Errorf("reusing the key for another payload: err = %v, want %q", r.err, want)
+		}
+		if r.stdout != "" {
+			t.Errorf("printed %q, want nothing", r.stdout)
+		}
+		same := enqueue(t, "", "noop", "--idempotency-key", "twice", "--payload", `{ "n" : 1 }`)
+		if same["id"] != first["id"] || same["existing"] != true {
+			t.Errorf("the same job again (payload spaced differently) = job %v, existing %v; want job %v, existing true", same["id"], same["existing"], first["id"])
 		}
 	})
 }

@@ -17,11 +17,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/enqueue"
 )
 
 // Queues the simulated workers serve.
 const (
-	QueueDefault = "default"
+	QueueDefault = enqueue.DefaultQueue
 	QueueOther   = "other"
 )
 

@@ -1,0 +1,215 @@
+// Package enqueue holds the rules of enqueueing a job: its limits and
+// defaults, the validation of a request, and the insert with its idempotent
+// replay. The HTTP API, `relay enqueue` and the lab all enqueue through it,
+// so a job is accepted or refused the same way whichever door it comes in
+// by. Insert and InsertMany take a db.DBTX, so a Go caller can enqueue in a
+// transaction of its own: the job becomes visible to workers when, and
+// only if, that transaction commits.
+package enqueue
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/relayq/relay/internal/jsonb"
+)
+
+// Limits and defaults of a job, whichever way it is enqueued.
+const (
+	// DefaultQueue is the queue of a job enqueued without one.
+	DefaultQueue = "default"
+	// MaxNameBytes bounds the length of a queue or kind name, in bytes.
+	MaxNameBytes = 128
+	// MaxIdempotencyKeyBytes bounds the length of an idempotency key.
+	MaxIdempotencyKeyBytes = 255
+	// DefaultMaxAttempts is the max_attempts of a job enqueued without one.
+	DefaultMaxAttempts = 25
+	// MaxMaxAttempts is the largest max_attempts a job may have.
+	MaxMaxAttempts = 1000
+	// MaxDelay is how far ahead a job may be scheduled, by delay or run_at.
+	MaxDelay = 365 * 24 * time.Hour
+	// MaxBatchJobs is how many jobs one InsertMany may insert.
+	MaxBatchJobs = 1000
+)
+
+// earliestRunAt is the earliest run_at accepted: anything before is surely
+// a mistake, and a run_at in the past only means "now" anyway.
+var earliestRunAt = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Request is one job to enqueue, as a client asks for it. A nil field was
+// not given and takes its default.
+type Request struct {
+	// Kind (required) is the name handlers are registered under.
+	Kind string
+	// Queue defaults to DefaultQueue.
+	Queue *string
+	// Payload is any JSON value, null included; it defaults to {}.
+	Payload json.RawMessage
+	// Priority is from -32768 to 32767, lower running first; default 0.
+	Priority *int64
+	// MaxAttempts is from 1 to MaxMaxAttempts; default DefaultMaxAttempts.
+	MaxAttempts *int64
+	// RunAt is when the job becomes ready, from 1970 to MaxDelay from now.
+	RunAt *time.Time
+	// Delay makes the job ready this long after the database's now(), from
+	// 0 to MaxDelay, at millisecond precision. Not together with RunAt.
+	// Without RunAt and Delay the job is ready at once.
+	Delay *time.Duration
+	// IdempotencyKey, if set, makes the enqueue happen at most once per
+	// queue: see Insert.
+	IdempotencyKey *string
+}
+
+// Job is a validated Request with every default applied: what Insert
+// stores.
+type Job struct {
+	Queue       string
+	Kind        string
+	Payload     json.RawMessage
+	Priority    int16
+	MaxAttempts int32
+	// RunAt is nil for DelayMs after now() in the database.
+	RunAt          *time.Time
+	DelayMs        int64
+	IdempotencyKey *string
+}
+
+// Field names, as the HTTP API spells them. A FieldError names one of them.
+const (
+	FieldKind           = "kind"
+	FieldQueue          = "queue"
+	FieldPayload        = "payload"
+	FieldPriority       = "priority"
+	FieldMaxAttempts    = "max_attempts"
+	FieldRunAt          = "run_at"
+	FieldDelay          = "delay"
+	FieldIdempotencyKey = "idempotency_key"
+)
+
+// FieldError is a request refused for one field. Message spells field
+// names as its caller names them (JSON fields, HTTP headers, flags).
+type FieldError struct {
+	// Field is the field at fault, one of the Field constants.
+	Field string
+	// problem follows the field's name; %s in it stands for other.
+	problem string
+	other   string
+}
+
+func fieldError(field, problem string, args ...any) *FieldError {
+	return &FieldError{Field: field, problem: fmt.Sprintf(problem, args...)}
+}
+
+// Error returns the message with the API's field names.
+func (e *FieldError) Error() string { return e.Message(nil) }
+
+// Message returns the message with field names spelled by spell, or as the
+// API spells them if spell is nil.
+func (e *FieldError) Message(spell func(field string) string) string {
+	if spell == nil {
+		spell = func(f string) string { return f }
+	}
+	problem := e.problem
+	if e.other != "" {
+		problem = fmt.Sprintf(problem, spell(e.other))
+	}
+	return spell(e.Field) + " " + problem
+}
+
+// Validate checks r and returns the job it asks for, with every default
+// applied. now is the time RunAt is checked against. Its errors are
+// *FieldError.
+func Validate(r Request, now time.Time) (Job, error) {
+	job := Job{
+		Queue:       DefaultQueue,
+		Kind:        r.Kind,
+		Payload:     json.RawMessage(`{}`),
+		MaxAttempts: DefaultMaxAttempts,
+	}
+	if r.Kind == "" {
+		return job, fieldError(FieldKind, "is required")
+	}
+	if err := checkName(FieldKind, r.Kind, MaxNameBytes); err != nil {
+		return job, err
+	}
+	if r.Queue != nil {
+		if err := checkName(FieldQueue, *r.Queue, MaxNameBytes); err != nil {
+			return job, err
+		}
+		job.Queue = *r.Queue
+	}
+	if len(r.Payload) > 0 {
+		if err := jsonb.Check(r.Payload); err != nil {
+			return job, fieldError(FieldPayload, "%v", err)
+		}
+		job.Payload = r.Payload
+	}
+	if r.Priority != nil {
+		if *r.Priority < math.MinInt16 || *r.Priority > math.MaxInt16 {
+			return job, fieldError(FieldPriority, "must be an integer from %d to %d", math.MinInt16, math.MaxInt16)
+		}
+		job.Priority = int16(*r.Priority)
+	}
+	if r.MaxAttempts != nil {
+		if *r.MaxAttempts < 1 || *r.MaxAttempts > MaxMaxAttempts {
+			return job, fieldError(FieldMaxAttempts, "must be an integer from 1 to %d", MaxMaxAttempts)
+		}
+		job.MaxAttempts = int32(*r.MaxAttempts)
+	}
+	if r.RunAt != nil && r.Delay != nil {
+		return job, &FieldError{Field: FieldDelay, problem: "must not be given together with %s", other: FieldRunAt}
+	}
+	if r.RunAt != nil {
+		switch t := *r.RunAt; {
+		case t.Before(earliestRunAt):
+			return job, fieldError(FieldRunAt, "must not be before 1970")
+		case t.After(now.Add(MaxDelay)):
+			return job, fieldError(FieldRunAt, "must be at most %s from now", MaxDelay)
+		}
+		job.RunAt = r.RunAt
+	}
+	if r.Delay != nil {
+		switch d := *r.Delay; {
+		case d < 0:
+			return job, fieldError(FieldDelay, "must not be negative")
+		case d > MaxDelay:
+			return job, fieldError(FieldDelay, "must be at most %s", MaxDelay)
+		}
+		job.DelayMs = r.Delay.Milliseconds()
+	}
+	if r.IdempotencyKey != nil {
+		if err := checkName(FieldIdempotencyKey, *r.IdempotencyKey, MaxIdempotencyKeyBytes); err != nil {
+			return job, err
+		}
+		job.IdempotencyKey = r.IdempotencyKey
+	}
+	return job, nil
+}
+
+// CheckName checks a queue or kind name, as Validate does: not empty, at
+// most MaxNameBytes bytes, valid UTF-8 and free of NUL, which PostgreSQL
+// text cannot hold. Its error is a *FieldError for field.
+func CheckName(field, s string) error {
+	if err := checkName(field, s, MaxNameBytes); err != nil {
+		return err
+	}
+	return nil
+}
+
+func checkName(field, s string, maxBytes int) *FieldError {
+	switch {
+	case s == "":
+		return fieldError(field, "must not be empty")
+	case len(s) > maxBytes:
+		return fieldError(field, "must be at most %d bytes", maxBytes)
+	case !utf8.ValidString(s):
+		return fieldError(field, "must be valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		return fieldError(field, `must not contain NUL characters (\u0000)`)
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package enqueue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jsonb"
+)
+
+// ErrIdempotencyConflict is returned by Insert when the job's idempotency
+// key was used already in its queue, by a different job.
+var ErrIdempotencyConflict = errors.New("idempotency key was already used in this queue for a different job")
+
+// ErrIdempotencyRace is returned by Insert when the job holding the key was
+// deleted each time between the insert that found the key taken and the
+// read of that job. Trying again is safe.
+var ErrIdempotencyRace = errors.New("the job holding this idempotency key changed while the enqueue ran; try again")
+
+// idempotencyAttempts bounds how often Insert retries when its insert found
+// the key taken but the job holding it was gone by the time it was read.
+const idempotencyAttempts = 3
+
+// Insert stores job (JobInsert) and returns it, with replayed false. With
+// an idempotency key the queue already holds, it stores nothing: if the job
+// holding the key is the same job (same kind, queue, payload as JSON
+// values, priority and max_attempts; run_at and delay are not compared,
+// since a delay is relative to each request), it returns that job with
+// replayed true, and otherwise ErrIdempotencyConflict. dbtx may be a
+// transaction of the caller's.
+func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
+	q := db.New(dbtx)
+	params := db.JobInsertParams{
+		Queue:          job.Queue,
+		Kind:           job.Kind,
+		Payload:        job.Payload,
+		Priority:       job.Priority,
+		MaxAttempts:    job.MaxAttempts,
+		RunAt:          job.RunAt,
+		DelayMs:        job.DelayMs,
+		IdempotencyKey: job.IdempotencyKey,
+	}
+	for range idempotencyAttempts {
+		stored, err := q.JobInsert(ctx, params)
+		if err == nil {
+			return stored, false, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) || job.IdempotencyKey == nil {
+			return db.Job{}, false, fmt.Errorf("insert job: %w", err)
+		}
+		existing, err := q.JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{
+			Queue:          job.Queue,
+			IdempotencyKey: job.IdempotencyKey,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // deleted between the two statements: try again
+		}
+		if err != nil {
+			return db.Job{}, false, fmt.Errorf("get the job holding idempotency key %q: %w", *job.IdempotencyKey, err)
+		}
+		if !sameJob(existing, job) {
+			return existing, false, ErrIdempotencyConflict
+		}
+		return existing, true, nil
+	}
+	return db.Job{}, false, fmt.Errorf("insert job with idempotency key %q: %w", *job.IdempotencyKey, ErrIdempotencyRace)
+}
+
+// sameJob reports whether j is what job would have stored, for an
+// idempotent replay.
+func sameJob(j db.Job, job Job) bool {
+	return j.Kind == job.Kind &&
+		j.Queue == job.Queue &&
+		j.Priority == job.Priority &&
+		j.MaxAttempts == job.MaxAttempts &&
+		jsonb.Equal(j.Payload, job.Payload)
+}
+
+// ErrNoIdempotencyInBatch is returned by InsertMany for a job with an
+// idempotency key, which only Insert honours.
+var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempotency key")
+
+// InsertMany stores jobs in one statement (JobInsertMany), all or none, and
+// returns their ids in the order given. It takes from 1 to MaxBatchJobs
+// jobs, none with an idempotency key. dbtx may be a transaction of the
+// caller's.
+func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
+	n := len(jobs)
+	if n == 0 || n > MaxBatchJobs {
+		return nil, fmt.Errorf("insert %d jobs: a batch holds from 1 to %d jobs", n, MaxBatchJobs)
+	}
+	params := db.JobInsertManyParams{
+		Queues:      make([]string, 0, n),
+		Kinds:       make([]string, 0, n),
+		Payloads:    make([]json.RawMessage, 0, n),
+		Priorities:  make([]int16, 0, n),
+		MaxAttempts: make([]int32, 0, n),
+		RunAts:      make([]time.Time, 0, n),
+		DelaysMs:    make([]int64, 0, n),
+	}
+	for i, job := range jobs {
+		if job.IdempotencyKey != nil {
+			return nil, fmt.Errorf("insert %d jobs: job %d: %w", n, i, ErrNoIdempotencyInBatch)
+		}
+		var runAt time.Time // zero: DelayMs after now() in the database
+		if job.RunAt != nil {
+			runAt = *job.RunAt
+		}
+		params.Queues = append(params.Queues, job.Queue)
+		params.Kinds = append(params.Kinds, job.Kind)
+		params.Payloads = append(params.Payloads, job.Payload)
+		params.Priorities = append(params.Priorities, job.Priority)
+		params.MaxAttempts = append(params.MaxAttempts, job.MaxAttempts)
+		params.RunAts = append(params.RunAts, runAt)
+		params.DelaysMs = append(params.DelaysMs, job.DelayMs)
+	}
+	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
+	if err != nil {
+		return nil, fmt.Errorf("insert %d jobs: %w", n, err)
+	}
+	return ids, nil
+}
