@@ -41,6 +41,6 @@ func labBinary() (string, error) {
 	if path, err := exec.LookPath(labCommand); err == nil {
 		return path, nil
 	}
-	return "", cli.Usagef("experiment: the experiments are run by %s, found neither beside relay nor on PATH: build it with `go build -o bin/%s ./experiment/cmd/%s` (or `make build`)",
-		labCommand, labCommand, labCommand)
+	return "", cli.Usagef("experiment: the experiments are run by %s, found neither beside relay nor on PATH: build both with `make build`, or %s alone with `cd experiment && go build -o ../bin/%s ./cmd/%s`",
+		labCommand, labCommand, labCommand, labCommand)
 }

@@ -1,4 +1,4 @@
-// Package relaybin builds the relay command, and the lab's relaylab, once
+// Package relaybin builds the relay command (and the lab's commands) once
 // per test process, for the tests that run them as real operating-system
 // processes.
 package relaybin
@@ -30,8 +30,10 @@ var (
 	dir     string
 	dirErr  error
 
-	relay    = &binary{name: "relay", pkg: "github.com/relayq/relay/cmd/relay"}
-	relaylab = &binary{name: "relaylab", pkg: "github.com/relayq/relay/experiment/cmd/relaylab"}
+	relay = &binary{name: "relay", pkg: "github.com/relayq/relay/cmd/relay"}
+
+	othersMu sync.Mutex
+	others   = map[string]*binary{}
 )
 
 // Path returns a relay binary built from this module's cmd/relay, building
@@ -41,12 +43,20 @@ func Path(t testing.TB) string {
 	return relay.build(t)
 }
 
-// Lab returns a relaylab binary built from experiment/cmd/relaylab, in the
-// same directory as Path's relay, building it on first use. A failed build
-// fails the test.
-func Lab(t testing.TB) string {
+// Build returns the command of package pkg, built as name in the same
+// directory as Path's relay on first use, for a module that builds more
+// commands than relay (the lab's relaylab). pkg is resolved in the module
+// of the test's directory. A failed build fails the test.
+func Build(t testing.TB, name, pkg string) string {
 	t.Helper()
-	return relaylab.build(t)
+	othersMu.Lock()
+	b, ok := others[pkg]
+	if !ok {
+		b = &binary{name: name, pkg: pkg}
+		others[pkg] = b
+	}
+	othersMu.Unlock()
+	return b.build(t)
 }
 
 func (b *binary) build(t testing.TB) string {

@@ -10,7 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/relayq/relay/experiment"
+	"github.com/relayq/relay/experiment/chaos"
 	"github.com/relayq/relay/internal/cli"
 )
 
@@ -47,18 +47,18 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		common    experimentCommon
 		scenarios string
 		short     bool
-		base      = experiment.DefaultChaosConfig("")
+		base      = chaos.DefaultConfig("")
 	)
 	fs := cli.NewFlagSet("experiment chaos", "relay experiment chaos [flags]", chaosUsage)
 	common.register(fs.FlagSet)
 	fs.StringVar(&scenarios, "scenarios", "all", "scenarios to run, separated by commas ("+scenarioNames()+")")
 	fs.BoolVar(&short, "short", false, "the test suite's short form: a few hundred jobs, seconds per scenario (flags below still apply)")
-	fs.IntVar(&base.Jobs, "jobs", 0, fmt.Sprintf("jobs per scenario (default %d; %d with --short)", base.Jobs, experiment.ShortChaosConfig("").Jobs))
+	fs.IntVar(&base.Jobs, "jobs", 0, fmt.Sprintf("jobs per scenario (default %d; %d with --short)", base.Jobs, chaos.ShortConfig("").Jobs))
 	fs.IntVar(&base.Workers, "workers", 0, fmt.Sprintf("worker processes at once (default %d)", base.Workers))
 	fs.IntVar(&base.Slots, "slots", 0, fmt.Sprintf("slots per worker (default %d)", base.Slots))
 	fs.DurationVar(&base.Lease, "lease", 0, fmt.Sprintf("the workers' lease (default %s)", base.Lease))
 	fs.DurationVar(&base.Heartbeat, "heartbeat", 0, fmt.Sprintf("the workers' heartbeat interval (default %s; %s with --short; a fifth of --lease if that is given)",
-		base.Heartbeat, experiment.ShortChaosConfig("").Heartbeat))
+		base.Heartbeat, chaos.ShortConfig("").Heartbeat))
 	fs.DurationVar(&base.Duration, "duration", 0, fmt.Sprintf("how long each scenario enqueues and injects faults (default %s)", base.Duration))
 	fs.DurationVar(&base.FaultEvery, "fault-every", 0, fmt.Sprintf("period of the kill and backend-kill faults (default %s)", base.FaultEvery))
 	fs.DurationVar(&base.Downtime, "downtime", 0, fmt.Sprintf("how long the restart scenario keeps PostgreSQL down (default %s)", base.Downtime))
@@ -73,7 +73,7 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return fmt.Errorf("experiment chaos: find this binary, which runs the chaos workers: %w", err)
 	}
-	list, err := experiment.ParseChaosScenarios(scenarios)
+	list, err := chaos.ParseScenarios(scenarios)
 	if err != nil {
 		return cli.Usagef("experiment chaos: --scenarios: %v", err)
 	}
@@ -84,12 +84,12 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		return cli.Usagef("experiment chaos: durations must not be negative")
 	}
 
-	var results []*experiment.ChaosResult
+	var results []*chaos.Result
 	var errs []error
 	for _, s := range list {
-		cfg := experiment.DefaultChaosConfig(s)
+		cfg := chaos.DefaultConfig(s)
 		if short {
-			cfg = experiment.ShortChaosConfig(s)
+			cfg = chaos.ShortConfig(s)
 		}
 		cfg.Jobs = cmp.Or(base.Jobs, cfg.Jobs)
 		cfg.Workers = cmp.Or(base.Workers, cfg.Workers)
@@ -106,7 +106,7 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 		cfg.AdminURL, cfg.RelayBin, cfg.WorkerBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, labBin, common.out, common.logDir
 		cfg.Progress = stderr
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		res, err := experiment.RunChaos(ctx, cfg)
+		res, err := chaos.Run(ctx, cfg)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("experiment chaos %s: %w", s, err))
 			if ctx.Err() != nil {
@@ -121,7 +121,7 @@ func runChaos(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if len(results) > 0 {
 		fmt.Fprintln(stdout)
-		experiment.PrintChaosSummary(stdout, results)
+		chaos.PrintSummary(stdout, results)
 	}
 	for _, r := range results {
 		if !r.Passed {
@@ -153,7 +153,7 @@ connections are named relay-worker-ID. Not meant to be run by hand.`)
 	dbf.Register(fs)
 	wf.Register(fs, 10, "jobs to run at once")
 	fs.StringVar(&recordURL, "record-database-url", "", "where to record executions, never through a fault proxy (default: --database-url)")
-	fs.IntVar(&handlerConns, "handler-pool-size", experiment.DefaultChaosHandlerPoolSize, "connections of the handlers' own pool")
+	fs.IntVar(&handlerConns, "handler-pool-size", chaos.DefaultHandlerPoolSize, "connections of the handlers' own pool")
 	pos, err := fs.Parse(args, stderr)
 	if err != nil {
 		return cli.Helped(err)
@@ -180,7 +180,7 @@ connections are named relay-worker-ID. Not meant to be run by hand.`)
 	if err != nil {
 		return err
 	}
-	err = experiment.RunChaosWorker(ctx, experiment.ChaosWorkerConfig{
+	err = chaos.RunWorker(ctx, chaos.WorkerConfig{
 		DatabaseURL:     dsn,
 		RecordURL:       recordURL,
 		HandlerPoolSize: handlerConns,
@@ -196,7 +196,7 @@ connections are named relay-worker-ID. Not meant to be run by hand.`)
 // scenarioNames lists the chaos scenarios, for the help.
 func scenarioNames() string {
 	var names []string
-	for _, s := range experiment.ChaosScenarios() {
+	for _, s := range chaos.Scenarios() {
 		names = append(names, string(s))
 	}
 	return strings.Join(names, ", ")

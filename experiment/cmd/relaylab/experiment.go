@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/relayq/relay/experiment"
+	"github.com/relayq/relay/experiment/burst"
+	"github.com/relayq/relay/experiment/crash"
+	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/internal/cli"
 )
 
@@ -20,7 +22,7 @@ const experimentUsage = `Usage: relay experiment crash|burst|chaos [flags]
 Runs one of Relay's recorded experiments against real relay processes (the
 relay binary beside this one, else on PATH, or --relay-bin) and the
 PostgreSQL server of --database-url
-(default $DATABASE_URL, else ` + experiment.DefaultAdminURL + `),
+(default $DATABASE_URL, else ` + harness.DefaultAdminURL + `),
 on which it creates, and afterwards drops, databases of its own: the URL's
 user must be allowed to create databases.
 
@@ -76,7 +78,7 @@ type experimentCommon struct {
 }
 
 func (c *experimentCommon) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL server to create the experiment's databases on (default $DATABASE_URL, else "+experiment.DefaultAdminURL+")")
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL server to create the experiment's databases on (default $DATABASE_URL, else "+harness.DefaultAdminURL+")")
 	fs.StringVar(&c.out, "out", "experiment/results", "directory for the results (JSON and SVG); empty: write nothing")
 	fs.StringVar(&c.relayBin, "relay-bin", "", "relay binary to run as serve and work processes (default: relay beside this binary, else on PATH)")
 	fs.StringVar(&c.logDir, "log-dir", "", "keep the relay processes' logs in this directory (default: a temporary directory, removed)")
@@ -88,7 +90,7 @@ func (c *experimentCommon) resolve(getenv func(string) string) error {
 		c.databaseURL = getenv("DATABASE_URL")
 	}
 	if c.databaseURL == "" {
-		c.databaseURL = experiment.DefaultAdminURL
+		c.databaseURL = harness.DefaultAdminURL
 	}
 	if c.relayBin == "" {
 		bin, err := relayBinary()
@@ -131,7 +133,7 @@ func parseExperiment(fs *cli.FlagSet, args []string, stderr io.Writer) error {
 func runExperimentCrash(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var (
 		common      experimentCommon
-		cfg         = experiment.DefaultCrashConfig()
+		cfg         = crash.DefaultConfig()
 		workerFlags string
 		noZombie    bool
 	)
@@ -163,7 +165,7 @@ acknowledgement is rejected once it is thawed (SIGCONT).`)
 		return cli.Usagef("experiment crash: --trials must be at least 1, got %d", cfg.Trials)
 	}
 
-	res, err := experiment.Crash(ctx, cfg)
+	res, err := crash.Run(ctx, cfg)
 	if res != nil {
 		if werr := res.WriteSummary(stdout); werr != nil && err == nil {
 			err = werr
@@ -190,7 +192,7 @@ acknowledgement is rejected once it is thawed (SIGCONT).`)
 func runExperimentBurst(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var (
 		common   experimentCommon
-		cfg      = experiment.DefaultBurstConfig()
+		cfg      = burst.DefaultConfig()
 		configs  string
 		workload = *cfg.Workload
 	)
@@ -200,7 +202,7 @@ configuration (PROCSxSLOTS) and measures throughput and latency from the
 database's timestamps.`)
 	common.register(fs.FlagSet)
 	fs.IntVar(&cfg.Jobs, "jobs", cfg.Jobs, "jobs per configuration")
-	fs.StringVar(&configs, "configs", experiment.FormatConfigs(cfg.Configs), "configurations, PROCSxSLOTS separated by commas")
+	fs.StringVar(&configs, "configs", burst.FormatConfigs(cfg.Configs), "configurations, PROCSxSLOTS separated by commas")
 	fs.Int64Var(&workload.SleepMs, "sleep-ms", workload.SleepMs, "each hash job's sleep_ms")
 	fs.Int64Var(&workload.Iterations, "iterations", workload.Iterations, "each hash job's iterations")
 	fs.IntVar(&cfg.BatchSize, "batch-size", cfg.BatchSize, "jobs per POST /v1/jobs/batch (at most 1000)")
@@ -215,7 +217,7 @@ database's timestamps.`)
 		return err
 	}
 	var err error
-	if cfg.Configs, err = experiment.ParseConfigs(configs); err != nil {
+	if cfg.Configs, err = burst.ParseConfigs(configs); err != nil {
 		return cli.Usagef("experiment burst: --configs: %v", err)
 	}
 	switch {
@@ -232,7 +234,7 @@ database's timestamps.`)
 	cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
 	cfg.Progress = stderr
 
-	res, err := experiment.Burst(ctx, cfg)
+	res, err := burst.Run(ctx, cfg)
 	if res != nil {
 		if werr := res.WriteSummary(stdout); werr != nil && err == nil {
 			err = werr

@@ -1,0 +1,101 @@
+package burst
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/experiment/harness"
+	"github.com/relayq/relay/internal/builtin"
+	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/relaybin"
+)
+
+func TestRun_Short(t *testing.T) {
+	bin := relaybin.Path(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const jobs = 60
+	res, err := Run(ctx, Config{
+		AdminURL:     dbtest.NewURL(t),
+		RelayBin:     bin,
+		OutDir:       t.TempDir(),
+		Jobs:         jobs,
+		Configs:      []ProcSlots{{1, 2}, {2, 2}},
+		Workload:     &builtin.HashPayload{SleepMs: 5, Iterations: 100},
+		BatchSize:    25,
+		Submitters:   2,
+		ProbeSamples: 10,
+	})
+	if err != nil {
+		t.Fatalf("Burst: %v", err)
+	}
+	var summary strings.Builder
+	if err := res.WriteSummary(&summary); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("summary:\n%s", summary.String())
+	if len(res.Runs) != 2 {
+		t.Fatalf("%d runs recorded, want 2", len(res.Runs))
+	}
+	for _, run := range res.Runs {
+		c := run.Check
+		if !c.OK || c.Submitted != jobs || c.InDatabase != jobs || c.Lost+c.Running+c.NotSucceeded+c.NotOnce != 0 {
+			t.Errorf("%s: check %+v, want all %d jobs succeeded exactly once", run.Config, c, jobs)
+		}
+		if len(run.JobTimings) != jobs {
+			t.Errorf("%s: %d job timings, want %d", run.Config, len(run.JobTimings), jobs)
+		}
+		n := 0
+		for id, k := range run.JobsPerWorker {
+			if !strings.HasPrefix(id, "burst-"+run.Config+"-w") {
+				t.Errorf("%s: job run by unexpected worker %q", run.Config, id)
+			}
+			n += k
+		}
+		if n != jobs {
+			t.Errorf("%s: workers ran %d jobs, want %d", run.Config, n, jobs)
+		}
+		if run.FirstSubmit.IsZero() || run.LastFinish.Before(run.FirstSubmit) || run.Throughput <= 0 {
+			t.Errorf("%s: first submit %s, last finish %s, throughput %v", run.Config, run.FirstSubmit, run.LastFinish, run.Throughput)
+		}
+	}
+	if err := harness.CheckFiles(res.Files, 3); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestParseConfigs(t *testing.T) {
+	got, err := ParseConfigs("1x1, 1x4,3x4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ProcSlots{{1, 1}, {1, 4}, {3, 4}}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("got %v, want %v", got, want)
+		}
+	}
+	if back := FormatConfigs(got); back != "1x1,1x4,3x4" {
+		t.Errorf("FormatConfigs(%v) = %q, want %q", got, back, "1x1,1x4,3x4")
+	}
+	for _, bad := range []string{"", "1", "x4", "0x1", "1x0", "1x4,", "ax2"} {
+		if _, err := ParseConfigs(bad); err == nil {
+			t.Errorf("ParseConfigs(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestJobTiming_IsAFlatJSONArray(t *testing.T) {
+	var tm JobTiming
+	if err := tm.UnmarshalJSON([]byte(`[7, 0.5, 1.25, 11.5]`)); err != nil || tm != (JobTiming{7, 0.5, 1.25, 11.5}) {
+		t.Errorf("JobTiming = %+v, %v", tm, err)
+	}
+	if b, err := tm.MarshalJSON(); err != nil || string(b) != `[7,0.5,1.25,11.5]` {
+		t.Errorf("JobTiming marshals as %s, %v", b, err)
+	}
+}

@@ -1,0 +1,14 @@
+package chaos
+
+import (
+	"os"
+	"testing"
+
+	"github.com/relayq/relay/internal/relaybin"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	relaybin.Cleanup()
+	os.Exit(code)
+}

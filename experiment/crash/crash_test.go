@@ -1,0 +1,107 @@
+package crash
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/experiment/harness"
+	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/relaybin"
+)
+
+// TestRun_Short runs the crash experiment in short: one kill and the
+// zombie case, with a one-second job and a one-second lease. It asserts the
+// invariants, never the figures.
+func TestRun_Short(t *testing.T) {
+	bin := relaybin.Path(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := t.TempDir()
+	res, err := Run(ctx, Config{
+		AdminURL:        dbtest.NewURL(t),
+		RelayBin:        bin,
+		OutDir:          out,
+		Trials:          1,
+		JobDuration:     time.Second,
+		KillAfter:       300 * time.Millisecond,
+		ZombieLease:     time.Second,
+		ZombieHeartbeat: 250 * time.Millisecond,
+		PauseAfter:      200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatalf("Crash: %v", err)
+	}
+	var summary strings.Builder
+	if err := res.WriteSummary(&summary); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("summary:\n%s", summary.String())
+
+	if len(res.Trials) != 1 {
+		t.Fatalf("%d kill trials recorded, want 1", len(res.Trials))
+	}
+	k := res.Trials[0]
+	if !k.OK {
+		t.Errorf("kill trial not OK: %v", k.Problems)
+	}
+	if k.Victim.ID == k.Replacement.ID || k.Victim.PID == k.Replacement.PID {
+		t.Errorf("victim %+v and replacement %+v are the same worker", k.Victim, k.Replacement)
+	}
+	if k.State != "succeeded" || k.Attempts != 2 || k.ResultAttempt != 2 || k.ResultWorker != k.Replacement.ID || k.ResultPID != k.Replacement.PID {
+		t.Errorf("killed worker's job: state %s, attempts %d, result of attempt %d by %s (pid %d); want succeeded on attempt 2 by %s (pid %d)",
+			k.State, k.Attempts, k.ResultAttempt, k.ResultWorker, k.ResultPID, k.Replacement.ID, k.Replacement.PID)
+	}
+	// A killed worker's session ends with it: the job must not have waited
+	// for the (30 s) lease.
+	if k.ReclaimReason != "worker session ended" {
+		t.Errorf("killed worker's job reclaimed for %q, want %q", k.ReclaimReason, "worker session ended")
+	}
+	if !(k.Claim1.Before(k.Kill) && !k.Reclaim.Before(k.Kill) && !k.Claim2.Before(k.Reclaim) && k.Completion.After(k.Claim2)) {
+		t.Errorf("timeline out of order: claim1 %s, kill %s, reclaim %s, claim2 %s, completion %s",
+			k.Claim1, k.Kill, k.Reclaim, k.Claim2, k.Completion)
+	}
+
+	z := res.Zombie
+	if z == nil {
+		t.Fatal("no zombie case recorded")
+	}
+	if !z.OK || !z.StaleAckRejected {
+		t.Errorf("zombie case not OK (stale ack rejected %v): %v", z.StaleAckRejected, z.Problems)
+	}
+	if z.ReclaimReason != "lease expired" {
+		t.Errorf("frozen worker's job reclaimed for %q, want %q: its session was alive", z.ReclaimReason, "lease expired")
+	}
+	if z.State != "succeeded" || z.Attempts != 2 || z.ResultAttempt != 2 || z.ResultWorker != z.Replacement.ID || !z.ResultUnchanged {
+		t.Errorf("zombie's job: state %s, attempts %d, result of attempt %d by %s, unchanged %v; want attempt 2's result by %s, unchanged",
+			z.State, z.Attempts, z.ResultAttempt, z.ResultWorker, z.ResultUnchanged, z.Replacement.ID)
+	}
+	// The evidence is the zombie's own log.
+	rejected := false
+	for _, l := range z.ZombieLog {
+		if rejectionLine(l, z.JobID) || l.Str("why") == "heartbeat rejected" {
+			rejected = true
+		}
+	}
+	if !rejected {
+		t.Errorf("the zombie's log has no rejection for job %d: %+v", z.JobID, z.ZombieLog)
+	}
+	if !z.Resume.After(z.Completion) {
+		t.Errorf("zombie thawed at %s, before the replacement completed at %s", z.Resume, z.Completion)
+	}
+	if err := harness.CheckFiles(res.Files, 2); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestRun_Short runs the burst experiment in short: a few jobs on two
+// small configurations. It asserts that every job finished exactly once,
+// never the figures.
+
+func TestRejectionLine_PicksTheZombiesRejectionOfItsJob(t *testing.T) {
+	l := harness.ParseLogLine(`{"time":"2026-11-29T09:30:00.123456789Z","level":"WARN","msg":"completion rejected: the lease is no longer this worker's","worker":"w1","job":42,"attempt":1}`)
+	if !rejectionLine(l, 42) || rejectionLine(l, 43) {
+		t.Error("rejectionLine does not pick the job's rejection")
+	}
+}

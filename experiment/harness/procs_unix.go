@@ -1,0 +1,11 @@
+//go:build unix
+
+package harness
+
+import "syscall"
+
+// The signals that freeze and thaw a process.
+var (
+	sigStop = syscall.SIGSTOP
+	sigCont = syscall.SIGCONT
+)
