@@ -13,8 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/enqueue"
 )
 
 // jsonValues compares JSON documents by value rather than by spelling.
@@ -511,14 +511,14 @@ func TestEnqueueBatch_AcceptsUpTo1000Jobs(t *testing.T) {
 	jobs := func(n int) string {
 		return `{"jobs":[` + strings.TrimSuffix(strings.Repeat(`{"kind":"k"},`, n), ",") + `]}`
 	}
-	rec := e.do(t, "POST", "/v1/jobs/batch", jobs(enqueue.MaxBatchJobs))
+	rec := e.do(t, "POST", "/v1/jobs/batch", jobs(client.MaxBatchJobs))
 	wantStatus(t, rec, http.StatusCreated)
-	if got := decode[batchResponse](t, rec); len(got.IDs) != enqueue.MaxBatchJobs {
+	if got := decode[batchResponse](t, rec); len(got.IDs) != client.MaxBatchJobs {
 		t.Errorf("%d ids", len(got.IDs))
 	}
-	wantError(t, e.do(t, "POST", "/v1/jobs/batch", jobs(enqueue.MaxBatchJobs+1)), http.StatusBadRequest, "jobs")
-	if n := countJobs(t, e.pool); n != enqueue.MaxBatchJobs {
-		t.Errorf("%d jobs stored, want %d", n, enqueue.MaxBatchJobs)
+	wantError(t, e.do(t, "POST", "/v1/jobs/batch", jobs(client.MaxBatchJobs+1)), http.StatusBadRequest, "jobs")
+	if n := countJobs(t, e.pool); n != client.MaxBatchJobs {
+		t.Errorf("%d jobs stored, want %d", n, client.MaxBatchJobs)
 	}
 }
 

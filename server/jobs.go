@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/enqueue"
 )
 
 // JobSummary is a job as a listing shows it: all of its view but the
@@ -164,11 +164,11 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.Handle
 
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		job, replayed, err := enqueue.Insert(ctx, dbtx, spec)
+		job, replayed, err := client.Insert(ctx, dbtx, spec)
 		switch {
-		case errors.Is(err, enqueue.ErrIdempotencyConflict):
+		case errors.Is(err, client.ErrIdempotencyConflict):
 			return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")
-		case errors.Is(err, enqueue.ErrIdempotencyRace):
+		case errors.Is(err, client.ErrIdempotencyRace):
 			return &apiError{
 				status: http.StatusServiceUnavailable,
 				msg:    "the job holding this Idempotency-Key changed while the request ran; try again",
@@ -210,7 +210,7 @@ type batchResponse struct {
 	IDs []int64 `json:"ids"`
 }
 
-// handleEnqueueBatch serves POST /v1/jobs/batch: up to enqueue.MaxBatchJobs jobs,
+// handleEnqueueBatch serves POST /v1/jobs/batch: up to client.MaxBatchJobs jobs,
 // each as in POST /v1/jobs, inserted in one statement, all or none. It
 // answers 201 with their ids in request order. If any job is invalid the
 // whole batch is rejected, naming the first bad one (field "jobs[3].kind").
@@ -231,12 +231,12 @@ func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.H
 		switch n := len(batch.Jobs); {
 		case n == 0:
 			return badRequest("jobs", "jobs must hold at least one job")
-		case n > enqueue.MaxBatchJobs:
-			return badRequest("jobs", "jobs must hold at most %d jobs, not %d", enqueue.MaxBatchJobs, n)
+		case n > client.MaxBatchJobs:
+			return badRequest("jobs", "jobs must hold at most %d jobs, not %d", client.MaxBatchJobs, n)
 		}
 
 		now := time.Now()
-		jobs := make([]enqueue.Job, 0, len(batch.Jobs))
+		jobs := make([]client.Job, 0, len(batch.Jobs))
 		for i, raw := range batch.Jobs {
 			job, err := batchJob(raw, now)
 			if err != nil {
@@ -247,7 +247,7 @@ func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.H
 
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		ids, err := enqueue.InsertMany(ctx, dbtx, jobs)
+		ids, err := client.InsertMany(ctx, dbtx, jobs)
 		if err != nil {
 			return err
 		}
@@ -256,13 +256,13 @@ func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.H
 	})
 }
 
-func batchJob(raw json.RawMessage, now time.Time) (enqueue.Job, error) {
+func batchJob(raw json.RawMessage, now time.Time) (client.Job, error) {
 	if len(raw) == 0 || raw[0] != '{' {
-		return enqueue.Job{}, badRequest("", "each job must be a JSON object")
+		return client.Job{}, badRequest("", "each job must be a JSON object")
 	}
 	req, err := decodeJob(raw)
 	if err != nil {
-		return enqueue.Job{}, err
+		return client.Job{}, err
 	}
 	return validateJob(req, nil, now)
 }

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/relayq/relay/enqueue"
+	"github.com/relayq/relay/client"
 )
 
 // This file holds all JSON encoding and decoding of the API.
@@ -124,7 +124,7 @@ var fieldTypes = map[string]string{
 	"run_at":       "an RFC 3339 timestamp string",
 	"delay":        `a duration string such as "5s" or "1h30m"`,
 	"priority":     "an integer from -32768 to 32767",
-	"max_attempts": fmt.Sprintf("an integer from 1 to %d", enqueue.MaxMaxAttempts),
+	"max_attempts": fmt.Sprintf("an integer from 1 to %d", client.MaxMaxAttempts),
 	"jobs":         "an array of job objects",
 }
 

@@ -41,7 +41,7 @@ import (
 // not set.
 const DefaultMaxBodyBytes = 1 << 20
 
-// Limits of the API beyond those of enqueueing, which package enqueue holds.
+// Limits of the API beyond those of enqueueing, which package client holds.
 const (
 	// DefaultListLimit is the page size of a job listing without a limit.
 	DefaultListLimit = 100

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/relayq/relay/enqueue"
+	"github.com/relayq/relay/client"
 )
 
 // jobRequest is one job to enqueue, as sent by a client: the body of
@@ -45,8 +45,8 @@ func decodeJob(data []byte) (jobRequest, error) {
 // enqueue. key is the Idempotency-Key header, or nil. now is the time run_at
 // is checked against. Errors are 400s naming the field at fault, as the API
 // spells it.
-func validateJob(req jobRequest, key *string, now time.Time) (enqueue.Job, error) {
-	r := enqueue.Request{
+func validateJob(req jobRequest, key *string, now time.Time) (client.Job, error) {
+	r := client.Request{
 		Queue:          req.Queue,
 		Payload:        req.Payload,
 		Priority:       req.Priority,
@@ -59,29 +59,29 @@ func validateJob(req jobRequest, key *string, now time.Time) (enqueue.Job, error
 	if req.RunAt != nil {
 		t, err := time.Parse(time.RFC3339, *req.RunAt)
 		if err != nil {
-			return enqueue.Job{}, badRequest("run_at", "run_at must be an RFC 3339 timestamp such as 2030-01-02T15:04:05Z")
+			return client.Job{}, badRequest("run_at", "run_at must be an RFC 3339 timestamp such as 2030-01-02T15:04:05Z")
 		}
 		r.RunAt = &t
 	}
 	if req.Delay != nil {
 		d, err := time.ParseDuration(*req.Delay)
 		if err != nil {
-			return enqueue.Job{}, badRequest("delay", `delay must be a duration such as "5s" or "1h30m"`)
+			return client.Job{}, badRequest("delay", `delay must be a duration such as "5s" or "1h30m"`)
 		}
 		r.Delay = &d
 	}
-	job, err := enqueue.Validate(r, now)
-	var fe *enqueue.FieldError
+	job, err := client.Validate(r, now)
+	var fe *client.FieldError
 	if errors.As(err, &fe) {
 		return job, badRequest(apiField(fe.Field), "%s", fe.Message(apiField))
 	}
 	return job, err
 }
 
-// apiField spells a field of package enqueue as the API names it: the
+// apiField spells a field of package client as the API names it: the
 // idempotency key is a header.
 func apiField(field string) string {
-	if field == enqueue.FieldIdempotencyKey {
+	if field == client.FieldIdempotencyKey {
 		return "Idempotency-Key"
 	}
 	return field
@@ -89,8 +89,8 @@ func apiField(field string) string {
 
 // checkName checks a queue or kind name of a listing as enqueueing does.
 func checkName(field, s string) error {
-	var fe *enqueue.FieldError
-	if err := enqueue.CheckName(field, s); errors.As(err, &fe) {
+	var fe *client.FieldError
+	if err := client.CheckName(field, s); errors.As(err, &fe) {
 		return badRequest(field, "%s", fe.Message(nil))
 	}
 	return nil

@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/relayq/relay/enqueue"
+	"github.com/relayq/relay/client"
 )
 
 // Defaults for every timing knob and limit of a Worker. A zero field in
@@ -16,7 +16,7 @@ import (
 const (
 	// DefaultQueue is the queue a worker serves when none is given: the
 	// queue of a job enqueued without one.
-	DefaultQueue = enqueue.DefaultQueue
+	DefaultQueue = client.DefaultQueue
 	// DefaultSlots is how many jobs a worker runs at once.
 	DefaultSlots = 10
 	// DefaultLease is how long a claim holds a job without a heartbeat.

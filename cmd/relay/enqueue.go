@@ -11,8 +11,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/enqueue"
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/server"
 )
@@ -55,11 +55,11 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 	logs.Register(fs)
 	dbf.Register(fs)
 	fs.StringVar(&payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
-	fs.StringVar(&queue, "queue", enqueue.DefaultQueue, "queue")
+	fs.StringVar(&queue, "queue", client.DefaultQueue, "queue")
 	fs.IntVar(&priority, "priority", 0, "priority from -32768 to 32767; lower runs first")
 	fs.DurationVar(&delay, "delay", 0, "run no earlier than this long from now, e.g. 5s")
 	fs.StringVar(&runAt, "run-at", "", "run no earlier than this RFC 3339 time, such as 2027-01-02T15:04:05Z, and at most a year from now")
-	fs.IntVar(&maxAttempts, "max-attempts", enqueue.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", enqueue.MaxMaxAttempts))
+	fs.IntVar(&maxAttempts, "max-attempts", client.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", client.MaxMaxAttempts))
 	fs.StringVar(&idempotencyKey, "idempotency-key", "", "enqueue at most one job with this key in the queue")
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
@@ -74,7 +74,7 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 		return err
 	}
 
-	req := enqueue.Request{Kind: kind, Queue: &queue, Priority: ptr(int64(priority)), MaxAttempts: ptr(int64(maxAttempts))}
+	req := client.Request{Kind: kind, Queue: &queue, Priority: ptr(int64(priority)), MaxAttempts: ptr(int64(maxAttempts))}
 	if runAt != "" {
 		t, err := time.Parse(time.RFC3339, runAt)
 		if err != nil {
@@ -100,8 +100,8 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 	if req.Payload, err = compactPayload(raw); err != nil {
 		return err
 	}
-	job, err := enqueue.Validate(req, time.Now())
-	var fe *enqueue.FieldError
+	job, err := client.Validate(req, time.Now())
+	var fe *client.FieldError
 	if errors.As(err, &fe) {
 		return cli.Usagef("%s", fe.Message(flagOf))
 	}
@@ -121,8 +121,8 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 	if err := requireMigrated(ctx, pool); err != nil {
 		return err
 	}
-	stored, existing, err := enqueue.Insert(ctx, pool, job)
-	if errors.Is(err, enqueue.ErrIdempotencyConflict) {
+	stored, existing, err := client.Insert(ctx, pool, job)
+	if errors.Is(err, client.ErrIdempotencyConflict) {
 		return fmt.Errorf("enqueue: --idempotency-key %q was already used in queue %q for a different job (job %d); nothing was enqueued",
 			idempotencyKey, queue, stored.ID)
 	}
@@ -138,7 +138,7 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 }
 
 // compactPayload returns the payload compacted, or a clear error if it is
-// not one valid JSON value; enqueue.Validate checks that PostgreSQL can
+// not one valid JSON value; client.Validate checks that PostgreSQL can
 // store it as jsonb.
 func compactPayload(raw []byte) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
@@ -155,9 +155,9 @@ func compactPayload(raw []byte) (json.RawMessage, error) {
 	return buf.Bytes(), nil
 }
 
-// flagOf spells a field of package enqueue as relay enqueue's flag for it.
+// flagOf spells a field of package client as relay enqueue's flag for it.
 func flagOf(field string) string {
-	if field == enqueue.FieldKind {
+	if field == client.FieldKind {
 		return "kind"
 	}
 	return "--" + strings.ReplaceAll(field, "_", "-")

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/relayq/relay/enqueue"
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/experiment/labdb"
 	"github.com/relayq/relay/internal/builtin"
@@ -224,7 +224,7 @@ func (r *scenarioRun) survivors() map[string]bool {
 const batchEvery = 200 * time.Millisecond
 
 // enqueue enqueues jobs at an even pace over the configured duration: by
-// Go calls (enqueue.InsertMany) in batches, or, in the restart scenario, one by
+// Go calls (client.InsertMany) in batches, or, in the restart scenario, one by
 // one through the HTTP API.
 func (r *scenarioRun) enqueue(ctx context.Context, jobs []plannedJob) error {
 	if r.cfg.Scenario == Restart || r.cfg.Scenario == PgBouncer {
@@ -238,12 +238,12 @@ func (r *scenarioRun) enqueue(ctx context.Context, jobs []plannedJob) error {
 			return fmt.Errorf("chaos: enqueue: %w", ctx.Err())
 		}
 		chunk := jobs[i:min(i+batch, len(jobs))]
-		batch := make([]enqueue.Job, 0, len(chunk))
+		batch := make([]client.Job, 0, len(chunk))
 		for _, j := range chunk {
-			batch = append(batch, harness.Job(enqueue.DefaultQueue, j.Kind, j.Payload, j.MaxAttempts))
+			batch = append(batch, harness.Job(client.DefaultQueue, j.Kind, j.Payload, j.MaxAttempts))
 		}
 		ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		ids, err := enqueue.InsertMany(ictx, r.d.Pool, batch)
+		ids, err := client.InsertMany(ictx, r.d.Pool, batch)
 		cancel()
 		if err != nil {
 			// Not retried: a retry after an ambiguous failure could enqueue

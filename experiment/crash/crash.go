@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/enqueue"
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/internal/builtin"
 	"github.com/relayq/relay/worker"
@@ -409,7 +409,7 @@ func enqueueSleep(ctx context.Context, dbtx db.DBTX, queue string, d time.Durati
 	payload, _ := json.Marshal(builtin.SleepPayload{Ms: d.Milliseconds()})
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	job, _, err := enqueue.Insert(ctx, dbtx, harness.Job(queue, builtin.KindSleep, payload, enqueue.DefaultMaxAttempts))
+	job, _, err := client.Insert(ctx, dbtx, harness.Job(queue, builtin.KindSleep, payload, client.DefaultMaxAttempts))
 	if err != nil {
 		return 0, fmt.Errorf("enqueue: %w", err)
 	}

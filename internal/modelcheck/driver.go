@@ -16,13 +16,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/enqueue"
 )
 
 // Queues the simulated workers serve.
 const (
-	QueueDefault = enqueue.DefaultQueue
+	QueueDefault = client.DefaultQueue
 	QueueOther   = "other"
 )
 

@@ -1,11 +1,12 @@
-// Package enqueue holds the rules of enqueueing a job: its limits and
-// defaults, the validation of a request, and the insert with its idempotent
-// replay. The HTTP API, `relay enqueue` and the lab all enqueue through it,
+// Package client is how Go code enqueues Relay jobs, and the one home of
+// the rules of enqueueing: the limits and defaults of a job, the validation
+// of a request, and the insert with its idempotent replay. The HTTP API,
+// `relay enqueue` and the lab all enqueue through it,
 // so a job is accepted or refused the same way whichever door it comes in
 // by. Insert and InsertMany take a db.DBTX, so a Go caller can enqueue in a
 // transaction of its own: the job becomes visible to workers when, and
 // only if, that transaction commits.
-package enqueue
+package client
 
 import (
 	"encoding/json"

@@ -1,0 +1,157 @@
+package client_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestValidate_AppliesTheDefaults(t *testing.T) {
+	job, err := client.Validate(client.Request{Kind: "email"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := client.Job{Queue: "default", Kind: "email", Payload: json.RawMessage(`{}`), MaxAttempts: 25}
+	if diff := cmp.Diff(want, job); diff != "" {
+		t.Errorf("job (-want +got):\n%s", diff)
+	}
+}
+
+func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name  string
+		req   client.Request
+		field string
+		msg   string
+	}{
+		{"no kind", client.Request{}, "kind", "kind is required"},
+		{"long kind", client.Request{Kind: strings.Repeat("k", 129)}, "kind", "kind must be at most 128 bytes"},
+		{"kind with NUL", client.Request{Kind: "a\x00b"}, "kind", `kind must not contain NUL characters (\u0000)`},
+		{"kind not UTF-8", client.Request{Kind: "a\xffb"}, "kind", "kind must be valid UTF-8"},
+		{"empty queue", client.Request{Kind: "k", Queue: ptr("")}, "queue", "queue must not be empty"},
+		{"payload jsonb cannot hold", client.Request{Kind: "k", Payload: json.RawMessage(`"\u0000"`)}, "payload", "payload "},
+		{"priority too high", client.Request{Kind: "k", Priority: ptr(int64(32768))}, "priority", "priority must be an integer from -32768 to 32767"},
+		{"zero max attempts", client.Request{Kind: "k", MaxAttempts: ptr(int64(0))}, "max_attempts", "max_attempts must be an integer from 1 to 1000"},
+		{"run_at and delay", client.Request{Kind: "k", RunAt: &now, Delay: ptr(time.Second)}, "delay", "delay must not be given together with run_at"},
+		{"run_at before 1970", client.Request{Kind: "k", RunAt: ptr(time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC))}, "run_at", "run_at must not be before 1970"},
+		{"run_at beyond a year", client.Request{Kind: "k", RunAt: ptr(now.Add(client.MaxDelay + time.Second))}, "run_at", "run_at must be at most 8760h0m0s from now"},
+		{"negative delay", client.Request{Kind: "k", Delay: ptr(-time.Second)}, "delay", "delay must not be negative"},
+		{"empty idempotency key", client.Request{Kind: "k", IdempotencyKey: ptr("")}, "idempotency_key", "idempotency_key must not be empty"},
+		{"long idempotency key", client.Request{Kind: "k", IdempotencyKey: ptr(strings.Repeat("i", 256))}, "idempotency_key", "idempotency_key must be at most 255 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := client.Validate(tt.req, now)
+			var fe *client.FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("err = %v, want a *FieldError", err)
+			}
+			if fe.Field != tt.field || !strings.HasPrefix(fe.Error(), tt.msg) {
+				t.Errorf("refused %q: %q, want %q: %q…", fe.Field, fe.Error(), tt.field, tt.msg)
+			}
+		})
+	}
+}
+
+func TestFieldError_SpellsFieldsAsItsCallerNamesThem(t *testing.T) {
+	_, err := client.Validate(client.Request{Kind: "k", RunAt: ptr(time.Now()), Delay: ptr(time.Second)}, time.Now())
+	var fe *client.FieldError
+	if !errors.As(err, &fe) {
+		t.Fatalf("err = %v, want a *FieldError", err)
+	}
+	flag := func(f string) string { return "--" + strings.ReplaceAll(f, "_", "-") }
+	if got, want := fe.Message(flag), "--delay must not be given together with --run-at"; got != want {
+		t.Errorf("Message = %q, want %q", got, want)
+	}
+}
+
+func TestInsert_ReplaysTheSameJobAndRefusesADifferentOneUnderAKey(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	job := func(payload string) client.Job {
+		j, err := client.Validate(client.Request{Kind: "k", Payload: json.RawMessage(payload), IdempotencyKey: ptr("once")}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	first, replayed, err := client.Insert(ctx, pool, job(`{"a":1,"b":2}`))
+	if err != nil || replayed {
+		t.Fatalf("first insert: replayed %v, err %v", replayed, err)
+	}
+	again, replayed, err := client.Insert(ctx, pool, job(`{"b":2,"a":1}`))
+	if err != nil || !replayed || again.ID != first.ID {
+		t.Errorf("the same job again: job %d, replayed %v, err %v; want job %d replayed", again.ID, replayed, err, first.ID)
+	}
+	other, _, err := client.Insert(ctx, pool, job(`{"a":2}`))
+	if !errors.Is(err, client.ErrIdempotencyConflict) || other.ID != first.ID {
+		t.Errorf("a different job under the key: job %d, err %v; want job %d and ErrIdempotencyConflict", other.ID, err, first.ID)
+	}
+}
+
+func TestInsert_InTheCallersTransactionCommitsOrRollsBackWithIt(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	job, err := client.Validate(client.Request{Kind: "k"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, commit := range []bool{false, true} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, _, err := client.Insert(ctx, tx, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := client.InsertMany(ctx, tx, []client.Job{job, job})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range append(ids, stored.ID) {
+			_, err := db.New(pool).JobGet(ctx, id)
+			if found := err == nil; found != commit {
+				t.Errorf("commit %v: job %d found %v (err %v)", commit, id, found, err)
+			}
+		}
+	}
+}
+
+func TestInsertMany_RefusesWhatABatchCannotHold(t *testing.T) {
+	pool := dbtest.New(t)
+	job, err := client.Validate(client.Request{Kind: "k"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed := job
+	keyed.IdempotencyKey = ptr("key")
+	for name, jobs := range map[string][]client.Job{
+		"none":              nil,
+		"too many":          make([]client.Job, client.MaxBatchJobs+1),
+		"an idempotent job": {job, keyed},
+	} {
+		if _, err := client.InsertMany(t.Context(), pool, jobs); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
