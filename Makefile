@@ -8,7 +8,7 @@ RELAY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=d
 export RELAY_TEST_DATABASE_URL
 
 GO ?= go
-SQLC := $(GO) tool sqlc
+SQLC := $(GO) tool -modfile=tools.mod sqlc
 
 .PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test modelcheck build run experiment chaos lint-actions clean
 
