@@ -2,15 +2,9 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/relayq/relay/db"
 )
 
 const (
@@ -22,60 +16,6 @@ const (
 // mean that decides whether the worker claims ahead: 1/8, so that a few
 // short jobs after a long one do not switch claiming ahead back on at once.
 const runMeanWeight = 8
-
-// pending holds what waits to be sent to the database.
-type pending struct {
-	done, failed []outcome
-	// toHandBack holds jobs claimed ahead that are to be handed back unstarted.
-	toHandBack []*execution
-}
-
-func (p *pending) empty() bool {
-	return len(p.done) == 0 && len(p.failed) == 0 && len(p.toHandBack) == 0
-}
-
-// take moves everything pending into a new batch.
-func (p *pending) take() pending {
-	b := *p
-	*p = pending{}
-	return b
-}
-
-// restore puts a batch that could not be sent back in front.
-func (p *pending) restore(b pending) {
-	p.done = append(b.done, p.done...)
-	p.failed = append(b.failed, p.failed...)
-	p.toHandBack = append(b.toHandBack, p.toHandBack...)
-}
-
-// round is one acknowledgement of a batch of outcomes together with a claim
-// for the slots that are free, sent as one unit.
-type round struct {
-	batch pending
-	claim int
-
-	// adopt holds the lease tokens of earlier claims whose answer was lost:
-	// the jobs still running under them are this worker's to run.
-	// adoptSentAt is when the first of those claims was sent.
-	adopt       []uuid.UUID
-	adoptSentAt time.Time
-
-	// Filled in by acknowledge. handedBack, failStates and completed stay
-	// nil unless their statement succeeded.
-	handedBack map[int64]bool        // jobs the database took back unstarted
-	failStates map[int64]db.JobState // failures the database accepted
-	completed  map[int64]bool        // completions the database accepted
-	claimed    []db.JobCompleteAndClaimRow
-	// adopted holds the jobs found under the tokens of adopt; adoptedOK is
-	// whether the search was made.
-	adopted   []db.JobCompleteAndClaimRow
-	adoptedOK bool
-	// lostClaim holds the tokens of this round's claim if its answer was
-	// lost: the claim may have committed.
-	lostClaim []uuid.UUID
-	sentAt    time.Time
-	err       error
-}
 
 // dispatcher is the state of the loop that claims jobs and acknowledges
 // their outcomes. Only the goroutine running dispatch and drain touches it.
@@ -167,7 +107,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 					wantClaim = false
 				}
 				go func() {
-					w.acknowledge(ctx, r)
+					r.acknowledge(ctx, w)
 					rounds <- r
 				}()
 			}
@@ -228,17 +168,6 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			return
 		}
 	}
-}
-
-// holding returns how many jobs the worker holds, how many of them wait for
-// a slot, and when the oldest of those was claimed.
-func (w *Worker) holding() (held, waiting int, oldest time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.ahead) > 0 {
-		oldest = w.ahead[0].claimedAt
-	}
-	return len(w.held), len(w.ahead), oldest
 }
 
 // outcomes counts the outcomes waiting to be acknowledged.
@@ -346,211 +275,6 @@ func (d *dispatcher) handBackStale() {
 	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
 }
 
-// acknowledge sends a round: jobs handed back in a statement of their own,
-// then completions and the claim together in one, then failures, so that
-// the common case, a job finished and a slot to fill, costs one round trip
-// and one commit. A row the database refuses never holds up the others
-// (see sendIsolating): a completion whose result it refuses becomes a
-// permanent failure of that job. It touches nothing but r, so that it can
-// run beside the dispatcher.
-func (w *Worker) acknowledge(ctx context.Context, r *round) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
-	defer cancel()
-
-	if len(r.adopt) > 0 {
-		rows, err := w.q.JobGetClaimed(ctx, r.adopt)
-		if err != nil {
-			r.err = fmt.Errorf("find the jobs of a claim whose answer was lost: %w", err)
-			return
-		}
-		for _, row := range rows {
-			r.adopted = append(r.adopted, claimedRow(row))
-		}
-		r.adoptedOK = true
-	}
-	if len(r.batch.toHandBack) > 0 {
-		ids, err := w.handBack(ctx, r.batch.toHandBack, nil)
-		if err != nil {
-			r.err = fmt.Errorf("hand back jobs claimed ahead: %w", err)
-			return
-		}
-		r.handedBack = ids
-	}
-	if err := w.completeAndClaim(ctx, r); err != nil {
-		r.err = err
-		return
-	}
-	if len(r.batch.failed) > 0 {
-		states, err := w.fail(ctx, r.batch.failed)
-		if err != nil {
-			r.err = err
-			return
-		}
-		r.failStates = states
-	}
-}
-
-// completeAndClaim records the round's completions and makes its claim, in
-// one statement (JobCompleteAndClaim). If the database refuses the result
-// of a completion, the completions are sent again apart from the claim,
-// isolating the refused ones, which move to the round's failures; the
-// claim is then made on its own.
-func (w *Worker) completeAndClaim(ctx context.Context, r *round) error {
-	done := r.batch.done
-	r.completed = make(map[int64]bool, len(done))
-	claimed, err := w.sendCompleteAndClaim(ctx, r, done, r.claim)
-	if err == nil {
-		r.claimed = claimed
-		return nil
-	}
-	if !isRowDataError(err) || len(done) == 0 {
-		r.completed = nil
-		return fmt.Errorf("complete and claim: %w", err)
-	}
-	refused, err := sendIsolating(ctx, done, func(ctx context.Context, part []outcome) error {
-		_, err := w.sendCompleteAndClaim(ctx, r, part, 0)
-		return err
-	})
-	if err != nil {
-		r.completed = nil
-		return fmt.Errorf("complete jobs: %w", err)
-	}
-	if len(refused) > 0 {
-		kept := make([]outcome, 0, len(done)-len(refused))
-		for i, o := range done {
-			if rerr, ok := refused[i]; ok {
-				w.log.Error("the database refused a job's result; failing the job", "job", o.exec.job.ID, "kind", o.exec.job.Kind, "err", rerr)
-				o.err = Permanent(fmt.Errorf("result refused by the database: %s", refusalText(rerr)))
-				o.result = nil
-				r.batch.failed = append(r.batch.failed, o)
-				continue
-			}
-			kept = append(kept, o)
-		}
-		r.batch.done = kept
-	}
-	if r.claimed, err = w.sendCompleteAndClaim(ctx, r, nil, r.claim); err != nil {
-		return fmt.Errorf("claim: %w", err)
-	}
-	return nil
-}
-
-// sendCompleteAndClaim runs JobCompleteAndClaim for done and a claim of up
-// to claim jobs under the worker's session, marks in r.completed the
-// completions the database accepted, and returns the jobs claimed. The
-// claim's lease tokens are drawn here; if the answer is lost, they are left
-// in r.lostClaim, for the next round to find the jobs they hold.
-func (w *Worker) sendCompleteAndClaim(ctx context.Context, r *round, done []outcome, claim int) ([]db.JobCompleteAndClaimRow, error) {
-	session, ok := w.session.claimSession()
-	if !ok {
-		claim = 0
-	}
-	params := db.JobCompleteAndClaimParams{
-		CompleteIDs:     make([]int64, len(done)),
-		CompleteTokens:  make([]uuid.UUID, len(done)),
-		CompleteResults: make([]json.RawMessage, len(done)),
-		SessionKey:      session,
-		Queue:           w.cfg.Queue,
-		ClaimTokens:     make([]uuid.UUID, claim),
-		LeaseMs:         w.cfg.Lease.Milliseconds(),
-		WorkerID:        w.cfg.ID,
-	}
-	for i, o := range done {
-		params.CompleteIDs[i] = o.exec.job.ID
-		params.CompleteTokens[i] = o.exec.token
-		params.CompleteResults[i] = o.result
-	}
-	for i := range params.ClaimTokens {
-		token, err := uuid.NewRandom()
-		if err != nil {
-			return nil, fmt.Errorf("draw a lease token: %w", err)
-		}
-		params.ClaimTokens[i] = token
-	}
-	r.sentAt = time.Now()
-	rows, err := w.q.JobCompleteAndClaim(ctx, params)
-	if err != nil {
-		if claim > 0 && answerLost(err) {
-			r.lostClaim = params.ClaimTokens
-		}
-		return nil, err
-	}
-	if len(rows) > 0 {
-		for _, id := range rows[0].CompletedIDs {
-			r.completed[id] = true
-		}
-	}
-	var claimed []db.JobCompleteAndClaimRow
-	for _, row := range rows {
-		if row.ID != nil {
-			claimed = append(claimed, row)
-		}
-	}
-	return claimed, nil
-}
-
-// handBack hands the jobs of execs back to the queue (JobReleaseMany),
-// with note in their error history if it is not nil, and returns those the
-// database took back. A job the database refuses to take back is left to
-// its lease.
-func (w *Worker) handBack(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
-	taken := make(map[int64]bool, len(execs))
-	refused, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
-		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]uuid.UUID, len(part))}
-		for i, e := range part {
-			params.IDs[i] = e.job.ID
-			params.Tokens[i] = e.token
-		}
-		ids, err := w.q.JobReleaseMany(ctx, params)
-		for _, id := range ids {
-			taken[id] = true
-		}
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i, rerr := range refused {
-		w.log.Error("the database refused to take a job back; its lease will expire", "job", execs[i].job.ID, "err", rerr)
-	}
-	return taken, nil
-}
-
-// fail records failed outcomes, each with its retry delay, and returns the
-// state each accepted failure moved its job to. A failure the database
-// refuses to record is left to the job's lease.
-func (w *Worker) fail(ctx context.Context, failed []outcome) (map[int64]db.JobState, error) {
-	states := make(map[int64]db.JobState, len(failed))
-	refused, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
-		params := db.JobFailManyParams{
-			IDs:       make([]int64, len(part)),
-			Tokens:    make([]uuid.UUID, len(part)),
-			Errors:    make([]string, len(part)),
-			Permanent: make([]bool, len(part)),
-			RetryInMs: make([]int64, len(part)),
-		}
-		for i, o := range part {
-			params.IDs[i] = o.exec.job.ID
-			params.Tokens[i] = o.exec.token
-			params.Errors[i] = errorText(o.err, MaxErrorLength)
-			params.Permanent[i] = IsPermanent(o.err)
-			params.RetryInMs[i] = w.cfg.Backoff(o.exec.job.Attempt).Milliseconds()
-		}
-		rows, err := w.q.JobFailMany(ctx, params)
-		for _, r := range rows {
-			states[r.ID] = r.State
-		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("record failures: %w", err)
-	}
-	for i, rerr := range refused {
-		w.log.Error("the database refused to record a failure; the job's lease will expire", "job", failed[i].exec.job.ID, "err", rerr)
-	}
-	return states, nil
-}
-
 // finish reports what became of a round's outcomes, starts the jobs it
 // claimed (or holds them ahead), and puts back in the pending batch
 // whatever must be sent again: each part of a round whose statement did
@@ -612,11 +336,11 @@ func (d *dispatcher) finish(r *round) {
 	}
 	claimed := make([]*execution, 0, len(r.claimed)+len(r.adopted))
 	for _, row := range r.claimed {
-		claimed = append(claimed, w.newExecution(row, r.sentAt))
+		claimed = append(claimed, newExecution(row, w.cfg.ID, r.sentAt))
 	}
 	for _, row := range r.adopted {
 		// Its lease runs from when the lost claim was sent.
-		claimed = append(claimed, w.newExecution(row, r.adoptSentAt))
+		claimed = append(claimed, newExecution(row, w.cfg.ID, r.adoptSentAt))
 	}
 	var superseded []*execution
 	w.mu.Lock()
@@ -648,45 +372,80 @@ func (d *dispatcher) finish(r *round) {
 		old.cancel(ErrLeaseLost)
 	}
 	for range spawn {
-		go w.runSlot()
+		go slot{w: w}.runSlot()
 	}
 }
 
-// answerLost reports whether err leaves it unknown whether the statement
-// committed: it was sent, and no answer from the server came back (the
-// connection failed, or the wait for the answer timed out). An error the
-// server answered with means the statement did not commit.
-func answerLost(err error) bool {
-	var pgErr *pgconn.PgError
-	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
+// drain runs after dispatch, which stopped slots from starting jobs: it
+// hands back the jobs claimed ahead, acknowledges what finishes within the
+// grace period, then releases the rest.
+func (d *dispatcher) drain(ctx context.Context) {
+	w := d.w
+	w.mu.Lock()
+	d.p.toHandBack = append(d.p.toHandBack, w.ahead...)
+	w.ahead = nil
+	w.mu.Unlock()
+	d.acknowledgeAtShutdown(ctx)
+	grace := time.NewTimer(max(w.cfg.ShutdownGrace, 0))
+	defer grace.Stop()
+	if n := w.numStarted(); n > 0 {
+		w.log.Info("waiting for running jobs", "running", n, "grace", w.cfg.ShutdownGrace)
+	}
+	for w.numStarted() > 0 {
+		select {
+		case o := <-w.outcomes:
+			d.collect(o)
+			d.acknowledgeAtShutdown(ctx)
+			continue
+		case <-grace.C:
+		}
+		break
+	}
+	d.acknowledgeAtShutdown(ctx)
+	d.release(ctx)
 }
 
-// claimedRow is a job found by JobGetClaimed, in the shape of a claim.
-func claimedRow(r db.JobGetClaimedRow) db.JobCompleteAndClaimRow {
-	return db.JobCompleteAndClaimRow{
-		ID: &r.ID, Queue: &r.Queue, Kind: &r.Kind, Payload: r.Payload, Priority: &r.Priority,
-		Attempt: &r.Attempt, MaxAttempts: &r.MaxAttempts, Fence: &r.Fence, LeaseToken: r.LeaseToken,
-		LeaseExpiresAt: r.LeaseExpiresAt, CreatedAt: &r.CreatedAt, RunAt: &r.RunAt, StartedAt: r.StartedAt,
+func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
+	for attempt := 0; (!d.p.empty() || len(d.lostClaims) > 0) && attempt < 3; attempt++ {
+		r := d.newRound(0)
+		r.acknowledge(ctx, d.w)
+		d.finish(r)
+		if r.err != nil {
+			d.w.log.Warn("acknowledge at shutdown failed", "err", r.err)
+			time.Sleep(minRetryDelay)
+		}
 	}
 }
 
-// newExecution makes the execution of a job just claimed.
-func (w *Worker) newExecution(r db.JobCompleteAndClaimRow, sentAt time.Time) *execution {
-	job := Job{
-		ID:          *r.ID,
-		Queue:       deref(r.Queue),
-		Kind:        deref(r.Kind),
-		Payload:     r.Payload,
-		Priority:    deref(r.Priority),
-		Attempt:     int(deref(r.Attempt)),
-		MaxAttempts: int(deref(r.MaxAttempts)),
-		Fence:       deref(r.Fence),
-		WorkerID:    w.cfg.ID,
+// releaseNote is what a release at shutdown adds to a job's error history.
+const releaseNote = "released: worker shutting down"
+
+// release cancels the handlers still running and hands their jobs back.
+func (d *dispatcher) release(ctx context.Context) {
+	w := d.w
+	w.mu.Lock()
+	var left []*execution
+	for _, e := range w.held {
+		if !e.lost {
+			e.lost = true
+			left = append(left, e)
+		}
+		e.cancel(ErrShutdown)
 	}
-	if r.CreatedAt != nil {
-		job.CreatedAt = *r.CreatedAt
+	w.mu.Unlock()
+	if len(left) == 0 {
+		return
 	}
-	ctx, cancel := context.WithCancelCause(context.Background())
-	return &execution{job: job, token: deref(r.LeaseToken), ctx: ctx, cancel: cancel,
-		renewedAt: sentAt, claimedAt: time.Now()}
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	defer cancel()
+	note := releaseNote
+	released, err := w.leases.handBack(ctx, left, &note)
+	if err != nil {
+		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", len(left))
+		return
+	}
+	for _, e := range left {
+		w.log.Info("released job", "job", e.job.ID, "accepted", released[e.job.ID])
+		w.report(outcome{exec: e, err: ErrShutdown}, OutcomeReleased, released[e.job.ID])
+	}
 }

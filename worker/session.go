@@ -25,9 +25,12 @@ func (e *IDInUseError) Error() string {
 	return fmt.Sprintf("worker id %q is in use by a live session (pid %d on host %s)", e.ID, e.PID, e.Host)
 }
 
-// session is the worker's PostgreSQL session, as the rest of the worker
-// sees it.
+// session keeps the worker's PostgreSQL session (see runSession), and
+// tells the rest of the worker whether, and under which session, it may
+// claim.
 type session struct {
+	w *Worker
+
 	// key is the session key of the live registered session, 0 while there
 	// is none. Claims are made under it.
 	key atomic.Int32
@@ -62,11 +65,12 @@ const sessionLossRecheck = 3
 // jobs that become available. It reconnects whenever the session is lost.
 // It sends the outcome of its first registration on first. A refused
 // registration (the id is in use) is fatal: stop is called with it.
-func (w *Worker) runSession(ctx context.Context, first chan<- error, stop func(error)) {
+func (s *session) runSession(ctx context.Context, first chan<- error, stop func(error)) {
+	w := s.w
 	delay := minRetryDelay
 	var previous int32
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		err := w.holdSession(ctx, &previous, func(err error) {
+		err := s.holdSession(ctx, &previous, func(err error) {
 			if attempt == 0 {
 				first <- err
 			}
@@ -102,7 +106,8 @@ func (w *Worker) runSession(ctx context.Context, first chan<- error, stop func(e
 // cancelled. previous is the key of the worker's previous session, which
 // it replaces. registered is called once the registration is done, with
 // nil or the error that ended it.
-func (w *Worker) holdSession(ctx context.Context, previous *int32, registered func(error)) (err error) {
+func (s *session) holdSession(ctx context.Context, previous *int32, registered func(error)) (err error) {
+	w := s.w
 	done := false
 	defer func() {
 		if !done {
@@ -119,7 +124,7 @@ func (w *Worker) holdSession(ctx context.Context, previous *int32, registered fu
 	defer conn.Close(context.Background())
 	q := db.New(conn)
 
-	key, err := w.register(connectCtx, conn, q, *previous)
+	key, err := s.register(connectCtx, conn, q, *previous)
 	if err != nil {
 		return err
 	}
@@ -185,7 +190,8 @@ func (w *Worker) holdSession(ctx context.Context, previous *int32, registered fu
 // register registers a new session on conn and returns its key, or 0 when
 // conn goes through a connection pooler that cannot hold a session: the
 // worker then runs on leases alone, which it says once.
-func (w *Worker) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, previous int32) (int32, error) {
+func (s *session) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, previous int32) (int32, error) {
+	w := s.w
 	backend, err := q.BackendPID(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("read the session's server process: %w", err)

@@ -1,0 +1,51 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/relayq/relay/db"
+)
+
+// execution is one claimed job, from its claim until its outcome is known.
+type execution struct {
+	job    Job
+	token  uuid.UUID
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// renewedAt is when the statement behind the latest successful claim or
+	// renewal was sent, by this process's monotonic clock. It never decides
+	// whether an acknowledgement is accepted (the database does); it lets a
+	// worker that cannot reach the database stop handlers whose leases have
+	// surely run out.
+	renewedAt time.Time
+	// claimedAt is when the claim came back, by the same clock.
+	claimedAt time.Time
+	// lost is set, under Worker.mu, once the lease is known lost or the
+	// job released: the outcome is then dropped, never written.
+	lost bool
+}
+
+// newExecution makes the execution of a job just claimed by the worker
+// workerID.
+func newExecution(r db.JobCompleteAndClaimRow, workerID string, sentAt time.Time) *execution {
+	job := Job{
+		ID:          *r.ID,
+		Queue:       deref(r.Queue),
+		Kind:        deref(r.Kind),
+		Payload:     r.Payload,
+		Priority:    deref(r.Priority),
+		Attempt:     int(deref(r.Attempt)),
+		MaxAttempts: int(deref(r.MaxAttempts)),
+		Fence:       deref(r.Fence),
+		WorkerID:    workerID,
+	}
+	if r.CreatedAt != nil {
+		job.CreatedAt = *r.CreatedAt
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &execution{job: job, token: deref(r.LeaseToken), ctx: ctx, cancel: cancel,
+		renewedAt: sentAt, claimedAt: time.Now()}
+}

@@ -1,0 +1,116 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/relayq/relay/db"
+)
+
+// heartbeater renews the leases the worker holds, and stops the handlers
+// of those it lost.
+type heartbeater struct {
+	w *Worker
+}
+
+// runHeartbeats renews every held lease together, every HeartbeatInterval,
+// and cancels the handlers whose lease was lost or whose job was cancelled.
+func (h heartbeater) runHeartbeats(ctx context.Context) {
+	w := h.w
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-w.beatNow:
+		}
+		h.heartbeat(ctx)
+	}
+}
+
+func (h heartbeater) heartbeat(ctx context.Context) {
+	w := h.w
+	w.mu.Lock()
+	held := make([]*execution, 0, len(w.held))
+	for _, e := range w.held {
+		if !e.lost {
+			held = append(held, e)
+		}
+	}
+	w.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	params := db.JobHeartbeatManyParams{
+		LeaseMs: w.cfg.Lease.Milliseconds(),
+		IDs:     make([]int64, len(held)),
+		Tokens:  make([]uuid.UUID, len(held)),
+	}
+	for i, e := range held {
+		params.IDs[i] = e.job.ID
+		params.Tokens[i] = e.token
+	}
+	sentAt := time.Now()
+	hbCtx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	rows, err := w.q.JobHeartbeatMany(hbCtx, params)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		w.log.Warn("heartbeat failed", "err", err, "jobs", len(held))
+		// The database cannot tell us, but our own clock can: a lease not
+		// renewed for a whole lease period has expired.
+		for _, e := range held {
+			if time.Since(e.renewedAt) >= w.cfg.Lease {
+				h.lose(e, "lease ran out while the database was unreachable")
+			}
+		}
+		return
+	}
+	renewed := make(map[int64]bool, len(rows))
+	cancelled := make(map[int64]bool)
+	for _, r := range rows {
+		renewed[r.ID] = true
+		if r.CancelRequested {
+			cancelled[r.ID] = true
+		}
+	}
+	for _, e := range held {
+		switch {
+		case !renewed[e.job.ID]:
+			h.lose(e, "heartbeat rejected")
+		case cancelled[e.job.ID]:
+			w.mu.Lock()
+			e.renewedAt = sentAt
+			w.mu.Unlock()
+			e.cancel(ErrJobCancelled)
+		default:
+			w.mu.Lock()
+			e.renewedAt = sentAt
+			w.mu.Unlock()
+		}
+	}
+}
+
+// lose marks e's lease lost and cancels its handler; its outcome will be
+// dropped.
+func (h heartbeater) lose(e *execution, why string) {
+	w := h.w
+	w.mu.Lock()
+	stillHeld := w.held[e.job.ID] == e
+	already := e.lost
+	if stillHeld {
+		e.lost = true
+	}
+	w.mu.Unlock()
+	if !stillHeld || already {
+		return
+	}
+	w.log.Warn("lease lost; cancelling handler", "job", e.job.ID, "attempt", e.job.Attempt, "why", why)
+	e.cancel(ErrLeaseLost)
+}

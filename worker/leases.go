@@ -1,0 +1,240 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/relayq/relay/db"
+)
+
+// leases makes the worker's calls of the lease statements of
+// queries/leases.sql, in the order of that file.
+type leases struct {
+	w *Worker
+}
+
+// completeAndClaim records the round's completions and makes its claim, in
+// one statement (JobCompleteAndClaim). If the database refuses the result
+// of a completion, the completions are sent again apart from the claim,
+// isolating the refused ones, which move to the round's failures; the
+// claim is then made on its own.
+func (l leases) completeAndClaim(ctx context.Context, r *round) error {
+	w := l.w
+	done := r.batch.done
+	r.completed = make(map[int64]bool, len(done))
+	claimed, err := l.sendCompleteAndClaim(ctx, r, done, r.claim)
+	if err == nil {
+		r.claimed = claimed
+		return nil
+	}
+	if !isRowDataError(err) || len(done) == 0 {
+		r.completed = nil
+		return fmt.Errorf("complete and claim: %w", err)
+	}
+	refused, err := sendIsolating(ctx, done, func(ctx context.Context, part []outcome) error {
+		_, err := l.sendCompleteAndClaim(ctx, r, part, 0)
+		return err
+	})
+	if err != nil {
+		r.completed = nil
+		return fmt.Errorf("complete jobs: %w", err)
+	}
+	if len(refused) > 0 {
+		kept := make([]outcome, 0, len(done)-len(refused))
+		for i, o := range done {
+			if rerr, ok := refused[i]; ok {
+				w.log.Error("the database refused a job's result; failing the job", "job", o.exec.job.ID, "kind", o.exec.job.Kind, "err", rerr)
+				o.err = Permanent(fmt.Errorf("result refused by the database: %s", refusalText(rerr)))
+				o.result = nil
+				r.batch.failed = append(r.batch.failed, o)
+				continue
+			}
+			kept = append(kept, o)
+		}
+		r.batch.done = kept
+	}
+	if r.claimed, err = l.sendCompleteAndClaim(ctx, r, nil, r.claim); err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	return nil
+}
+
+// sendCompleteAndClaim runs JobCompleteAndClaim for done and a claim of up
+// to claim jobs under the worker's session, marks in r.completed the
+// completions the database accepted, and returns the jobs claimed. The
+// claim's lease tokens are drawn here; if the answer is lost, they are left
+// in r.lostClaim, for the next round to find the jobs they hold.
+func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outcome, claim int) ([]db.JobCompleteAndClaimRow, error) {
+	w := l.w
+	session, ok := w.session.claimSession()
+	if !ok {
+		claim = 0
+	}
+	params := db.JobCompleteAndClaimParams{
+		CompleteIDs:     make([]int64, len(done)),
+		CompleteTokens:  make([]uuid.UUID, len(done)),
+		CompleteResults: make([]json.RawMessage, len(done)),
+		SessionKey:      session,
+		Queue:           w.cfg.Queue,
+		ClaimTokens:     make([]uuid.UUID, claim),
+		LeaseMs:         w.cfg.Lease.Milliseconds(),
+		WorkerID:        w.cfg.ID,
+	}
+	for i, o := range done {
+		params.CompleteIDs[i] = o.exec.job.ID
+		params.CompleteTokens[i] = o.exec.token
+		params.CompleteResults[i] = o.result
+	}
+	for i := range params.ClaimTokens {
+		token, err := uuid.NewRandom()
+		if err != nil {
+			return nil, fmt.Errorf("draw a lease token: %w", err)
+		}
+		params.ClaimTokens[i] = token
+	}
+	r.sentAt = time.Now()
+	rows, err := w.q.JobCompleteAndClaim(ctx, params)
+	if err != nil {
+		if claim > 0 && answerLost(err) {
+			r.lostClaim = params.ClaimTokens
+		}
+		return nil, err
+	}
+	if len(rows) > 0 {
+		for _, id := range rows[0].CompletedIDs {
+			r.completed[id] = true
+		}
+	}
+	var claimed []db.JobCompleteAndClaimRow
+	for _, row := range rows {
+		if row.ID != nil {
+			claimed = append(claimed, row)
+		}
+	}
+	return claimed, nil
+}
+
+// answerLost reports whether err leaves it unknown whether the statement
+// committed: it was sent, and no answer from the server came back (the
+// connection failed, or the wait for the answer timed out). An error the
+// server answered with means the statement did not commit.
+func answerLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
+}
+
+// claimedRow is a job found by JobGetClaimed, in the shape of a claim.
+func claimedRow(r db.JobGetClaimedRow) db.JobCompleteAndClaimRow {
+	return db.JobCompleteAndClaimRow{
+		ID: &r.ID, Queue: &r.Queue, Kind: &r.Kind, Payload: r.Payload, Priority: &r.Priority,
+		Attempt: &r.Attempt, MaxAttempts: &r.MaxAttempts, Fence: &r.Fence, LeaseToken: r.LeaseToken,
+		LeaseExpiresAt: r.LeaseExpiresAt, CreatedAt: &r.CreatedAt, RunAt: &r.RunAt, StartedAt: r.StartedAt,
+	}
+}
+
+// fail records failed outcomes, each with its retry delay, and returns the
+// state each accepted failure moved its job to. A failure the database
+// refuses to record is left to the job's lease.
+func (l leases) fail(ctx context.Context, failed []outcome) (map[int64]db.JobState, error) {
+	w := l.w
+	states := make(map[int64]db.JobState, len(failed))
+	refused, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
+		params := db.JobFailManyParams{
+			IDs:       make([]int64, len(part)),
+			Tokens:    make([]uuid.UUID, len(part)),
+			Errors:    make([]string, len(part)),
+			Permanent: make([]bool, len(part)),
+			RetryInMs: make([]int64, len(part)),
+		}
+		for i, o := range part {
+			params.IDs[i] = o.exec.job.ID
+			params.Tokens[i] = o.exec.token
+			params.Errors[i] = errorText(o.err, MaxErrorLength)
+			params.Permanent[i] = IsPermanent(o.err)
+			params.RetryInMs[i] = w.cfg.Backoff(o.exec.job.Attempt).Milliseconds()
+		}
+		rows, err := w.q.JobFailMany(ctx, params)
+		for _, r := range rows {
+			states[r.ID] = r.State
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("record failures: %w", err)
+	}
+	for i, rerr := range refused {
+		w.log.Error("the database refused to record a failure; the job's lease will expire", "job", failed[i].exec.job.ID, "err", rerr)
+	}
+	return states, nil
+}
+
+// errorText makes an error message safe to store: valid UTF-8, no NUL
+// (which PostgreSQL text refuses), at most n bytes, cut at a rune boundary.
+func errorText(err error, n int) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// handBack hands the jobs of execs back to the queue (JobReleaseMany),
+// with note in their error history if it is not nil, and returns those the
+// database took back. A job the database refuses to take back is left to
+// its lease.
+func (l leases) handBack(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
+	w := l.w
+	taken := make(map[int64]bool, len(execs))
+	refused, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
+		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]uuid.UUID, len(part))}
+		for i, e := range part {
+			params.IDs[i] = e.job.ID
+			params.Tokens[i] = e.token
+		}
+		ids, err := w.q.JobReleaseMany(ctx, params)
+		for _, id := range ids {
+			taken[id] = true
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, rerr := range refused {
+		w.log.Error("the database refused to take a job back; its lease will expire", "job", execs[i].job.ID, "err", rerr)
+	}
+	return taken, nil
+}
+
+func (l leases) reclaim(ctx context.Context) (int, error) {
+	w := l.w
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	defer cancel()
+	rows, err := w.q.JobReclaim(ctx, DefaultReclaimBatch)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("reclaim failed", "err", err)
+		}
+		return 0, err
+	}
+	for _, r := range rows {
+		w.log.Info("reclaimed job", "job", r.ID, "reason", deref(r.LastError),
+			"from_worker", deref(r.LeasedBy), "attempt", r.Attempt, "now", r.State)
+	}
+	if len(rows) > 0 {
+		notify(w.wake)
+	}
+	return len(rows), nil
+}

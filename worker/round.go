@@ -1,0 +1,109 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/relayq/relay/db"
+)
+
+// pending holds what waits to be sent to the database.
+type pending struct {
+	done, failed []outcome
+	// toHandBack holds jobs claimed ahead that are to be handed back unstarted.
+	toHandBack []*execution
+}
+
+func (p *pending) empty() bool {
+	return len(p.done) == 0 && len(p.failed) == 0 && len(p.toHandBack) == 0
+}
+
+// take moves everything pending into a new batch.
+func (p *pending) take() pending {
+	b := *p
+	*p = pending{}
+	return b
+}
+
+// restore puts a batch that could not be sent back in front.
+func (p *pending) restore(b pending) {
+	p.done = append(b.done, p.done...)
+	p.failed = append(b.failed, p.failed...)
+	p.toHandBack = append(b.toHandBack, p.toHandBack...)
+}
+
+// round is one acknowledgement of a batch of outcomes together with a claim
+// for the slots that are free, sent as one unit.
+type round struct {
+	batch pending
+	claim int
+
+	// adopt holds the lease tokens of earlier claims whose answer was lost:
+	// the jobs still running under them are this worker's to run.
+	// adoptSentAt is when the first of those claims was sent.
+	adopt       []uuid.UUID
+	adoptSentAt time.Time
+
+	// Filled in by acknowledge. handedBack, failStates and completed stay
+	// nil unless their statement succeeded.
+	handedBack map[int64]bool        // jobs the database took back unstarted
+	failStates map[int64]db.JobState // failures the database accepted
+	completed  map[int64]bool        // completions the database accepted
+	claimed    []db.JobCompleteAndClaimRow
+	// adopted holds the jobs found under the tokens of adopt; adoptedOK is
+	// whether the search was made.
+	adopted   []db.JobCompleteAndClaimRow
+	adoptedOK bool
+	// lostClaim holds the tokens of this round's claim if its answer was
+	// lost: the claim may have committed.
+	lostClaim []uuid.UUID
+	sentAt    time.Time
+	err       error
+}
+
+// acknowledge sends a round: jobs handed back in a statement of their own,
+// then completions and the claim together in one, then failures, so that
+// the common case, a job finished and a slot to fill, costs one round trip
+// and one commit. A row the database refuses never holds up the others
+// (see sendIsolating): a completion whose result it refuses becomes a
+// permanent failure of that job. It touches nothing but r, so that it can
+// run beside the dispatcher.
+func (r *round) acknowledge(ctx context.Context, w *Worker) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
+	defer cancel()
+
+	if len(r.adopt) > 0 {
+		rows, err := w.q.JobGetClaimed(ctx, r.adopt)
+		if err != nil {
+			r.err = fmt.Errorf("find the jobs of a claim whose answer was lost: %w", err)
+			return
+		}
+		for _, row := range rows {
+			r.adopted = append(r.adopted, claimedRow(row))
+		}
+		r.adoptedOK = true
+	}
+	if len(r.batch.toHandBack) > 0 {
+		ids, err := w.leases.handBack(ctx, r.batch.toHandBack, nil)
+		if err != nil {
+			r.err = fmt.Errorf("hand back jobs claimed ahead: %w", err)
+			return
+		}
+		r.handedBack = ids
+	}
+	if err := w.leases.completeAndClaim(ctx, r); err != nil {
+		r.err = err
+		return
+	}
+	if len(r.batch.failed) > 0 {
+		states, err := w.leases.fail(ctx, r.batch.failed)
+		if err != nil {
+			r.err = err
+			return
+		}
+		r.failStates = states
+	}
+}

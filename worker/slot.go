@@ -1,0 +1,98 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/relayq/relay/internal/jsonb"
+)
+
+// slot runs claimed jobs one after another, in a goroutine of its own; a
+// worker runs at most Config.Slots of them at once.
+type slot struct {
+	w *Worker
+}
+
+type outcome struct {
+	exec   *execution
+	result json.RawMessage
+	err    error
+	// ran is how long the handler took; negative when it never ran.
+	ran time.Duration
+}
+
+// runSlot is one slot: it runs the first job waiting for a slot, then the
+// next, as long as jobs are waiting, so that a job claimed ahead starts the
+// moment the one before it returns. It hands each outcome to the
+// dispatcher.
+func (s slot) runSlot() {
+	w := s.w
+	e := w.nextForSlot()
+	for e != nil {
+		o := s.execute(e)
+		e = w.nextForSlot()
+		// The channel holds an outcome for every job held, so this never
+		// blocks.
+		w.outcomes <- o
+	}
+}
+
+// execute runs one job's handler, unless its lease was lost or someone
+// cancelled it while it waited for a slot, and returns its outcome.
+func (s slot) execute(e *execution) outcome {
+	if e.ctx.Err() != nil {
+		return outcome{exec: e, err: context.Cause(e.ctx), ran: -1}
+	}
+	began := time.Now()
+	result, err := s.call(e)
+	o := outcome{exec: e, err: err, ran: time.Since(began)}
+	if err == nil && result != nil {
+		o.result, o.err = s.encodeResult(result)
+	}
+	return o
+}
+
+// encodeResult encodes a handler's result for the database. A result that
+// cannot be stored fails its job permanently, here, before it is sent: in
+// a batch acknowledgement it would make the database refuse the others.
+func (s slot) encodeResult(result any) (json.RawMessage, error) {
+	b, err := json.Marshal(result)
+	if err != nil {
+		return nil, Permanent(fmt.Errorf("encode result: %w", err))
+	}
+	if limit := s.w.cfg.MaxResultBytes; limit > 0 && len(b) > limit {
+		return nil, Permanent(fmt.Errorf("result is %d bytes encoded, more than the %d allowed (Config.MaxResultBytes)", len(b), limit))
+	}
+	if err := jsonb.Check(b); err != nil {
+		return nil, Permanent(fmt.Errorf("%s: %w", errResultNotStorable, err))
+	}
+	return b, nil
+}
+
+// errResultNotStorable begins the error of a job whose result PostgreSQL's
+// jsonb cannot hold.
+const errResultNotStorable = "result is not storable as jsonb"
+
+// call runs the handler, turning a panic or a missing handler into an error.
+func (s slot) call(e *execution) (result any, err error) {
+	h, ok := s.w.handler(e.job.Kind)
+	if !ok {
+		return nil, Permanent(fmt.Errorf("no handler registered for kind %q", e.job.Kind))
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
+			result = nil
+		}
+	}()
+	job := e.job
+	result, err = h.Work(e.ctx, &job)
+	if err == nil && e.ctx.Err() != nil && context.Cause(e.ctx) == ErrJobCancelled {
+		// A handler that swallowed its cancellation still ends cancelled.
+		err = ErrJobCancelled
+	}
+	return result, err
+}
