@@ -3,10 +3,6 @@ package worker
 import (
 	"context"
 	"time"
-
-	"github.com/google/uuid"
-
-	"github.com/relayq/relay/db"
 )
 
 // heartbeater renews the leases the worker holds, and stops the handlers
@@ -45,19 +41,8 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 	if len(held) == 0 {
 		return
 	}
-	params := db.JobHeartbeatManyParams{
-		LeaseMs: w.cfg.Lease.Milliseconds(),
-		IDs:     make([]int64, len(held)),
-		Tokens:  make([]uuid.UUID, len(held)),
-	}
-	for i, e := range held {
-		params.IDs[i] = e.job.ID
-		params.Tokens[i] = e.token
-	}
 	sentAt := time.Now()
-	hbCtx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
-	rows, err := w.q.JobHeartbeatMany(hbCtx, params)
-	cancel()
+	renewed, cancelled, err := w.leases.heartbeatMany(ctx, held)
 	if err != nil {
 		if ctx.Err() != nil {
 			return
@@ -71,14 +56,6 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 			}
 		}
 		return
-	}
-	renewed := make(map[int64]bool, len(rows))
-	cancelled := make(map[int64]bool)
-	for _, r := range rows {
-		renewed[r.ID] = true
-		if r.CancelRequested {
-			cancelled[r.ID] = true
-		}
 	}
 	for _, e := range held {
 		switch {

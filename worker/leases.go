@@ -131,6 +131,21 @@ func answerLost(err error) bool {
 	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
 }
 
+// getClaimed returns the jobs still running under the lease tokens given,
+// those of claims whose answer was lost (JobGetClaimed), in the shape of a
+// claim.
+func (l leases) getClaimed(ctx context.Context, tokens []uuid.UUID) ([]db.JobCompleteAndClaimRow, error) {
+	rows, err := l.w.q.JobGetClaimed(ctx, tokens)
+	if err != nil {
+		return nil, err
+	}
+	var claimed []db.JobCompleteAndClaimRow
+	for _, row := range rows {
+		claimed = append(claimed, claimedRow(row))
+	}
+	return claimed, nil
+}
+
 // claimedRow is a job found by JobGetClaimed, in the shape of a claim.
 func claimedRow(r db.JobGetClaimedRow) db.JobCompleteAndClaimRow {
 	return db.JobCompleteAndClaimRow{
@@ -138,6 +153,37 @@ func claimedRow(r db.JobGetClaimedRow) db.JobCompleteAndClaimRow {
 		Attempt: &r.Attempt, MaxAttempts: &r.MaxAttempts, Fence: &r.Fence, LeaseToken: r.LeaseToken,
 		LeaseExpiresAt: r.LeaseExpiresAt, CreatedAt: &r.CreatedAt, RunAt: &r.RunAt, StartedAt: r.StartedAt,
 	}
+}
+
+// heartbeatMany renews the leases of held (JobHeartbeatMany), and returns
+// the jobs whose lease it renewed and, among them, those someone asked to
+// cancel.
+func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, cancelled map[int64]bool, err error) {
+	w := l.w
+	params := db.JobHeartbeatManyParams{
+		LeaseMs: w.cfg.Lease.Milliseconds(),
+		IDs:     make([]int64, len(held)),
+		Tokens:  make([]uuid.UUID, len(held)),
+	}
+	for i, e := range held {
+		params.IDs[i] = e.job.ID
+		params.Tokens[i] = e.token
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	defer cancel()
+	rows, err := w.q.JobHeartbeatMany(ctx, params)
+	if err != nil {
+		return nil, nil, err
+	}
+	renewed = make(map[int64]bool, len(rows))
+	cancelled = make(map[int64]bool)
+	for _, r := range rows {
+		renewed[r.ID] = true
+		if r.CancelRequested {
+			cancelled[r.ID] = true
+		}
+	}
+	return renewed, cancelled, nil
 }
 
 // fail records failed outcomes, each with its retry delay, and returns the

@@ -76,14 +76,12 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	defer cancel()
 
 	if len(r.adopt) > 0 {
-		rows, err := w.q.JobGetClaimed(ctx, r.adopt)
+		adopted, err := w.leases.getClaimed(ctx, r.adopt)
 		if err != nil {
 			r.err = fmt.Errorf("find the jobs of a claim whose answer was lost: %w", err)
 			return
 		}
-		for _, row := range rows {
-			r.adopted = append(r.adopted, claimedRow(row))
-		}
+		r.adopted = adopted
 		r.adoptedOK = true
 	}
 	if len(r.batch.toHandBack) > 0 {
