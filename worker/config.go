@@ -39,7 +39,7 @@ const (
 	// DefaultReclaimBatch is how many jobs one reclaim statement takes back.
 	DefaultReclaimBatch = 1000
 	// DefaultPrefetchWait is the longest a job claimed ahead of a free slot
-	// waits for one before it is handed back. See Config.PrefetchWait.
+	// waits for one before it is released. See Config.PrefetchWait.
 	DefaultPrefetchWait = 100 * time.Millisecond
 	// DefaultShutdownGrace is how long a stopping worker lets running
 	// handlers finish before it cancels them and releases their jobs.
@@ -99,7 +99,7 @@ type Config struct {
 	// Default: Slots. Negative: never claim ahead, only for free slots.
 	Prefetch int
 	// PrefetchWait is the longest a job claimed ahead waits for a slot.
-	// Past it, the job is handed back to the queue with its attempt
+	// Past it, the job is released to the queue with its attempt
 	// undone and its place kept, and the worker stops claiming ahead until
 	// its handlers are short again, so a job is never held back for long
 	// behind a slow one while other workers could run it. It must be
@@ -146,7 +146,7 @@ const (
 	// OutcomeLeaseLost is an execution whose lease was lost before it
 	// finished: its outcome is dropped, never written.
 	OutcomeLeaseLost Outcome = "lease_lost"
-	// OutcomeReleased is an execution handed back at shutdown.
+	// OutcomeReleased is an execution released at shutdown.
 	OutcomeReleased Outcome = "released"
 )
 

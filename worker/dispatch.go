@@ -93,7 +93,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		held, waiting, oldest := w.holding()
 		// No round starts once ctx is done, though select may still pick
 		// other ready cases before ctx.Done ends the loop: the jobs such a
-		// round claimed would only be handed back.
+		// round claimed would only be released.
 		if retry == nil && !roundOut && ctx.Err() == nil {
 			claim := 0
 			if _, ok := w.session.claimSession(); wantClaim && ok {
@@ -113,7 +113,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			}
 		}
 
-		// The oldest job claimed ahead is handed back once it has waited
+		// The oldest job claimed ahead is released once it has waited
 		// PrefetchWait for a slot.
 		var holdC <-chan time.Time
 		if waiting > 0 {
@@ -148,7 +148,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			d.collect(o)
 			wantClaim = true
 		case <-holdC:
-			d.handBackStale()
+			d.releaseStale()
 		case <-w.wake:
 			wantClaim = true
 		case <-poll.C:
@@ -157,7 +157,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		case <-retry:
 			retry = nil
 		case <-ctx.Done():
-			// Jobs the last round claims are held for drain to hand back,
+			// Jobs the last round claims are held for drain to release,
 			// not started.
 			w.mu.Lock()
 			w.stopping = true
@@ -194,9 +194,9 @@ func (d *dispatcher) sendNow(claim, waiting int) bool {
 	switch {
 	case len(d.lostClaims) > 0:
 		return true
-	case n == 0 && len(d.p.toHandBack) == 0:
+	case n == 0 && len(d.p.toRelease) == 0:
 		return claim > 0
-	case len(d.p.toHandBack) > 0:
+	case len(d.p.toRelease) > 0:
 		return true
 	}
 	limit := d.aheadLimit()
@@ -253,10 +253,10 @@ func (d *dispatcher) observe(ran time.Duration) {
 	d.meanRun += (ran - d.meanRun) / runMeanWeight
 }
 
-// handBackStale moves the jobs that have waited PrefetchWait for a slot
-// into the next round, to be handed back to the queue, and stops claiming
+// releaseStale moves the jobs that have waited PrefetchWait for a slot
+// into the next round, to be released to the queue, and stops claiming
 // ahead until handlers are short again.
-func (d *dispatcher) handBackStale() {
+func (d *dispatcher) releaseStale() {
 	w := d.w
 	now := time.Now()
 	w.mu.Lock()
@@ -270,8 +270,8 @@ func (d *dispatcher) handBackStale() {
 	if n == 0 {
 		return
 	}
-	w.log.Info("jobs claimed ahead waited too long for a slot; handing them back", "jobs", n, "wait", w.cfg.PrefetchWait)
-	d.p.toHandBack = append(d.p.toHandBack, stale...)
+	w.log.Info("jobs claimed ahead waited too long for a slot; releasing them", "jobs", n, "wait", w.cfg.PrefetchWait)
+	d.p.toRelease = append(d.p.toRelease, stale...)
 	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
 }
 
@@ -282,18 +282,18 @@ func (d *dispatcher) handBackStale() {
 func (d *dispatcher) finish(r *round) {
 	w := d.w
 	var retry pending
-	if r.handedBack != nil {
+	if r.released != nil {
 		w.mu.Lock()
-		for _, e := range r.batch.toHandBack {
+		for _, e := range r.batch.toRelease {
 			w.unhold(e)
 		}
 		w.mu.Unlock()
-		for _, e := range r.batch.toHandBack {
+		for _, e := range r.batch.toRelease {
 			e.cancel(nil)
-			w.log.Debug("handed back job claimed ahead", "job", e.job.ID, "accepted", r.handedBack[e.job.ID])
+			w.log.Debug("released job claimed ahead", "job", e.job.ID, "accepted", r.released[e.job.ID])
 		}
 	} else {
-		retry.toHandBack = r.batch.toHandBack
+		retry.toRelease = r.batch.toRelease
 	}
 	if r.failStates != nil {
 		for _, o := range r.batch.failed {
@@ -364,8 +364,8 @@ func (d *dispatcher) finish(r *round) {
 	}
 	w.mu.Unlock()
 	if stopping {
-		// Claimed as the worker began to stop: handed back unstarted.
-		d.p.toHandBack = append(d.p.toHandBack, claimed...)
+		// Claimed as the worker began to stop: released unstarted.
+		d.p.toRelease = append(d.p.toRelease, claimed...)
 	}
 	for _, old := range superseded {
 		w.log.Warn("lease lost; cancelling handler", "job", old.job.ID, "attempt", old.job.Attempt, "why", "the job was claimed again")
@@ -377,12 +377,12 @@ func (d *dispatcher) finish(r *round) {
 }
 
 // drain runs after dispatch, which stopped slots from starting jobs: it
-// hands back the jobs claimed ahead, acknowledges what finishes within the
+// releases the jobs claimed ahead, acknowledges what finishes within the
 // grace period, then releases the rest.
 func (d *dispatcher) drain(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
-	d.p.toHandBack = append(d.p.toHandBack, w.ahead...)
+	d.p.toRelease = append(d.p.toRelease, w.ahead...)
 	w.ahead = nil
 	w.mu.Unlock()
 	d.acknowledgeAtShutdown(ctx)
@@ -402,9 +402,11 @@ func (d *dispatcher) drain(ctx context.Context) {
 		break
 	}
 	d.acknowledgeAtShutdown(ctx)
-	d.release(ctx)
+	d.releaseAtShutdown(ctx)
 }
 
+// acknowledgeAtShutdown sends what is pending, and looks for the jobs of
+// claims whose answer was lost, in up to three rounds that claim nothing.
 func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
 	for attempt := 0; (!d.p.empty() || len(d.lostClaims) > 0) && attempt < 3; attempt++ {
 		r := d.newRound(0)
@@ -420,8 +422,9 @@ func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
 // releaseNote is what a release at shutdown adds to a job's error history.
 const releaseNote = "released: worker shutting down"
 
-// release cancels the handlers still running and hands their jobs back.
-func (d *dispatcher) release(ctx context.Context) {
+// releaseAtShutdown cancels the handlers still running and releases their
+// jobs.
+func (d *dispatcher) releaseAtShutdown(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
 	var left []*execution
@@ -439,7 +442,7 @@ func (d *dispatcher) release(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
 	defer cancel()
 	note := releaseNote
-	released, err := w.leases.handBack(ctx, left, &note)
+	released, err := w.leases.releaseMany(ctx, left, &note)
 	if err != nil {
 		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", len(left))
 		return

@@ -454,21 +454,21 @@ func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *test
 
 	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{uuid.New()}})
 	if err != nil || len(ids) != 0 {
-		t.Fatalf("hand back with a stranger's token: %v, %v; want nothing handed back", ids, err)
+		t.Fatalf("release with a stranger's token: %v, %v; want nothing released", ids, err)
 	}
 	ids, err = b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}})
 	if err != nil || len(ids) != 1 {
-		t.Fatalf("hand back: %v, %v", ids, err)
+		t.Fatalf("release: %v, %v", ids, err)
 	}
 	got := b.get(t, job.ID)
 	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 || got.LeaseToken != nil ||
 		string(got.Errors) != "[]" || got.LastError != nil || !got.RunAt.Equal(job.RunAt) {
-		t.Errorf("handed back: state %s attempt %d fence %d token %v errors %s last error %v run_at %s (was %s); "+
+		t.Errorf("released: state %s attempt %d fence %d token %v errors %s last error %v run_at %s (was %s); "+
 			"want available, attempt 0, fence 1, no lease, no history, run_at kept",
 			got.State, got.Attempt, got.Fence, got.LeaseToken, got.Errors, deref(got.LastError), got.RunAt, job.RunAt)
 	}
 	if ok := b.complete(t, job.ID, token, `{}`); ok {
-		t.Error("completion under the handed-back claim was accepted")
+		t.Error("completion under the released claim was accepted")
 	}
 
 	// A job someone asked to cancel while it waited ends cancelled.
@@ -477,10 +477,10 @@ func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *test
 		t.Fatalf("cancel: %v", err)
 	}
 	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}}); err != nil {
-		t.Fatalf("hand back: %v", err)
+		t.Fatalf("release: %v", err)
 	}
 	if got := b.get(t, job.ID); got.State != db.JobStateCancelled || got.FinishedAt == nil || got.Fence != 2 {
-		t.Errorf("handed back after a cancel request: state %s finished %v fence %d; want cancelled, finished, fence 2", got.State, got.FinishedAt, got.Fence)
+		t.Errorf("released after a cancel request: state %s finished %v fence %d; want cancelled, finished, fence 2", got.State, got.FinishedAt, got.Fence)
 	}
 }
 

@@ -16,7 +16,8 @@ import (
 )
 
 // leases makes the worker's calls of the lease statements of
-// queries/leases.sql, in the order of that file.
+// queries/leases.sql, in the order of that file, each in a method named
+// after its statement.
 type leases struct {
 	w *Worker
 }
@@ -186,10 +187,10 @@ func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, 
 	return renewed, cancelled, nil
 }
 
-// fail records failed outcomes, each with its retry delay, and returns the
-// state each accepted failure moved its job to. A failure the database
-// refuses to record is left to the job's lease.
-func (l leases) fail(ctx context.Context, failed []outcome) (map[int64]db.JobState, error) {
+// failMany records failed outcomes (JobFailMany), each with its retry
+// delay, and returns the state each accepted failure moved its job to. A
+// failure the database refuses to record is left to the job's lease.
+func (l leases) failMany(ctx context.Context, failed []outcome) (map[int64]db.JobState, error) {
 	w := l.w
 	states := make(map[int64]db.JobState, len(failed))
 	refused, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
@@ -236,13 +237,13 @@ func errorText(err error, n int) string {
 	return s[:n]
 }
 
-// handBack hands the jobs of execs back to the queue (JobReleaseMany),
+// releaseMany releases the jobs of execs to the queue (JobReleaseMany),
 // with note in their error history if it is not nil, and returns those the
-// database took back. A job the database refuses to take back is left to
-// its lease.
-func (l leases) handBack(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
+// database released. A job the database refuses to release is left to its
+// lease.
+func (l leases) releaseMany(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
 	w := l.w
-	taken := make(map[int64]bool, len(execs))
+	released := make(map[int64]bool, len(execs))
 	refused, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
 		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]uuid.UUID, len(part))}
 		for i, e := range part {
@@ -251,7 +252,7 @@ func (l leases) handBack(ctx context.Context, execs []*execution, note *string) 
 		}
 		ids, err := w.q.JobReleaseMany(ctx, params)
 		for _, id := range ids {
-			taken[id] = true
+			released[id] = true
 		}
 		return err
 	})
@@ -259,11 +260,14 @@ func (l leases) handBack(ctx context.Context, execs []*execution, note *string) 
 		return nil, err
 	}
 	for i, rerr := range refused {
-		w.log.Error("the database refused to take a job back; its lease will expire", "job", execs[i].job.ID, "err", rerr)
+		w.log.Error("the database refused to release a job; its lease will expire", "job", execs[i].job.ID, "err", rerr)
 	}
-	return taken, nil
+	return released, nil
 }
 
+// reclaim takes back up to DefaultReclaimBatch jobs of dead workers and
+// expired leases (JobReclaim), wakes the dispatcher if it took any, and
+// returns how many it took.
 func (l leases) reclaim(ctx context.Context) (int, error) {
 	w := l.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)

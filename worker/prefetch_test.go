@@ -146,7 +146,7 @@ func (b *bundle) waitForRenewal(t *testing.T, id int64, since time.Time) time.Ti
 	return *job.LeaseExpiresAt
 }
 
-func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t *testing.T) {
+func TestWorker_ReleasesAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	blocker, next := b.queueBehindBlocker(t)
@@ -167,12 +167,12 @@ func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t
 	defer close(release)
 	<-blocking
 	// The busy worker, the only one running yet, claims next ahead while
-	// blocker fills its one slot. It may hand next back before this sees it
+	// blocker fills its one slot. It may release next before this sees it
 	// held, so wait for the claim itself, which grows next's fence.
 	b.waitFor(t, next.ID, 10*time.Second, "claimed by the busy worker", func(j db.Job) bool { return j.Fence > 0 })
 
 	// An idle worker, started now, can run next only once the busy one
-	// hands it back.
+	// releases it.
 	ranBy := make(chan string, 1)
 	idle, _ := b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
 		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
@@ -186,11 +186,11 @@ func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t
 			t.Errorf("next ran on %s, want the idle worker %s", who, idle.ID())
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("next was never handed back to the idle worker")
+		t.Fatal("next was never released to the idle worker")
 	}
 	got := b.waitForState(t, next.ID, db.JobStateSucceeded, 10*time.Second)
 	if got.Attempt != 1 || got.Fence != 2 || string(got.Errors) != "[]" {
-		t.Errorf("next: attempt %d fence %d errors %s; want attempt 1 (the handed-back claim undone), fence 2, no history",
+		t.Errorf("next: attempt %d fence %d errors %s; want attempt 1 (the released claim undone), fence 2, no history",
 			got.Attempt, got.Fence, got.Errors)
 	}
 	if got := b.get(t, blocker.ID); got.State != db.JobStateRunning {
@@ -198,7 +198,7 @@ func TestWorker_HandsBackAJobWaitingLongerThanPrefetchWaitSoAnIdleWorkerRunsIt(t
 	}
 }
 
-func TestWorker_ShutdownHandsBackJobsClaimedAheadWithoutTouchingTheirHistory(t *testing.T) {
+func TestWorker_ShutdownReleasesJobsClaimedAheadWithoutTouchingTheirHistory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	blocker, next := b.queueBehindBlocker(t)

@@ -13,12 +13,12 @@ import (
 // pending holds what waits to be sent to the database.
 type pending struct {
 	done, failed []outcome
-	// toHandBack holds jobs claimed ahead that are to be handed back unstarted.
-	toHandBack []*execution
+	// toRelease holds jobs claimed ahead that are to be released unstarted.
+	toRelease []*execution
 }
 
 func (p *pending) empty() bool {
-	return len(p.done) == 0 && len(p.failed) == 0 && len(p.toHandBack) == 0
+	return len(p.done) == 0 && len(p.failed) == 0 && len(p.toRelease) == 0
 }
 
 // take moves everything pending into a new batch.
@@ -32,7 +32,7 @@ func (p *pending) take() pending {
 func (p *pending) restore(b pending) {
 	p.done = append(b.done, p.done...)
 	p.failed = append(b.failed, p.failed...)
-	p.toHandBack = append(b.toHandBack, p.toHandBack...)
+	p.toRelease = append(b.toRelease, p.toRelease...)
 }
 
 // round is one acknowledgement of a batch of outcomes together with a claim
@@ -47,9 +47,9 @@ type round struct {
 	adopt       []uuid.UUID
 	adoptSentAt time.Time
 
-	// Filled in by acknowledge. handedBack, failStates and completed stay
+	// Filled in by acknowledge. released, failStates and completed stay
 	// nil unless their statement succeeded.
-	handedBack map[int64]bool        // jobs the database took back unstarted
+	released   map[int64]bool        // jobs the database released unstarted
 	failStates map[int64]db.JobState // failures the database accepted
 	completed  map[int64]bool        // completions the database accepted
 	claimed    []db.JobCompleteAndClaimRow
@@ -64,7 +64,7 @@ type round struct {
 	err       error
 }
 
-// acknowledge sends a round: jobs handed back in a statement of their own,
+// acknowledge sends a round: jobs released in a statement of their own,
 // then completions and the claim together in one, then failures, so that
 // the common case, a job finished and a slot to fill, costs one round trip
 // and one commit. A row the database refuses never holds up the others
@@ -84,20 +84,20 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 		r.adopted = adopted
 		r.adoptedOK = true
 	}
-	if len(r.batch.toHandBack) > 0 {
-		ids, err := w.leases.handBack(ctx, r.batch.toHandBack, nil)
+	if len(r.batch.toRelease) > 0 {
+		ids, err := w.leases.releaseMany(ctx, r.batch.toRelease, nil)
 		if err != nil {
-			r.err = fmt.Errorf("hand back jobs claimed ahead: %w", err)
+			r.err = fmt.Errorf("release jobs claimed ahead: %w", err)
 			return
 		}
-		r.handedBack = ids
+		r.released = ids
 	}
 	if err := w.leases.completeAndClaim(ctx, r); err != nil {
 		r.err = err
 		return
 	}
 	if len(r.batch.failed) > 0 {
-		states, err := w.leases.fail(ctx, r.batch.failed)
+		states, err := w.leases.failMany(ctx, r.batch.failed)
 		if err != nil {
 			r.err = err
 			return

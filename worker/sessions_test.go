@@ -113,12 +113,12 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 			reclaimed <- rows
 		}()
 		s2 := b.register(t, "w", s1.key)
-		handedBack, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{*rows[0].LeaseToken}})
+		released, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{*rows[0].LeaseToken}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var again []db.JobCompleteAndClaimRow
-		if len(handedBack) == 1 {
+		if len(released) == 1 {
 			again = b.claimUnder(t, "w", &s2.key, 1, time.Hour)
 		}
 		<-reclaimed
