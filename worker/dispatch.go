@@ -372,7 +372,7 @@ func (d *dispatcher) finish(r *round) {
 		old.cancel(ErrLeaseLost)
 	}
 	for range spawn {
-		go slot{w: w}.runSlot()
+		go slot{w: w}.run()
 	}
 }
 

@@ -11,9 +11,9 @@ type heartbeater struct {
 	w *Worker
 }
 
-// runHeartbeats renews every held lease together, every HeartbeatInterval,
-// and cancels the handlers whose lease was lost or whose job was cancelled.
-func (h heartbeater) runHeartbeats(ctx context.Context) {
+// run renews every held lease together, every HeartbeatInterval, and
+// cancels the handlers whose lease was lost or whose job was cancelled.
+func (h heartbeater) run(ctx context.Context) {
 	w := h.w
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -22,7 +22,7 @@ func (h heartbeater) runHeartbeats(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-w.beatNow:
+		case <-w.heartbeatNow:
 		}
 		h.heartbeat(ctx)
 	}

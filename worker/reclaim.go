@@ -11,10 +11,10 @@ type reclaimer struct {
 	w *Worker
 }
 
-// runReclaims takes back the jobs of dead workers and expired leases every
+// run takes back the jobs of dead workers and expired leases every
 // ReclaimInterval (longer in a large fleet, see reclaimInterval), and now
-// and then forgets workers that are gone.
-func (r reclaimer) runReclaims(ctx context.Context) {
+// and then forgets the sessions that ended (WorkerForgetEnded).
+func (r reclaimer) run(ctx context.Context) {
 	w := r.w
 	live := 1
 	for round := 0; ; round++ {
@@ -29,7 +29,7 @@ func (r reclaimer) runReclaims(ctx context.Context) {
 				break
 			}
 		}
-		if round%forgetWorkersEvery == 0 {
+		if round%forgetEndedEvery == 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 			if _, err := w.q.WorkerForgetEnded(rctx); err != nil && ctx.Err() == nil {
 				w.log.Warn("forget ended worker sessions failed", "err", err)
@@ -42,9 +42,9 @@ func (r reclaimer) runReclaims(ctx context.Context) {
 	}
 }
 
-// forgetWorkersEvery is how many reclaim rounds pass between two clean-ups
-// of the sessions that ended.
-const forgetWorkersEvery = 40
+// forgetEndedEvery is how many reclaim rounds pass between two
+// WorkerForgetEnded, which forget the sessions that ended.
+const forgetEndedEvery = 40
 
 // reclaimersPerInterval is how many reclaims a fleet of workers makes, in
 // all, per ReclaimInterval once it has more workers than that.

@@ -25,9 +25,8 @@ func (e *IDInUseError) Error() string {
 	return fmt.Sprintf("worker id %q is in use by a live session (pid %d on host %s)", e.ID, e.PID, e.Host)
 }
 
-// session keeps the worker's PostgreSQL session (see runSession), and
-// tells the rest of the worker whether, and under which session, it may
-// claim.
+// session keeps the worker's PostgreSQL session (see run), and tells the
+// rest of the worker whether, and under which session, it may claim.
 type session struct {
 	w *Worker
 
@@ -59,18 +58,18 @@ func (s *session) claimSession() (*int32, bool) {
 // back.
 const sessionLossRecheck = 3
 
-// runSession keeps this worker's session alive: a connection of its own
-// that holds the advisory lock of a session registered in worker_sessions
+// run keeps this worker's session alive: a connection of its own that
+// holds the advisory lock of a session registered in worker_sessions
 // (so that reclaims see at once when this process dies) and listens for
 // jobs that become available. It reconnects whenever the session is lost.
 // It sends the outcome of its first registration on first. A refused
 // registration (the id is in use) is fatal: stop is called with it.
-func (s *session) runSession(ctx context.Context, first chan<- error, stop func(error)) {
+func (s *session) run(ctx context.Context, first chan<- error, stop func(error)) {
 	w := s.w
 	delay := minRetryDelay
 	var previous int32
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		err := s.holdSession(ctx, &previous, func(err error) {
+		err := s.hold(ctx, &previous, func(err error) {
 			if attempt == 0 {
 				first <- err
 			}
@@ -90,8 +89,8 @@ func (s *session) runSession(ctx context.Context, first chan<- error, stop func(
 		// soon as they see it ended: find out now, and again once they
 		// surely have, rather than at the next scheduled heartbeat, so that
 		// the handlers of those jobs stop.
-		notify(w.beatNow)
-		time.AfterFunc(sessionLossRecheck*w.cfg.ReclaimInterval, func() { notify(w.beatNow) })
+		notify(w.heartbeatNow)
+		time.AfterFunc(sessionLossRecheck*w.cfg.ReclaimInterval, func() { notify(w.heartbeatNow) })
 		select {
 		case <-ctx.Done():
 			return
@@ -101,12 +100,11 @@ func (s *session) runSession(ctx context.Context, first chan<- error, stop func(
 	}
 }
 
-// holdSession registers a new session of the worker on a new connection
-// and serves notifications until the connection fails or ctx is
-// cancelled. previous is the key of the worker's previous session, which
+// hold registers a new session of the worker on a new connection and
+// serves notifications until the connection fails or ctx is cancelled. previous is the key of the worker's previous session, which
 // it replaces. registered is called once the registration is done, with
 // nil or the error that ended it.
-func (s *session) holdSession(ctx context.Context, previous *int32, registered func(error)) (err error) {
+func (s *session) hold(ctx context.Context, previous *int32, registered func(error)) (err error) {
 	w := s.w
 	done := false
 	defer func() {
@@ -151,7 +149,7 @@ func (s *session) holdSession(ctx context.Context, previous *int32, registered f
 	registered(nil)
 	// Jobs may have become ready while no one was listening.
 	notify(w.wake)
-	notify(w.beatNow)
+	notify(w.heartbeatNow)
 
 	for {
 		// Wake at least every poll interval to check that the session is

@@ -24,11 +24,11 @@ type outcome struct {
 	ran time.Duration
 }
 
-// runSlot is one slot: it runs the first job waiting for a slot, then the
+// run is one slot: it runs the first job waiting for a slot, then the
 // next, as long as jobs are waiting, so that a job claimed ahead starts the
 // moment the one before it returns. It hands each outcome to the
 // dispatcher.
-func (s slot) runSlot() {
+func (s slot) run() {
 	w := s.w
 	e := w.nextForSlot()
 	for e != nil {

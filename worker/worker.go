@@ -49,11 +49,11 @@ type Worker struct {
 	sessionConfig *pgx.ConnConfig
 	session       session
 
-	started  atomic.Bool
-	wake     chan struct{} // a claim may find work
-	beatNow  chan struct{} // renew leases now, without waiting for the ticker
-	outcomes chan outcome
-	mu       sync.Mutex
+	started      atomic.Bool
+	wake         chan struct{} // a claim may find work
+	heartbeatNow chan struct{} // renew leases now, without waiting for the ticker
+	outcomes     chan outcome
+	mu           sync.Mutex
 	// held holds every job this worker holds a lease on, from its claim
 	// until its outcome is collected: those claimed ahead and waiting for
 	// a slot, and those started.
@@ -99,7 +99,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		log:           cfg.Logger.With("worker", cfg.ID, "queue", cfg.Queue),
 		handlers:      map[string]Handler{},
 		wake:          make(chan struct{}, 1),
-		beatNow:       make(chan struct{}, 1),
+		heartbeatNow:  make(chan struct{}, 1),
 		// One outcome per held job at most, so sending never blocks.
 		outcomes: make(chan outcome, cfg.Slots+max(cfg.Prefetch, 0)),
 		held:     map[int64]*execution{},
@@ -157,9 +157,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	firstSession := make(chan error, 1)
 	var wg sync.WaitGroup
 	for _, loop := range []func(context.Context){
-		func(ctx context.Context) { w.session.runSession(ctx, firstSession, stopRun) },
-		heartbeater{w: w}.runHeartbeats,
-		reclaimer{w: w}.runReclaims,
+		func(ctx context.Context) { w.session.run(ctx, firstSession, stopRun) },
+		heartbeater{w: w}.run,
+		reclaimer{w: w}.run,
 	} {
 		wg.Add(1)
 		go func() {
