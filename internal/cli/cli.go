@@ -201,7 +201,7 @@ func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) 
 	fs.DurationVar(&w.Poll, "poll", worker.DefaultPollInterval, "how often an idle worker looks for jobs no notification announced")
 	fs.DurationVar(&w.ReclaimInterval, "reclaim-interval", worker.DefaultReclaimInterval, "how often jobs of dead workers and expired leases are taken back")
 	fs.IntVar(&w.Prefetch, "prefetch", 0, "jobs claimed ahead of a free slot while jobs are short (default: as many as --slots; -1: none)")
-	fs.DurationVar(&w.PrefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is handed back")
+	fs.DurationVar(&w.PrefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is released")
 	fs.DurationVar(&w.ShutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (negative: release at once)")
 	fs.DurationVar(&w.BackoffBase, "backoff-base", worker.DefaultBackoffBase,
 		fmt.Sprintf("retry backoff after the first failure, doubling each attempt up to %s (for tests and demos)", worker.DefaultBackoffMax))
