@@ -506,14 +506,14 @@ type JobReleaseManyParams struct {
 	Tokens []uuid.UUID
 }
 
-// Hands jobs back from the worker that holds them, so that others can run
+// Releases jobs from the worker that holds them, so that others can run
 // them at once instead of waiting for the leases to expire: a worker
 // shutting down releases the jobs it interrupted, with a note for their
-// error history ("released: worker shutting down"); a worker hands back,
+// error history ("released: worker shutting down"); a worker releases,
 // with no note, jobs it claimed ahead of a free slot and never started. The
 // attempt is given back either way (the fence still grew at the claim), and
 // a job someone asked to cancel ends cancelled. Fenced like an
-// acknowledgement; returns the jobs handed back. The job keeps its run_at,
+// acknowledgement; returns the jobs released. The job keeps its run_at,
 // and so its place in the queue ahead of jobs that became ready after it.
 func (q *Queries) JobReleaseMany(ctx context.Context, arg JobReleaseManyParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, jobReleaseMany, arg.Note, arg.IDs, arg.Tokens)

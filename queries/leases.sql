@@ -158,14 +158,14 @@ WHERE j.id = f.id
 RETURNING j.id, j.state;
 
 -- name: JobReleaseMany :many
--- Hands jobs back from the worker that holds them, so that others can run
+-- Releases jobs from the worker that holds them, so that others can run
 -- them at once instead of waiting for the leases to expire: a worker
 -- shutting down releases the jobs it interrupted, with a note for their
--- error history ("released: worker shutting down"); a worker hands back,
+-- error history ("released: worker shutting down"); a worker releases,
 -- with no note, jobs it claimed ahead of a free slot and never started. The
 -- attempt is given back either way (the fence still grew at the claim), and
 -- a job someone asked to cancel ends cancelled. Fenced like an
--- acknowledgement; returns the jobs handed back. The job keeps its run_at,
+-- acknowledgement; returns the jobs released. The job keeps its run_at,
 -- and so its place in the queue ahead of jobs that became ready after it.
 UPDATE jobs AS j
 SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
