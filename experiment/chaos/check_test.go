@@ -424,20 +424,20 @@ func (h *history) claimAhead(worker string) claimed {
 	return claimed{id: *rows[0].ID, fence: *rows[0].Fence, token: *rows[0].LeaseToken, worker: worker}
 }
 
-func TestCheckHistory_AHandedBackClaimIsNoAttempt(t *testing.T) {
+func TestCheckHistory_AReleasedUnstartedClaimIsNoAttempt(t *testing.T) {
 	h := newHistory(t)
 	h.enqueue(KindFail, 2)
 	ahead := h.claimAhead("w1")
 	ids, err := h.q.JobReleaseMany(h.ctx, db.JobReleaseManyParams{IDs: []int64{ahead.id}, Tokens: []uuid.UUID{ahead.token}})
 	if err != nil || len(ids) != 1 {
-		t.Fatalf("hand back: %v, %v", ids, err)
+		t.Fatalf("release: %v, %v", ids, err)
 	}
 	h.fail(h.claim("w1", time.Minute), 0)
 	h.fail(h.claim("w2", time.Minute), 0)
 	wantFindings(t, h.check(), map[string]int64{})
 }
 
-func TestCheckHistory_CatchesAHandBackAppliedAfterTheLeaseExpired(t *testing.T) {
+func TestCheckHistory_CatchesAReleaseAppliedAfterTheLeaseExpired(t *testing.T) {
 	h := newHistory(t)
 	h.enqueue("sleep", 1)
 	ahead := h.claimAhead("w1")

@@ -552,7 +552,7 @@ type ChaosPoisonJobsRow struct {
 }
 
 // Every job of a poison kind: how it ended, how many times it was claimed
-// (a claim handed back unstarted, which undoes its attempt, does not count),
+// (a claim released unstarted, which undoes its attempt, does not count),
 // how many of its claims were retries after a failure (a claim after a
 // reclaim has no backoff to honour), how many of those came before the
 // retry time the failure set (a backoff not honoured), and by how little
@@ -862,7 +862,7 @@ type ChaosStaleTransitionsRow struct {
 }
 
 // Acknowledgements the database applied although they were stale: a
-// complete, fail, heartbeat, release or hand back (unclaim) applied when
+// complete, fail, heartbeat, or release (of a running job, or of one claimed ahead) applied when
 // the lease had already expired by the statement's own clock (now(), the
 // time every fence compares with); a completion whose result was produced by another claim
 // than the current one (the result's fence); a failure whose error names

@@ -292,7 +292,7 @@ func (w *crowdWorker) handle(ctx context.Context, a Ack, lease time.Duration) er
 	if w.rng.IntN(10) == 0 {
 		time.Sleep(lease)
 	}
-	kinds := []string{"complete", "complete", "complete", "fail", "fail permanently", "release", "hand back", "forget"}
+	kinds := []string{"complete", "complete", "complete", "fail", "fail permanently", "release", "release ahead", "forget"}
 	_, err := w.ack(ctx, kinds[w.rng.IntN(len(kinds))], a, false)
 	delete(w.expires, a.Token)
 	return err
@@ -305,7 +305,7 @@ func (w *crowdWorker) zombie(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	kinds := []string{"heartbeat", "complete", "fail", "release", "hand back"}
+	kinds := []string{"heartbeat", "complete", "fail", "release", "release ahead"}
 	_, err := w.ack(ctx, kinds[w.rng.IntN(len(kinds))], a, true)
 	return err
 }
@@ -351,7 +351,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			}
 			accepted = len(rows) == 1
 			record = func(h *jobHistory) { h.fails++ }
-		case "release", "hand back":
+		case "release", "release ahead":
 			var note *string
 			if kind == "release" {
 				note = ptr(ShutdownNote)

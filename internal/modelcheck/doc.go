@@ -8,7 +8,7 @@
 // worker id. The Driver plays a handful of simulated workers against a
 // database through the statements of db.Queries only, one operation at a
 // time in a random interleaving chosen by a seed: claims, heartbeats,
-// completions, failures, releases and hand backs, reclaims, cancels,
+// completions, failures, releases (at shutdown and of jobs claimed ahead), reclaims, cancels,
 // retries, enqueues, session ends and registrations, lookups of lost
 // claims, and acknowledgements from zombies that hold tokens no longer
 // current. Leases last tens to hundreds of milliseconds, so they run out

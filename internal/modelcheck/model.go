@@ -309,8 +309,8 @@ func (m *Model) Fail(now time.Time, failures []Failure) []Failed {
 
 // Release hands acks back at now: available again at once with the
 // attempt given back and run_at kept, or cancelled if someone asked. A
-// release with a note records it in the error history; a hand back (no
-// note) records nothing. Returns the ids handed back, ascending.
+// release with a note records it in the error history; a release of jobs claimed ahead (no
+// note) records nothing. Returns the ids released, ascending.
 func (m *Model) Release(now time.Time, note *string, acks []Ack) []int64 {
 	var released []int64
 	for _, a := range acks {

@@ -38,7 +38,7 @@ func (d *Driver) operations() []op {
 		{"heartbeat", ifHeld(7), d.heartbeat},
 		{"fail", ifHeld(5), d.fail},
 		{"release", ifHeld(1.5), func(ctx context.Context) error { return d.release(ctx, true) }},
-		{"hand back", ifHeld(2.5), func(ctx context.Context) error { return d.release(ctx, false) }},
+		{"release ahead", ifHeld(2.5), func(ctx context.Context) error { return d.release(ctx, false) }},
 		{"reclaim", always(4), d.reclaim},
 		{"cancel", always(2.5), d.cancel},
 		{"retry", always(2.5), d.retry},
@@ -573,7 +573,7 @@ func (d *Driver) sendFail(ctx context.Context, w *simWorker, acks []Ack) error {
 }
 
 // release hands claims of a worker back: with the shutdown note, any of
-// them; without (a hand back of jobs claimed ahead), the newest.
+// them; without (a release of jobs claimed ahead), the newest.
 func (d *Driver) release(ctx context.Context, noted bool) error {
 	w := d.pickHolder()
 	var acks []Ack
@@ -590,7 +590,7 @@ func (d *Driver) release(ctx context.Context, noted bool) error {
 	return d.sendRelease(ctx, w, note, acks)
 }
 
-// sendRelease releases acks for w, with note (nil: a hand back).
+// sendRelease releases acks for w, with note (nil: jobs claimed ahead).
 func (d *Driver) sendRelease(ctx context.Context, w *simWorker, note *string, acks []Ack) error {
 	params := db.JobReleaseManyParams{Note: note, IDs: []int64{}, Tokens: []uuid.UUID{}}
 	for _, a := range acks {
@@ -609,7 +609,7 @@ func (d *Driver) sendRelease(ctx context.Context, w *simWorker, note *string, ac
 	d.bury(acks)
 	slices.Sort(got)
 	want := d.model.Release(now, note, acks)
-	kind := "hand back"
+	kind := "release ahead"
 	if note != nil {
 		kind = "release"
 	}

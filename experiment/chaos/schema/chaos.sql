@@ -158,7 +158,7 @@ BEGIN
         WHEN OLD.state = 'running' AND NEW.state <> 'running'
              AND entry ->> 'error' LIKE 'released:%' THEN 'release'
         WHEN OLD.state = 'running' AND NEW.state <> 'running' AND entry IS NOT NULL THEN 'fail'
-        -- A job claimed ahead and handed back unstarted: the attempt undone,
+        -- A job claimed ahead and released unstarted: the attempt undone,
         -- nothing added to its history.
         WHEN OLD.state = 'running' AND NEW.state <> 'running' AND entry IS NULL
              AND NEW.attempt = OLD.attempt - 1 THEN 'unclaim'
