@@ -20,8 +20,8 @@ const devSlots = 4
 // devStopTimeout bounds removing the throwaway database at exit.
 const devStopTimeout = 30 * time.Second
 
-func runDev(ctx context.Context, env *environment, args []string) (err error) {
-	var opts serveFlags
+// newDevFlagSet returns the flag set of relay dev, which parses into opts.
+func newDevFlagSet(opts *serveFlags) *cli.FlagSet {
 	fs := cli.NewFlagSet("dev", "relay dev [flags]",
 		`Runs a zero-configuration playground: the HTTP API with worker slots for the
 built-in job kinds, on a database migrated to the current schema.
@@ -35,6 +35,12 @@ removed, with all its data, when relay stops (Ctrl-C or SIGTERM).
 Without an API token (--api-token or RELAY_API_TOKEN) it listens only on a
 loopback address, unless --insecure-no-auth is given.`)
 	opts.register(fs, devSlots)
+	return fs
+}
+
+func runDev(ctx context.Context, env *environment, args []string) (err error) {
+	var opts serveFlags
+	fs := newDevFlagSet(&opts)
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
 		return cli.Helped(err)

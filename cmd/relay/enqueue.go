@@ -34,33 +34,43 @@ func newJobJSON(j db.Job, existing bool) jobJSON {
 	return jobJSON{JobView: server.NewJobView(j), IdempotencyKey: j.IdempotencyKey, Existing: existing}
 }
 
-func runEnqueue(ctx context.Context, env *environment, args []string) error {
-	var (
-		logs           cli.LogFlags
-		dbf            cli.DBFlags
-		payload        string
-		queue          string
-		priority       int
-		delay          time.Duration
-		runAt          string
-		maxAttempts    int
-		idempotencyKey string
-	)
+// enqueueFlags are the flags of relay enqueue.
+type enqueueFlags struct {
+	logs           cli.LogFlags
+	db             cli.DBFlags
+	payload        string
+	queue          string
+	priority       int
+	delay          time.Duration
+	runAt          string
+	maxAttempts    int
+	idempotencyKey string
+}
+
+// newEnqueueFlagSet returns the flag set of relay enqueue, which parses
+// into f.
+func newEnqueueFlagSet(f *enqueueFlags) *cli.FlagSet {
 	fs := cli.NewFlagSet("enqueue", "relay enqueue KIND [flags]",
 		`Enqueues one job of the given kind directly in the database (no HTTP) and
 prints it as JSON. With an idempotency key already used in the queue, nothing
 is enqueued: if the job holding the key is the same job, it is printed, with
 "existing": true; if it is a different job, enqueue fails, as the API answers
 409.`)
-	logs.Register(fs)
-	dbf.Register(fs)
-	fs.StringVar(&payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
-	fs.StringVar(&queue, "queue", client.DefaultQueue, "queue")
-	fs.IntVar(&priority, "priority", 0, "priority from -32768 to 32767; lower runs first")
-	fs.DurationVar(&delay, "delay", 0, "run no earlier than this long from now, e.g. 5s")
-	fs.StringVar(&runAt, "run-at", "", "run no earlier than this RFC 3339 time, such as 2027-01-02T15:04:05Z, and at most a year from now")
-	fs.IntVar(&maxAttempts, "max-attempts", client.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", client.MaxMaxAttempts))
-	fs.StringVar(&idempotencyKey, "idempotency-key", "", "enqueue at most one job with this key in the queue")
+	f.logs.Register(fs)
+	f.db.Register(fs)
+	fs.StringVar(&f.payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
+	fs.StringVar(&f.queue, "queue", client.DefaultQueue, "queue")
+	fs.IntVar(&f.priority, "priority", 0, "priority from -32768 to 32767; lower runs first")
+	fs.DurationVar(&f.delay, "delay", 0, "run no earlier than this long from now, e.g. 5s")
+	fs.StringVar(&f.runAt, "run-at", "", "run no earlier than this RFC 3339 time, such as 2027-01-02T15:04:05Z, and at most a year from now")
+	fs.IntVar(&f.maxAttempts, "max-attempts", client.DefaultMaxAttempts, fmt.Sprintf("attempts before the job is dead, 1 to %d", client.MaxMaxAttempts))
+	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "enqueue at most one job with this key in the queue")
+	return fs
+}
+
+func runEnqueue(ctx context.Context, env *environment, args []string) error {
+	var f enqueueFlags
+	fs := newEnqueueFlagSet(&f)
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
 		return cli.Helped(err)
@@ -69,27 +79,27 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 		return cli.Usagef("enqueue: want exactly one KIND, got %d arguments (run \"relay enqueue -h\" for usage)", len(pos))
 	}
 	kind := pos[0]
-	logger, err := logs.Logger(env.stderr)
+	logger, err := f.logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
 
-	req := client.Request{Kind: kind, Queue: &queue, Priority: ptr(int64(priority)), MaxAttempts: ptr(int64(maxAttempts))}
-	if runAt != "" {
-		t, err := time.Parse(time.RFC3339, runAt)
+	req := client.Request{Kind: kind, Queue: &f.queue, Priority: ptr(int64(f.priority)), MaxAttempts: ptr(int64(f.maxAttempts))}
+	if f.runAt != "" {
+		t, err := time.Parse(time.RFC3339, f.runAt)
 		if err != nil {
-			return cli.Usagef("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", runAt)
+			return cli.Usagef("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", f.runAt)
 		}
 		req.RunAt = &t
 	}
-	if delay != 0 {
-		req.Delay = &delay
+	if f.delay != 0 {
+		req.Delay = &f.delay
 	}
-	if idempotencyKey != "" {
-		req.IdempotencyKey = &idempotencyKey
+	if f.idempotencyKey != "" {
+		req.IdempotencyKey = &f.idempotencyKey
 	}
-	raw := []byte(payload)
-	if payload == "-" {
+	raw := []byte(f.payload)
+	if f.payload == "-" {
 		if raw, err = io.ReadAll(io.LimitReader(env.stdin, maxPayloadBytes+1)); err != nil {
 			return fmt.Errorf("read the payload from standard input: %w", err)
 		}
@@ -109,7 +119,7 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 		return err
 	}
 
-	dsn, err := dbf.Resolve(env.getenv)
+	dsn, err := f.db.Resolve(env.getenv)
 	if err != nil {
 		return err
 	}
@@ -124,7 +134,7 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 	stored, existing, err := client.Insert(ctx, pool, job)
 	if errors.Is(err, client.ErrIdempotencyConflict) {
 		return fmt.Errorf("enqueue: --idempotency-key %q was already used in queue %q for a different job (job %d); nothing was enqueued",
-			idempotencyKey, queue, stored.ID)
+			f.idempotencyKey, f.queue, stored.ID)
 	}
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
@@ -137,7 +147,7 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 	return err
 }
 
-// compactPayload returns the payload compacted, or a clear error if it is
+// compactPayload returns the f.payload compacted, or a clear error if it is
 // not one valid JSON value; client.Validate checks that PostgreSQL can
 // store it as jsonb.
 func compactPayload(raw []byte) (json.RawMessage, error) {

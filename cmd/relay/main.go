@@ -50,6 +50,10 @@ type command struct {
 	name    string
 	summary string
 	run     func(ctx context.Context, env *environment, args []string) error
+	// flags returns a new flag set of the command, the one run parses its
+	// arguments with, so that a command line can be checked without
+	// running it. It is nil for experiment, whose arguments are relaylab's.
+	flags func() *cli.FlagSet
 }
 
 // environment is what the program gets from the outside, passed to every
@@ -62,13 +66,18 @@ type environment struct {
 
 func commands() []command {
 	return []command{
-		{"dev", "run a playground: a throwaway PostgreSQL, the API and 4 worker slots", runDev},
-		{"migrate", "apply (up), roll back (down) or list (status) the schema migrations", runMigrate},
-		{"serve", "serve the HTTP API, with --slots N also N worker slots", runServe},
-		{"work", "run a worker with the built-in job handlers", runWork},
-		{"enqueue", "enqueue a job directly in the database and print it", runEnqueue},
-		{"experiment", "run a recorded experiment: crash, burst or chaos", runExperiment},
-		{"version", "print the version", runVersion},
+		{"dev", "run a playground: a throwaway PostgreSQL, the API and 4 worker slots", runDev,
+			func() *cli.FlagSet { return newDevFlagSet(new(serveFlags)) }},
+		{"migrate", "apply (up), roll back (down) or list (status) the schema migrations", runMigrate,
+			func() *cli.FlagSet { return newMigrateFlagSet(new(migrateFlags)) }},
+		{"serve", "serve the HTTP API, with --slots N also N worker slots", runServe,
+			func() *cli.FlagSet { return newServeFlagSet(new(serveFlags)) }},
+		{"work", "run a worker with the built-in job handlers", runWork,
+			func() *cli.FlagSet { return newWorkFlagSet(new(workFlags)) }},
+		{"enqueue", "enqueue a job directly in the database and print it", runEnqueue,
+			func() *cli.FlagSet { return newEnqueueFlagSet(new(enqueueFlags)) }},
+		{"experiment", "run a recorded experiment: crash, burst or chaos", runExperiment, nil},
+		{"version", "print the version", runVersion, newVersionFlagSet},
 	}
 }
 
@@ -123,8 +132,14 @@ Environment:
 `)
 }
 
+// newVersionFlagSet returns the flag set of relay version, which has no
+// flags but -h.
+func newVersionFlagSet() *cli.FlagSet {
+	return cli.NewFlagSet("version", "relay version", "Prints the version of relay.")
+}
+
 func runVersion(_ context.Context, env *environment, args []string) error {
-	fs := cli.NewFlagSet("version", "relay version", "Prints the version of relay.")
+	fs := newVersionFlagSet()
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
 		return cli.Helped(err)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -201,6 +202,31 @@ func TestRun_HelpListsCommandsAndFlagsAndSucceeds(t *testing.T) {
 					t.Errorf("help does not mention %q:\n%s", w, r.stderr)
 				}
 			}
+		})
+	}
+}
+
+// TestCommands_FlagsAreTheSetRunParses checks the flag set each command
+// gives for checking a command line against the help it prints when run.
+func TestCommands_FlagsAreTheSetRunParses(t *testing.T) {
+	for _, c := range commands() {
+		if c.flags == nil {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			fs := c.flags()
+			if fs.Name() != c.name {
+				t.Errorf("flag set of %s is named %q", c.name, fs.Name())
+			}
+			r := runRelay(t.Context(), nil, "", c.name, "-h")
+			if r.err != nil {
+				t.Fatalf("relay %s -h: %v", c.name, r.err)
+			}
+			fs.VisitAll(func(f *flag.Flag) {
+				if !strings.Contains(r.stderr, "  -"+f.Name+" ") && !strings.Contains(r.stderr, "  -"+f.Name+"\n") {
+					t.Errorf("relay %s -h does not list -%s:\n%s", c.name, f.Name, r.stderr)
+				}
+			})
 		})
 	}
 }

@@ -9,18 +9,28 @@ import (
 	"github.com/relayq/relay/migrations"
 )
 
-func runMigrate(ctx context.Context, env *environment, args []string) error {
-	var (
-		logs cli.LogFlags
-		dbf  cli.DBFlags
-	)
+// migrateFlags are the flags of relay migrate.
+type migrateFlags struct {
+	logs cli.LogFlags
+	db   cli.DBFlags
+}
+
+// newMigrateFlagSet returns the flag set of relay migrate, which parses
+// into f.
+func newMigrateFlagSet(f *migrateFlags) *cli.FlagSet {
 	fs := cli.NewFlagSet("migrate", "relay migrate [up|down|status] [flags]",
 		`Applies Relay's schema migrations, embedded in the binary:
   up      apply every pending migration (the default)
   down    roll back the most recent migration
   status  list the migrations and whether each is applied`)
-	logs.Register(fs)
-	dbf.Register(fs)
+	f.logs.Register(fs)
+	f.db.Register(fs)
+	return fs
+}
+
+func runMigrate(ctx context.Context, env *environment, args []string) error {
+	var f migrateFlags
+	fs := newMigrateFlagSet(&f)
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
 		return cli.Helped(err)
@@ -36,11 +46,11 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	if action != "up" && action != "down" && action != "status" {
 		return cli.Usagef("migrate: unknown action %q: want up, down or status", action)
 	}
-	logger, err := logs.Logger(env.stderr)
+	logger, err := f.logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
-	dsn, err := dbf.Resolve(env.getenv)
+	dsn, err := f.db.Resolve(env.getenv)
 	if err != nil {
 		return err
 	}

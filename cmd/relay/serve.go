@@ -133,8 +133,9 @@ func isLoopbackListener(ln net.Listener) bool {
 	return ok && tcp.IP.IsLoopback()
 }
 
-func runServe(ctx context.Context, env *environment, args []string) error {
-	var opts serveFlags
+// newServeFlagSet returns the flag set of relay serve, which parses into
+// opts.
+func newServeFlagSet(opts *serveFlags) *cli.FlagSet {
 	fs := cli.NewFlagSet("serve", "relay serve [flags]",
 		`Serves the HTTP API. With --slots N it also runs N worker slots with the
 built-in handlers on --queue, on a database pool of their own. The database
@@ -144,6 +145,12 @@ RELAY_API_TOKEN) it listens only on a loopback address, unless
 finish (up to --shutdown-timeout) and running jobs drain (up to
 --shutdown-grace) before the process exits.`)
 	opts.register(fs, 0)
+	return fs
+}
+
+func runServe(ctx context.Context, env *environment, args []string) error {
+	var opts serveFlags
+	fs := newServeFlagSet(&opts)
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
 		return cli.Helped(err)

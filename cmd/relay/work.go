@@ -9,20 +9,29 @@ import (
 	"github.com/relayq/relay/worker"
 )
 
-func runWork(ctx context.Context, env *environment, args []string) error {
-	var (
-		logs cli.LogFlags
-		dbf  cli.DBFlags
-		wf   cli.WorkerFlags
-	)
+// workFlags are the flags of relay work.
+type workFlags struct {
+	logs   cli.LogFlags
+	db     cli.DBFlags
+	worker cli.WorkerFlags
+}
+
+// newWorkFlagSet returns the flag set of relay work, which parses into f.
+func newWorkFlagSet(f *workFlags) *cli.FlagSet {
 	fs := cli.NewFlagSet("work", "relay work [flags]",
 		`Runs a worker with the built-in job handlers (hash, sleep, fail, noop) on
 one queue. Any number of workers may run against one database. On SIGINT or
 SIGTERM the worker stops claiming, lets running jobs finish for up to
 --shutdown-grace, then releases the rest to other workers.`)
-	logs.Register(fs)
-	dbf.Register(fs)
-	wf.Register(fs, worker.DefaultSlots, "jobs to run at once")
+	f.logs.Register(fs)
+	f.db.Register(fs)
+	f.worker.Register(fs, worker.DefaultSlots, "jobs to run at once")
+	return fs
+}
+
+func runWork(ctx context.Context, env *environment, args []string) error {
+	var f workFlags
+	fs := newWorkFlagSet(&f)
 	pos, err := fs.Parse(args, env.stderr)
 	if err != nil {
 		return cli.Helped(err)
@@ -30,19 +39,19 @@ SIGTERM the worker stops claiming, lets running jobs finish for up to
 	if len(pos) > 0 {
 		return cli.Usagef("work: unexpected argument %q", pos[0])
 	}
-	logger, err := logs.Logger(env.stderr)
+	logger, err := f.logs.Logger(env.stderr)
 	if err != nil {
 		return err
 	}
-	if wf.Slots < 1 {
-		return cli.Usagef("--slots must be at least 1, got %d", wf.Slots)
+	if f.worker.Slots < 1 {
+		return cli.Usagef("--slots must be at least 1, got %d", f.worker.Slots)
 	}
-	wf.ResolveEnv(env.getenv)
-	cfg, err := wf.Config(logger)
+	f.worker.ResolveEnv(env.getenv)
+	cfg, err := f.worker.Config(logger)
 	if err != nil {
 		return err
 	}
-	dsn, err := dbf.Resolve(env.getenv)
+	dsn, err := f.db.Resolve(env.getenv)
 	if err != nil {
 		return err
 	}
