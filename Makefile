@@ -10,7 +10,7 @@ export RELAY_TEST_DATABASE_URL
 GO ?= go
 SQLC := $(GO) tool -modfile=tools.mod sqlc
 
-.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test modelcheck build run experiment chaos lint-actions clean
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test docker-context-check modelcheck build run experiment chaos lint-actions clean
 
 all: check
 
@@ -44,6 +44,11 @@ sqlc-vet:
 test:
 	$(GO) test -race -count=1 ./...
 	cd $(LAB) && $(GO) test -race -count=1 ./...
+
+## docker-context-check: without Docker, the image's build stage builds relay from the build context (.dockerignore honoured), and the command lines of the Dockerfile and docker-compose.yml are relay's (part of test)
+docker-context-check:
+	$(GO) test -race -count=1 ./internal/dockerbuild
+	$(GO) test -race -count=1 -run '^TestDocker' ./cmd/relay
 
 ## modelcheck: the model check of the state machine, seed after seed for RELAY_MODELCHECK_DURATION
 RELAY_MODELCHECK_DURATION ?= 5m
