@@ -53,8 +53,8 @@ type stage struct {
 	*Stage
 	root    string
 	workdir string            // absolute, in the stage
-	env     map[string]string // ENV, and then ARG values
-	args    map[string]string
+	env     map[string]string // ENV values
+	args    map[string]string // ARG values, which ENV values hide
 	user    string
 	golang  bool     // FROM a golang image: RUN may run
 	owned   []string // absolute paths in the stage that RUN sees under root
