@@ -7,10 +7,11 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/worker"
 )
 
@@ -25,14 +26,27 @@ func Example() {
 	}
 	defer pool.Close()
 
-	// Enqueue: one typed statement from queries/jobs.sql.
-	job, err := db.New(pool).JobInsert(ctx, db.JobInsertParams{
-		Queue:       "emails",
-		Kind:        "welcome",
-		Payload:     json.RawMessage(`{"to": "ada@example.com"}`),
-		MaxAttempts: 5,
-	})
+	// Enqueue in a transaction of the program's own: the job exists for
+	// workers when, and only if, the transaction commits.
+	tx, err := pool.Begin(ctx)
 	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	spec, err := client.Validate(client.Request{
+		Kind:        "welcome",
+		Queue:       ptr("emails"),
+		Payload:     json.RawMessage(`{"to": "ada@example.com"}`),
+		MaxAttempts: ptr[int64](5),
+	}, time.Now())
+	if err != nil {
+		log.Fatal(err) // a *client.FieldError names the field at fault
+	}
+	job, _, err := client.Insert(ctx, tx, spec)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("enqueued job", job.ID)
@@ -57,3 +71,6 @@ func Example() {
 		log.Fatal(err)
 	}
 }
+
+// ptr returns a pointer to v, for the optional fields of client.Request.
+func ptr[T any](v T) *T { return &v }

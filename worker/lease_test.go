@@ -663,8 +663,6 @@ func (r recorder) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return r.DBTX.Query(ctx, sql, args...)
 }
 
-func ptr[T any](v T) *T { return &v }
-
 func TestReclaim_KeepsJobsPlaceAheadOfLaterJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
