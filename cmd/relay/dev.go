@@ -30,7 +30,8 @@ The database is --database-url or DATABASE_URL when given (it is migrated
 up). Otherwise relay starts a throwaway PostgreSQL of its own: a temporary
 cluster made with initdb and pg_ctl (found on PATH or in
 /usr/lib/postgresql/*/bin), or failing that a container through Docker. It is
-removed, with all its data, when relay stops (Ctrl-C or SIGTERM).
+removed, with all its data, when relay stops (Ctrl-C, SIGTERM, or SIGHUP
+when its terminal closes).
 
 Without an API token (--api-token or RELAY_API_TOKEN) it listens only on a
 loopback address, unless --insecure-no-auth is given.`)

@@ -35,8 +35,16 @@ type proc struct {
 
 func startProc(t *testing.T, ctx context.Context, name string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, ctx, name, nil, args...)
+}
+
+// startProcEnv starts relay with env as its environment (the test's own if
+// nil).
+func startProcEnv(t *testing.T, ctx context.Context, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, done: make(chan struct{})}
 	p.cmd = exec.CommandContext(ctx, relaybin.Path(t), args...)
+	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
@@ -63,17 +71,23 @@ func startProc(t *testing.T, ctx context.Context, name string, args ...string) *
 // terminate sends SIGTERM and checks that the process exits 0 in time.
 func (p *proc) terminate(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	p.stop(t, syscall.SIGTERM, timeout)
+}
+
+// stop sends sig and checks that the process exits 0 in time.
+func (p *proc) stop(t *testing.T, sig syscall.Signal, timeout time.Duration) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Errorf("signal %s: %v", p.name, err)
 		return
 	}
 	select {
 	case <-p.done:
 		if p.err != nil {
-			t.Errorf("%s exited with %v after SIGTERM, want status 0", p.name, p.err)
+			t.Errorf("%s exited with %v after %v, want status 0", p.name, p.err, sig)
 		}
 	case <-time.After(timeout):
-		t.Errorf("%s still running %s after SIGTERM", p.name, timeout)
+		t.Errorf("%s still running %s after %v", p.name, timeout, sig)
 	}
 }
 
@@ -218,13 +232,18 @@ func TestEndToEnd_ServeAndWorkersRunJobs(t *testing.T) {
 		}
 	}
 
-	// SIGTERM stops every process cleanly.
+	// SIGTERM, and the SIGHUP of a closing terminal, stop every process
+	// cleanly.
 	var wg sync.WaitGroup
-	for _, p := range append([]*proc{serve}, workers["e2e-worker-1"], workers["e2e-worker-2"]) {
+	for p, sig := range map[*proc]syscall.Signal{
+		serve:                   syscall.SIGHUP,
+		workers["e2e-worker-1"]: syscall.SIGTERM,
+		workers["e2e-worker-2"]: syscall.SIGHUP,
+	} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.terminate(t, 20*time.Second)
+			p.stop(t, sig, 20*time.Second)
 		}()
 	}
 	wg.Wait()

@@ -11,7 +11,8 @@
 //	relay version
 //
 // Run "relay COMMAND -h" for a command's flags. The database comes from
-// --database-url or DATABASE_URL. SIGINT and SIGTERM shut down gracefully.
+// --database-url or DATABASE_URL. SIGINT, SIGTERM and SIGHUP (the terminal
+// closing) shut down gracefully.
 package main
 
 import (
@@ -31,11 +32,16 @@ import (
 // -ldflags "-X main.version=v1.2.3"; otherwise the module version, if any.
 var version = ""
 
+// shutdownSignals start a graceful shutdown. SIGHUP is among them because
+// closing the terminal that runs `relay dev` sends it, and the default
+// action, dying at once, would leave the throwaway database running.
+var shutdownSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
 func main() {
 	// The first signal starts a graceful shutdown; later ones are ignored
 	// until it is done, so that `relay dev` always gets to remove its
 	// throwaway database. Every step of the shutdown has a time limit.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), shutdownSignals...)
 	err := run(ctx, os.Args, os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
@@ -82,7 +88,7 @@ func commands() []command {
 }
 
 // run is the whole program: args are os.Args, and ctx is cancelled by
-// SIGINT or SIGTERM.
+// one of shutdownSignals.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	env := &environment{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	if len(args) < 2 {

@@ -141,8 +141,8 @@ func newServeFlagSet(opts *serveFlags) *cli.FlagSet {
 built-in handlers on --queue, on a database pool of their own. The database
 must be reachable and migrated. Without an API token (--api-token or
 RELAY_API_TOKEN) it listens only on a loopback address, unless
---insecure-no-auth is given. On SIGINT or SIGTERM, in-flight requests
-finish (up to --shutdown-timeout) and running jobs drain (up to
+--insecure-no-auth is given. On SIGINT, SIGTERM or SIGHUP, in-flight
+requests finish (up to --shutdown-timeout) and running jobs drain (up to
 --shutdown-grace) before the process exits.`)
 	opts.register(fs, 0)
 	return fs

@@ -20,9 +20,9 @@ type workFlags struct {
 func newWorkFlagSet(f *workFlags) *cli.FlagSet {
 	fs := cli.NewFlagSet("work", "relay work [flags]",
 		`Runs a worker with the built-in job handlers (hash, sleep, fail, noop) on
-one queue. Any number of workers may run against one database. On SIGINT or
-SIGTERM the worker stops claiming, lets running jobs finish for up to
---shutdown-grace, then releases the rest to other workers.`)
+one queue. Any number of workers may run against one database. On SIGINT,
+SIGTERM or SIGHUP the worker stops claiming, lets running jobs finish for up
+to --shutdown-grace, then releases the rest to other workers.`)
 	f.logs.Register(fs)
 	f.db.Register(fs)
 	f.worker.Register(fs, worker.DefaultSlots, "jobs to run at once")
