@@ -52,6 +52,53 @@ func TestDev_StopsAndRemovesItsClusterWhenItsTerminalCloses(t *testing.T) {
 	}
 }
 
+// TestDev_RemovesTheClusterOfARelayDevThatWasKilled kills one `relay dev`
+// with SIGKILL, which leaves its cluster running, and starts another beside
+// a third, live one.
+func TestDev_RemovesTheClusterOfARelayDevThatWasKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL servers; skipped with -short")
+	}
+	ctx := testContext(t, 3*time.Minute)
+	tmpdir := devTempDir(t)
+	live := startDev(t, ctx, tmpdir, "live relay dev")
+	killed := startDev(t, ctx, tmpdir, "killed relay dev")
+	if err := killed.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-killed.done
+	if !postmasterRunning(t, killed.pid, killed.dataDir) {
+		t.Fatalf("the killed relay dev's postmaster (pid %d) stopped by itself: nothing left to remove", killed.pid)
+	}
+
+	next := startDev(t, ctx, tmpdir, "next relay dev")
+
+	if postmasterRunning(t, killed.pid, killed.dataDir) {
+		t.Errorf("the killed relay dev's postmaster (pid %d) still runs", killed.pid)
+	}
+	if _, err := os.Stat(killed.dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the killed relay dev's directory %s is still there (stat: %v)", killed.dir, err)
+	}
+	var removed []string
+	for _, line := range strings.Split(next.stderr.String(), "\n") {
+		if strings.Contains(line, "removed a throwaway PostgreSQL that a dead process left behind") {
+			removed = append(removed, line)
+		}
+	}
+	if len(removed) != 1 || !strings.Contains(removed[0], "dir="+killed.dir) {
+		t.Errorf("the next relay dev logged %q, want one line naming %s", removed, killed.dir)
+	}
+	if !postmasterRunning(t, live.pid, live.dataDir) {
+		t.Errorf("the live relay dev's postmaster (pid %d) is gone", live.pid)
+	}
+	if _, err := os.Stat(live.dataDir); err != nil {
+		t.Errorf("the live relay dev's cluster: %v", err)
+	}
+	waitHealthy(t, ctx, live.proc, "http://"+live.addr)
+	live.terminate(t, 30*time.Second)
+	next.terminate(t, 30*time.Second)
+}
+
 // devTempDir returns a new directory for `relay dev` processes to use as
 // TMPDIR, so that they see only the clusters of this test. Its path is
 // short, for the cluster's Unix-domain socket, and others may traverse it,

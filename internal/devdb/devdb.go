@@ -16,7 +16,12 @@
 // Stop removes everything: the server, its directory or its container. A
 // process killed with SIGKILL cannot clean up after itself: its cluster
 // directory (named relay-devdb-*) stays in the temporary directory, and its
-// server keeps running until stopped by hand.
+// server keeps running. The process holds a lock in that directory for the
+// cluster's whole life, so the next StartLocal sees that the owner is dead,
+// stops the server and removes the directory. It leaves alone, with a
+// warning that says how to remove them, the directories without a lock
+// that older versions left, since nothing shows whether their owners still
+// live.
 package devdb
 
 import (
@@ -70,7 +75,8 @@ type Cluster struct {
 	url string
 
 	// A local cluster.
-	dir     string // temporary directory holding everything below
+	dir     string   // temporary directory holding everything below
+	lock    *os.File // holds the lock that shows the cluster in use
 	dataDir string
 	logFile string
 	bin     string // directory of initdb, pg_ctl and postgres
@@ -108,11 +114,20 @@ func Start(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
 }
 
 // StartLocal starts a private local cluster with initdb and pg_ctl, never a
-// container. The caller must call Stop.
-func StartLocal(ctx context.Context, logger *slog.Logger) (_ *Cluster, err error) {
+// container, after removing those that dead processes left in the
+// temporary directory, logging one line for each. The caller must call
+// Stop.
+func StartLocal(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	parent := os.TempDir()
+	removeAbandoned(ctx, logger, parent)
+	return startLocal(ctx, logger, parent)
+}
+
+// startLocal starts a local cluster in a new directory of parent.
+func startLocal(ctx context.Context, logger *slog.Logger, parent string) (_ *Cluster, err error) {
 	bin, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -121,13 +136,19 @@ func StartLocal(ctx context.Context, logger *slog.Logger) (_ *Cluster, err error
 	if err != nil {
 		return nil, fmt.Errorf("devdb: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "relay-devdb-")
+	dir, err := os.MkdirTemp(parent, dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("devdb: create directory: %w", err)
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	c := &Cluster{
 		log:     logger,
 		dir:     dir,
+		lock:    lock,
 		dataDir: filepath.Join(dir, "data"),
 		logFile: filepath.Join(dir, "postgres.log"),
 		bin:     bin,
@@ -268,15 +289,16 @@ func (c *Cluster) startServer(ctx context.Context) error {
 	return nil
 }
 
-// stopLocal stops the server, killing it if pg_ctl cannot, and removes the
-// directory.
+// stopLocal stops the server, killing it if pg_ctl cannot, removes the
+// directory, and then lets go of its lock.
 func (c *Cluster) stopLocal(ctx context.Context, mode ShutdownMode) error {
+	defer c.lock.Close()
 	var errs []error
 	if _, err := os.Stat(filepath.Join(c.dataDir, "postmaster.pid")); err == nil {
 		out, err := c.command(ctx, "pg_ctl", "stop", "-D", c.dataDir, "-m", string(mode), "-w", "-t", "30").CombinedOutput()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("devdb: pg_ctl stop: %w: %s", err, lastLine(out)))
-			c.kill()
+			c.kill(ctx)
 		}
 	}
 	if err := os.RemoveAll(c.dir); err != nil {
@@ -285,15 +307,12 @@ func (c *Cluster) stopLocal(ctx context.Context, mode ShutdownMode) error {
 	return errors.Join(errs...)
 }
 
-// kill sends SIGKILL to the postmaster named in postmaster.pid. Its
-// children exit when they find it gone.
-func (c *Cluster) kill() {
-	b, err := os.ReadFile(filepath.Join(c.dataDir, "postmaster.pid"))
-	if err != nil {
-		return
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && pid > 0 {
+// kill sends SIGKILL to the postmaster named in postmaster.pid, if that
+// process is still the cluster's postmaster. Its children exit when they
+// find it gone.
+func (c *Cluster) kill(ctx context.Context) {
+	// The last resort, even when ctx has ended.
+	if pid, running, err := postmasterOf(context.WithoutCancel(ctx), c.dataDir); err == nil && running {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
