@@ -11,6 +11,7 @@ import (
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/devdb"
 	"github.com/relayq/relay/internal/pgurl"
+	"github.com/relayq/relay/internal/shell"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -61,7 +62,8 @@ func runDev(ctx context.Context, env *environment, args []string) (err error) {
 
 	dsn, _ := opts.db.Resolve(env.getenv)
 	where := "the database at " + pgurl.Redact(dsn)
-	if dsn == "" {
+	throwaway := dsn == ""
+	if throwaway {
 		cluster, err := devdb.Start(ctx, logger)
 		if err != nil {
 			return err
@@ -84,7 +86,8 @@ func runDev(ctx context.Context, env *environment, args []string) (err error) {
 		return err
 	}
 	return serve(ctx, logger, dsn, &opts, func(addr net.Addr) {
-		printDevBanner(env, addr, opts.apiToken, opts.worker.Slots, where)
+		printDevBanner(env, devBanner{addr: addr, token: opts.apiToken, slots: opts.worker.Slots,
+			where: where, dsn: dsn, throwaway: throwaway})
 	})
 }
 
@@ -105,23 +108,39 @@ func migrateUp(ctx context.Context, logger *slog.Logger, dsn string) error {
 	return nil
 }
 
+// devBanner is what the banner of `relay dev` tells.
+type devBanner struct {
+	addr      net.Addr // where the API listens
+	token     string   // the API token, if any, never printed
+	slots     int
+	where     string // the database, in words
+	dsn       string
+	throwaway bool // whether relay started the database
+}
+
 // printDevBanner tells how to try the playground.
-func printDevBanner(env *environment, addr net.Addr, token string, slots int, where string) {
-	host := addr.String()
+func printDevBanner(env *environment, d devBanner) {
+	host := d.addr.String()
 	// localhost reaches a listener on every interface or on 127.0.0.1, but
 	// not necessarily one on another loopback address such as ::1.
-	if tcp, ok := addr.(*net.TCPAddr); ok && (tcp.IP.IsUnspecified() || tcp.IP.Equal(net.IPv4(127, 0, 0, 1))) {
+	if tcp, ok := d.addr.(*net.TCPAddr); ok && (tcp.IP.IsUnspecified() || tcp.IP.Equal(net.IPv4(127, 0, 0, 1))) {
 		host = fmt.Sprintf("localhost:%d", tcp.Port)
 	}
 	auth := ""
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nRelay is running: the API on http://%s with %d worker slots,\non %s.\n\n", host, slots, where)
-	if token != "" {
+	fmt.Fprintf(&b, "\nRelay is running: the API on http://%s with %d worker slots,\non %s.\n\n", host, d.slots, d.where)
+	if d.token != "" {
 		auth = ` -H "Authorization: Bearer $RELAY_API_TOKEN"`
 		b.WriteString("The API requires its bearer token: set RELAY_API_TOKEN to it where you run curl.\n\n")
 	}
 	fmt.Fprintf(&b, "Try:\n  curl -s%s %s/v1/jobs -d '{\"kind\":\"hash\",\"payload\":{\"iterations\":1000}}'\n", auth, host)
 	fmt.Fprintf(&b, "  curl -s%s %s/v1/jobs/1    # 1: the id the first command printed\n\n", auth, host)
+	if d.throwaway {
+		// relay made this database: its URL holds no secret of the user's.
+		fmt.Fprintf(&b, "For relay enqueue (or psql) in another terminal, first:\n  export DATABASE_URL=%s\n\n", shell.Quote(d.dsn))
+	} else {
+		b.WriteString("For relay enqueue in another terminal, set DATABASE_URL there to the database given here.\n\n")
+	}
 	fmt.Fprintf(&b, "Built-in kinds: hash, sleep, fail, noop. Press Ctrl-C to stop.\n\n")
 	fmt.Fprint(env.stdout, b.String())
 }

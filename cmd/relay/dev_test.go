@@ -2,6 +2,8 @@ package main
 
 import (
 	"net"
+	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -26,7 +28,7 @@ func TestDevBanner_ShowsCurlLinesThatReachTheAPI(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout strings.Builder
-			printDevBanner(&environment{stdout: &stdout}, tt.addr, tt.token, 4, "a database")
+			printDevBanner(&environment{stdout: &stdout}, devBanner{addr: tt.addr, token: tt.token, slots: 4, where: "a database"})
 			if !strings.Contains(stdout.String(), tt.wantCurl) {
 				t.Errorf("banner does not contain %q:\n%s", tt.wantCurl, stdout.String())
 			}
@@ -37,5 +39,39 @@ func TestDevBanner_ShowsCurlLinesThatReachTheAPI(t *testing.T) {
 				t.Errorf("banner prints the token:\n%s", stdout.String())
 			}
 		})
+	}
+}
+
+// exportLineRE matches the banner's line that sets DATABASE_URL.
+var exportLineRE = regexp.MustCompile(`(?m)^  (export DATABASE_URL=.*)$`)
+
+func TestDevBanner_GivesTheThrowawayDatabaseURLAsAShellLine(t *testing.T) {
+	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}
+	const dsn = "postgres://postgres@127.0.0.1:40123/postgres?sslmode=disable"
+	var stdout strings.Builder
+	printDevBanner(&environment{stdout: &stdout}, devBanner{addr: addr, slots: 4, where: "a throwaway PostgreSQL", dsn: dsn, throwaway: true})
+	m := exportLineRE.FindStringSubmatch(stdout.String())
+	if m == nil {
+		t.Fatalf("no export DATABASE_URL=... line in the banner:\n%s", stdout.String())
+	}
+	out, err := exec.Command("sh", "-c", m[1]+` && printf %s "$DATABASE_URL"`).Output()
+	if err != nil {
+		t.Fatalf("sh -c %q: %v", m[1], err)
+	}
+	if string(out) != dsn {
+		t.Errorf("%s sets DATABASE_URL to %q, want %q", m[1], out, dsn)
+	}
+}
+
+func TestDevBanner_DoesNotPrintAGivenDatabaseURL(t *testing.T) {
+	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}
+	const dsn = "postgres://app:s3cret@db.example.com/app"
+	var stdout strings.Builder
+	printDevBanner(&environment{stdout: &stdout}, devBanner{addr: addr, slots: 4, where: "the database at postgres://app:xxxxx@db.example.com/app", dsn: dsn})
+	if strings.Contains(stdout.String(), "s3cret") || exportLineRE.MatchString(stdout.String()) {
+		t.Errorf("the banner prints the given database URL:\n%s", stdout.String())
+	}
+	if !strings.Contains(stdout.String(), "set DATABASE_URL there") {
+		t.Errorf("the banner does not say to set DATABASE_URL in another terminal:\n%s", stdout.String())
 	}
 }

@@ -11,35 +11,34 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/relaybin"
 )
 
-// TestREADME_CurlTourWorksAsWritten runs every curl line of the README's
-// tour, in order, against `relay dev`, changing nothing but the port.
-func TestREADME_CurlTourWorksAsWritten(t *testing.T) {
+// TestREADME_TourWorksAsWritten runs `relay dev` as the README does, with
+// no DATABASE_URL, then every line of the README's tour, in order, changing
+// nothing but the ports and the `go run` of relay: the curl lines, then the
+// export line that the banner printed and the relay enqueue line.
+func TestREADME_TourWorksAsWritten(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server; skipped with -short")
+	}
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatalf("the README's tour needs curl: %v", err)
 	}
-	lines := readmeTour(t)
-	if len(lines) < 10 {
-		t.Fatalf("found %d curl lines in the README's tour, want the whole tour", len(lines))
+	tour := readmeTour(t)
+	if len(tour.curl) < 10 {
+		t.Fatalf("found %d curl lines in the README's tour, want the whole tour", len(tour.curl))
 	}
+	relay := relaybin.Path(t)
 
-	ctx := testContext(t, 60*time.Second)
+	ctx := testContext(t, 2*time.Minute)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	dsn := dbtest.NewURL(t)
-	getenv := func(k string) string {
-		if k == "DATABASE_URL" {
-			return dsn
-		}
-		return ""
-	}
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(runCtx, []string{"relay", "dev", "--addr", "127.0.0.1:0", "--backoff-base", "50ms"}, getenv,
-			strings.NewReader(""), &stdout, &stderr)
+		done <- run(runCtx, []string{"relay", "dev", "--addr", "127.0.0.1:0", "--backoff-base", "50ms"},
+			func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
 	}()
 	bannerRE := regexp.MustCompile(`curl -s (localhost:\d+)/v1/jobs -d`)
 	var addr string
@@ -55,24 +54,38 @@ func TestREADME_CurlTourWorksAsWritten(t *testing.T) {
 			addr = m[1]
 		}
 	}
+	// The banner is written at once.
+	m := exportLineRE.FindStringSubmatch(stdout.String())
+	if m == nil {
+		t.Fatalf("the banner has no export DATABASE_URL=... line:\n%s", stdout.String())
+	}
+	export := m[1]
 
-	for _, line := range lines {
+	for _, line := range tour.curl {
 		cmdline := strings.ReplaceAll(line, "localhost:8080", addr)
 		out, err := exec.CommandContext(ctx, "sh", "-c", cmdline).Output()
 		if err != nil {
 			t.Fatalf("%s: %v", line, err)
 		}
-		var body map[string]any
-		if err := json.Unmarshal(out, &body); err != nil {
-			t.Fatalf("%s: not a JSON object: %q", line, out)
-		}
-		if msg, ok := body["error"]; ok {
-			t.Errorf("%s: error %v", line, msg)
-		}
+		checkJSONObject(t, line, out)
 		// Let the workers catch up, so that later lines (the list of
 		// succeeded jobs) find what earlier ones started.
 		time.Sleep(200 * time.Millisecond)
 	}
+
+	if len(tour.shell) != 2 {
+		t.Fatalf("the README's tour has shell lines %q, want an export DATABASE_URL line and a relay enqueue line", tour.shell)
+	}
+	portRE := regexp.MustCompile(`127\.0\.0\.1:\d+/`)
+	if want := portRE.ReplaceAllString(export, "127.0.0.1:PORT/"); tour.shell[0] != want {
+		t.Errorf("the README's line is\n\t%s\nbut relay dev printed\n\t%s", tour.shell[0], export)
+	}
+	enqueue := strings.Replace(tour.shell[1], "go run ./cmd/relay ", relay+" ", 1)
+	out, err := exec.CommandContext(ctx, "sh", "-c", export+"\n"+enqueue).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", tour.shell[1], err)
+	}
+	checkJSONObject(t, tour.shell[1], out)
 
 	stop()
 	select {
@@ -85,16 +98,36 @@ func TestREADME_CurlTourWorksAsWritten(t *testing.T) {
 	}
 }
 
-// readmeTour returns the curl lines of the README's "A curl tour" section.
-func readmeTour(t *testing.T) []string {
+// checkJSONObject fails the test unless out, what line printed, is a JSON
+// object without an error.
+func checkJSONObject(t *testing.T, line string, out []byte) {
+	t.Helper()
+	var body map[string]any
+	if err := json.Unmarshal(out, &body); err != nil {
+		t.Fatalf("%s: not a JSON object: %q", line, out)
+	}
+	if msg, ok := body["error"]; ok {
+		t.Errorf("%s: error %v", line, msg)
+	}
+}
+
+// tourLines are the command lines of the README's "A curl tour" section.
+type tourLines struct {
+	curl  []string // of its first code block
+	shell []string // of the other code blocks
+}
+
+// readmeTour returns the command lines of the README's tour: those of its
+// code blocks that are neither comments nor blank.
+func readmeTour(t *testing.T) tourLines {
 	t.Helper()
 	f, err := os.Open("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var lines []string
-	inTour, inBlock := false, false
+	var tour tourLines
+	inTour, inBlock, blocks := false, false, 0
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		line := s.Text()
@@ -103,11 +136,17 @@ func readmeTour(t *testing.T) []string {
 			inTour = true
 		case inTour && strings.HasPrefix(line, "```"):
 			inBlock = !inBlock
+			if inBlock {
+				blocks++
+			}
 		case inTour && !inBlock && strings.HasPrefix(line, "#"):
-			return lines
-		case inTour && inBlock && strings.HasPrefix(line, "curl "):
-			lines = append(lines, line)
+			return tour
+		case inTour && inBlock && (strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#")):
+		case inTour && inBlock && blocks == 1:
+			tour.curl = append(tour.curl, line)
+		case inTour && inBlock:
+			tour.shell = append(tour.shell, line)
 		}
 	}
-	return lines
+	return tour
 }
