@@ -10,7 +10,7 @@ export RELAY_TEST_DATABASE_URL
 GO ?= go
 SQLC := $(GO) tool -modfile=tools.mod sqlc
 
-.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test docker-context-check modelcheck build run experiment chaos lint-actions clean
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test docker-context-check drop-test-databases modelcheck build run experiment chaos lint-actions clean
 
 all: check
 
@@ -49,6 +49,13 @@ test:
 docker-context-check:
 	$(GO) test -race -count=1 ./internal/dockerbuild
 	$(GO) test -race -count=1 -run '^TestDocker' ./cmd/relay
+
+## drop-test-databases: drop the databases that tests keep or leave on RELAY_TEST_DATABASE_URL's server (run it while no tests use that server)
+# make check keeps relay_template_* and relay_sqlc_vet_* for the next run;
+# an interrupted run leaves relay_test_* and relay_empty_*.
+drop-test-databases:
+	psql "$(RELAY_TEST_DATABASE_URL)" -Atc "SELECT format('DROP DATABASE %I;', datname) FROM pg_database WHERE datname ~ '^relay_(template|sqlc_vet|test|empty)_' ORDER BY datname" \
+		| psql "$(RELAY_TEST_DATABASE_URL)" -q -e
 
 ## modelcheck: the model check of the state machine, seed after seed for RELAY_MODELCHECK_DURATION
 RELAY_MODELCHECK_DURATION ?= 5m

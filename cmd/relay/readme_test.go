@@ -150,3 +150,29 @@ func readmeTour(t *testing.T) tourLines {
 	}
 	return tour
 }
+
+// TestREADME_NamesOnlyMakeTargetsThatExist checks every `make TARGET` the
+// README gives, in code or in a code block, against the Makefile.
+func TestREADME_NamesOnlyMakeTargetsThatExist(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	makefile, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^([a-z][a-z-]*):`).FindAllStringSubmatch(string(makefile), -1) {
+		targets[m[1]] = true
+	}
+	named := regexp.MustCompile("(?m)(?:`|^)make ([a-z][a-z-]*)").FindAllStringSubmatch(string(readme), -1)
+	if len(named) == 0 {
+		t.Fatal("the README names no make target")
+	}
+	for _, m := range named {
+		if !targets[m[1]] {
+			t.Errorf("the README names make %s, which the Makefile does not have", m[1])
+		}
+	}
+}
