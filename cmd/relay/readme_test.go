@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -149,6 +151,38 @@ func readmeTour(t *testing.T) tourLines {
 		}
 	}
 	return tour
+}
+
+// readmeText returns the README with its lines joined by spaces, so that a
+// sentence can be matched whatever its line breaks.
+func readmeText(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(strings.Fields(string(b)), " ")
+}
+
+// TestREADME_ConnectionCountsFollowFromThePools checks the README's counts
+// of idle connections against servingMinConns: each pool keeps that many,
+// plus the one its start-up check opened; a worker adds its session; dev
+// runs two pools and one worker.
+func TestREADME_ConnectionCountsFollowFromThePools(t *testing.T) {
+	text := readmeText(t)
+	m := regexp.MustCompile("`relay serve` holds (\\d+), `relay work` (\\d+) and `relay dev` (\\d+)\\. Each pool keeps (\\d+) open").FindStringSubmatch(text)
+	if m == nil {
+		t.Fatal("the README does not say how many connections serve, work and dev hold, and each pool keeps")
+	}
+	n := make([]int, 4)
+	for i := range n {
+		n[i], _ = strconv.Atoi(m[i+1])
+	}
+	pool := servingMinConns + 1
+	if want := []int{pool, pool + 1, 2*pool + 1, servingMinConns}; !slices.Equal(n, want) {
+		t.Errorf("the README says serve %d, work %d, dev %d, each pool %d; servingMinConns = %d makes them %v",
+			n[0], n[1], n[2], n[3], servingMinConns, want)
+	}
 }
 
 // TestREADME_NamesOnlyMakeTargetsThatExist checks every `make TARGET` the
