@@ -13,7 +13,6 @@ import (
 	"os"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,49 +21,9 @@ import (
 	"github.com/relayq/relay/internal/builtin"
 )
 
-// ProcSlots is one burst configuration: Procs worker processes of Slots
-// execution slots each.
-type ProcSlots struct {
-	Procs int `json:"procs"`
-	Slots int `json:"slots"`
-}
-
-// String returns the configuration as PROCSxSLOTS, e.g. "3x4".
-func (c ProcSlots) String() string { return fmt.Sprintf("%dx%d", c.Procs, c.Slots) }
-
-// TotalSlots is Procs·Slots.
-func (c ProcSlots) TotalSlots() int { return c.Procs * c.Slots }
-
 // DefaultConfigs are the reference study's configurations: one slot,
 // four slots, twelve slots across three processes.
-var DefaultConfigs = []ProcSlots{{1, 1}, {1, 4}, {3, 4}}
-
-// FormatConfigs writes configurations as ParseConfigs reads them, e.g.
-// "1x1,1x4,3x4".
-func FormatConfigs(cs []ProcSlots) string {
-	parts := make([]string, len(cs))
-	for i, c := range cs {
-		parts[i] = c.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-// ParseConfigs parses a comma-separated list of PROCSxSLOTS, such as
-// "1x1,1x4,3x4".
-func ParseConfigs(s string) ([]ProcSlots, error) {
-	var out []ProcSlots
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		p, sl, ok := strings.Cut(part, "x")
-		procs, err1 := strconv.Atoi(p)
-		slots, err2 := strconv.Atoi(sl)
-		if !ok || err1 != nil || err2 != nil || procs < 1 || slots < 1 || procs > 64 || slots > 1000 {
-			return nil, fmt.Errorf("invalid configuration %q: want PROCSxSLOTS such as 3x4", part)
-		}
-		out = append(out, ProcSlots{Procs: procs, Slots: slots})
-	}
-	return out, nil
-}
+var DefaultConfigs = []harness.ProcSlots{{Procs: 1, Slots: 1}, {Procs: 1, Slots: 4}, {Procs: 3, Slots: 4}}
 
 // Config configures the burst experiment. Zero fields take the
 // defaults named in their comments.
@@ -82,7 +41,7 @@ type Config struct {
 	// Jobs is how many jobs each configuration runs. Default 3000.
 	Jobs int
 	// Configs are the configurations, in order. Default DefaultConfigs.
-	Configs []ProcSlots
+	Configs []harness.ProcSlots
 	// Workload is the hash payload of every job. Default sleep_ms 10,
 	// iterations 1000.
 	Workload *builtin.HashPayload
@@ -418,7 +377,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 // runConfig runs one configuration on a database of its own, and returns
 // its record and the environment it ran in, read as it started.
-func runConfig(ctx context.Context, cfg Config, pc ProcSlots, logDir string) (_ *ConfigRun, env harness.Environment, err error) {
+func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir string) (_ *ConfigRun, env harness.Environment, err error) {
 	prog := harness.NewProgress(cfg.Progress, fmt.Sprintf("burst %-5s", pc), cfg.Jobs)
 	prog.Note("creating and migrating a database")
 	d, err := harness.CreateDatabase(ctx, cfg.AdminURL, "relay_exp_burst_")

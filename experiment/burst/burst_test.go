@@ -22,7 +22,7 @@ func TestRun_Short(t *testing.T) {
 		RelayBin:     bin,
 		OutDir:       t.TempDir(),
 		Jobs:         jobs,
-		Configs:      []ProcSlots{{1, 2}, {2, 2}},
+		Configs:      []harness.ProcSlots{{Procs: 1, Slots: 2}, {Procs: 2, Slots: 2}},
 		Workload:     &builtin.HashPayload{SleepMs: 5, Iterations: 100},
 		BatchSize:    25,
 		Submitters:   2,
@@ -63,30 +63,6 @@ func TestRun_Short(t *testing.T) {
 	}
 	if err := harness.CheckFiles(res.Files, 3); err != nil {
 		t.Error(err)
-	}
-}
-
-func TestParseConfigs(t *testing.T) {
-	got, err := ParseConfigs("1x1, 1x4,3x4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []ProcSlots{{1, 1}, {1, 4}, {3, 4}}
-	if len(got) != len(want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("got %v, want %v", got, want)
-		}
-	}
-	if back := FormatConfigs(got); back != "1x1,1x4,3x4" {
-		t.Errorf("FormatConfigs(%v) = %q, want %q", got, back, "1x1,1x4,3x4")
-	}
-	for _, bad := range []string{"", "1", "x4", "0x1", "1x0", "1x4,", "ax2"} {
-		if _, err := ParseConfigs(bad); err == nil {
-			t.Errorf("ParseConfigs(%q) succeeded", bad)
-		}
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 )
 
 // experimentUsage is the help of relaylab, which `relay experiment` runs.
-const experimentUsage = `Usage: relay experiment crash|burst|chaos [flags]
+const experimentUsage = `Usage: relay experiment crash|burst|burndown|chaos [flags]
 
 Runs one of Relay's recorded experiments against real relay processes (the
 relay binary beside this one, else on PATH, or --relay-bin) and the
@@ -33,6 +33,10 @@ user must be allowed to create databases.
   burst  submits --jobs hash jobs through the HTTP API to each --configs
          configuration (PROCSxSLOTS) and measures throughput and latency
          from the database's timestamps.
+  burndown
+         pre-fills --jobs no-op jobs and times relay work processes of each
+         --configs shape emptying them; records what each job cost the
+         server: WAL, commits, index entries, backend CPU.
   chaos  the fault-injection programme (relay experiment chaos -h); its
          worker processes are this binary, as "relaylab chaos-worker".
 
@@ -43,13 +47,13 @@ requires; figures that miss their targets are reported, not failed.
 Run "relay experiment NAME -h" for the flags of each.
 `
 
-// runExperiment runs `relay experiment crash|burst|chaos [flags]`; args
+// runExperiment runs `relay experiment crash|burst|burndown|chaos [flags]`; args
 // follow "experiment".
 func runExperiment(ctx context.Context, env *environment, args []string) error {
 	getenv, stdout, stderr := env.getenv, env.stdout, env.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, experimentUsage)
-		return cli.Usagef("experiment: name an experiment: crash, burst or chaos")
+		return cli.Usagef("experiment: name an experiment: crash, burst, burndown or chaos")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -59,13 +63,15 @@ func runExperiment(ctx context.Context, env *environment, args []string) error {
 		return runExperimentCrash(ctx, args[1:], getenv, stdout, stderr)
 	case "burst":
 		return runExperimentBurst(ctx, args[1:], getenv, stdout, stderr)
+	case "burndown":
+		return runExperimentBurndown(ctx, args[1:], getenv, stdout, stderr)
 	// The fault-injection programme and its worker process (chaos.go).
 	case "chaos":
 		return runChaos(ctx, args[1:], getenv, stdout, stderr)
 	case "chaos-worker":
 		return runChaosWorker(ctx, args[1:], getenv, stdout, stderr)
 	default:
-		return cli.Usagef("experiment: unknown experiment %q: want crash, burst or chaos", args[0])
+		return cli.Usagef("experiment: unknown experiment %q: want crash, burst, burndown or chaos", args[0])
 	}
 }
 
@@ -202,7 +208,7 @@ configuration (PROCSxSLOTS) and measures throughput and latency from the
 database's timestamps.`)
 	common.register(fs.FlagSet)
 	fs.IntVar(&cfg.Jobs, "jobs", cfg.Jobs, "jobs per configuration")
-	fs.StringVar(&configs, "configs", burst.FormatConfigs(cfg.Configs), "configurations, PROCSxSLOTS separated by commas")
+	fs.StringVar(&configs, "configs", harness.FormatConfigs(cfg.Configs), "configurations, PROCSxSLOTS separated by commas")
 	fs.Int64Var(&workload.SleepMs, "sleep-ms", workload.SleepMs, "each hash job's sleep_ms")
 	fs.Int64Var(&workload.Iterations, "iterations", workload.Iterations, "each hash job's iterations")
 	fs.IntVar(&cfg.BatchSize, "batch-size", cfg.BatchSize, "jobs per POST /v1/jobs/batch (at most 1000)")
@@ -217,7 +223,7 @@ database's timestamps.`)
 		return err
 	}
 	var err error
-	if cfg.Configs, err = burst.ParseConfigs(configs); err != nil {
+	if cfg.Configs, err = harness.ParseConfigs(configs); err != nil {
 		return cli.Usagef("experiment burst: --configs: %v", err)
 	}
 	switch {

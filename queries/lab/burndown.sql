@@ -1,0 +1,39 @@
+-- Read-only statements of relay experiment burndown, which measures what a
+-- burn-down of pre-filled no-op jobs costs the server.
+
+-- name: BurndownCounters :one
+-- The server's cumulative counters that a burn-down moves, read before and
+-- after it: WAL (pg_stat_wal, the whole server's: other databases' writes
+-- count too), this database's commits (pg_stat_database), and the writes
+-- to the jobs table (pg_stat_user_tables). A non-HOT update writes an entry
+-- in every index of jobs (jobs_indexes); a HOT update writes none. The
+-- statistics collector reports a backend's counts when its transaction
+-- ends and at most once a second while it is busy, so read them after the
+-- workers' sessions have ended.
+SELECT w.wal_records::bigint                              AS wal_records,
+       w.wal_fpi::bigint                                  AS wal_fpi,
+       w.wal_bytes::bigint                                AS wal_bytes,
+       d.xact_commit::bigint                              AS commits,
+       COALESCE(t.n_tup_ins, 0)::bigint                   AS jobs_inserted,
+       COALESCE(t.n_tup_upd, 0)::bigint                   AS jobs_updated,
+       COALESCE(t.n_tup_hot_upd, 0)::bigint               AS jobs_hot_updated,
+       COALESCE(t.n_tup_del, 0)::bigint                   AS jobs_deleted,
+       (SELECT count(*) FROM pg_catalog.pg_index AS i
+         WHERE i.indrelid = 'jobs'::regclass)::bigint      AS jobs_indexes
+FROM pg_catalog.pg_stat_wal AS w
+CROSS JOIN pg_catalog.pg_stat_database AS d
+LEFT JOIN pg_catalog.pg_stat_user_tables AS t
+       ON t.relid = 'jobs'::regclass
+WHERE d.datname = current_database();
+
+-- name: BurndownSpan :one
+-- The jobs of a queue as the burn-down ends: how many succeeded, how many
+-- took more than one attempt, and the span from the first claim to the
+-- last finish, on the database's clock.
+SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint AS succeeded,
+       count(*) FILTER (WHERE j.attempt <> 1)::bigint        AS retried,
+       count(*)::bigint                                       AS total,
+       min(j.started_at)::timestamptz                         AS first_claim,
+       max(j.finished_at)::timestamptz                        AS last_finish
+FROM jobs AS j
+WHERE j.queue = @queue;
