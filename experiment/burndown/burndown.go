@@ -217,9 +217,9 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 	if err := procs.StopAll(stopCtx, stopGrace); err != nil {
 		return nil, env, fmt.Errorf("stop the workers: %w", err)
 	}
-	after, err := d.Lab.BurndownCounters(ctx)
+	after, err := settledCounters(ctx, d.Lab)
 	if err != nil {
-		return nil, env, fmt.Errorf("read the counters: %w", err)
+		return nil, env, err
 	}
 	span, err := d.Lab.BurndownSpan(ctx, queue)
 	if err != nil {
@@ -252,6 +252,38 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 		run.JobsPerSec = harness.Round2(n / seconds)
 	}
 	return run, env, nil
+}
+
+// settleTimeout bounds the wait for the workers' sessions to end and
+// report their statistics.
+const settleTimeout = 30 * time.Second
+
+// settledCounters returns the counters once the workers' sessions have
+// ended and two reads a quarter of a second apart agree: a session
+// reports its counts as it ends, after its process has gone.
+func settledCounters(ctx context.Context, q *labdb.Queries) (labdb.BurndownCountersRow, error) {
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	var last labdb.BurndownCountersRow
+	for first := true; ; first = false {
+		n, err := q.BurndownOtherSessions(ctx, harness.ApplicationName)
+		if err != nil {
+			return last, fmt.Errorf("count the workers' sessions: %w", err)
+		}
+		c, err := q.BurndownCounters(ctx)
+		if err != nil {
+			return last, fmt.Errorf("read the counters: %w", err)
+		}
+		if n == 0 && !first && c == last {
+			return c, nil
+		}
+		last = c
+		select {
+		case <-ctx.Done():
+			return last, fmt.Errorf("the counters did not settle (%d other sessions left): %w", n, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // waitDrained polls the queue until every job has finished.

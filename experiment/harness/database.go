@@ -22,6 +22,10 @@ import (
 // when no URL is given.
 const DefaultAdminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
+// ApplicationName is the application_name of a Database's own pool, by
+// which its sessions are told apart from those of the processes it starts.
+const ApplicationName = "relay experiment"
+
 // DatabaseTimeout bounds creating, migrating or dropping one database.
 const DatabaseTimeout = 2 * time.Minute
 
@@ -71,7 +75,7 @@ func CreateDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, 
 			_ = d.Drop(dropCtx)
 		}
 	}()
-	if d.Pool, err = OpenPool(ctx, dsn, "relay experiment", PoolSize, 0); err != nil {
+	if d.Pool, err = OpenPool(ctx, dsn, ApplicationName, PoolSize, 0); err != nil {
 		return nil, fmt.Errorf("database %s: %w", name, err)
 	}
 	d.Q = db.New(d.Pool)

@@ -68,6 +68,25 @@ func (q *Queries) BurndownCounters(ctx context.Context) (BurndownCountersRow, er
 	return i, err
 }
 
+const burndownOtherSessions = `-- name: BurndownOtherSessions :one
+SELECT count(*)::bigint AS sessions
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.application_name <> $1::text
+`
+
+// How many client sessions other than the harness's own (whose
+// application_name is given) are connected to this database: a worker's
+// sessions report their statistics as they end, so the counters are read
+// once this is zero.
+func (q *Queries) BurndownOtherSessions(ctx context.Context, ownApplicationName string) (int64, error) {
+	row := q.db.QueryRow(ctx, burndownOtherSessions, ownApplicationName)
+	var sessions int64
+	err := row.Scan(&sessions)
+	return sessions, err
+}
+
 const burndownSpan = `-- name: BurndownSpan :one
 SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint AS succeeded,
        count(*) FILTER (WHERE j.attempt <> 1)::bigint        AS retried,

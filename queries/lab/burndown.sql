@@ -37,3 +37,14 @@ SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint AS succeeded,
        max(j.finished_at)::timestamptz                        AS last_finish
 FROM jobs AS j
 WHERE j.queue = @queue;
+
+-- name: BurndownOtherSessions :one
+-- How many client sessions other than the harness's own (whose
+-- application_name is given) are connected to this database: a worker's
+-- sessions report their statistics as they end, so the counters are read
+-- once this is zero.
+SELECT count(*)::bigint AS sessions
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.application_name <> @own_application_name::text;
