@@ -63,7 +63,7 @@ func runTest(t *testing.T, cfg Config) *Result {
 	defer cancel()
 	res, err := Run(ctx, cfg)
 	if err != nil {
-		t.Fatalf("RunChaos(%s): %v", cfg.Scenario, err)
+		t.Fatalf("Run(%s): %v", cfg.Scenario, err)
 	}
 	var summary strings.Builder
 	PrintSummary(&summary, []*Result{res})
@@ -173,14 +173,14 @@ func TestPgBouncer_LosesNothingThroughATransactionModePooler(t *testing.T) {
 func TestParseScenarios(t *testing.T) {
 	all, err := ParseScenarios("all")
 	if err != nil || len(all) != 9 {
-		t.Fatalf("ParseChaosScenarios(all) = %v, %v; want the 9 scenarios", all, err)
+		t.Fatalf("ParseScenarios(all) = %v, %v; want the 9 scenarios", all, err)
 	}
 	got, err := ParseScenarios("kill, pause,kill")
 	if err != nil || len(got) != 2 || got[0] != Kill || got[1] != Pause {
-		t.Errorf("ParseChaosScenarios(kill, pause,kill) = %v, %v; want [kill pause]", got, err)
+		t.Errorf("ParseScenarios(kill, pause,kill) = %v, %v; want [kill pause]", got, err)
 	}
 	if _, err := ParseScenarios("kill,flood"); err == nil {
-		t.Errorf("ParseChaosScenarios accepted an unknown scenario")
+		t.Errorf("ParseScenarios accepted an unknown scenario")
 	}
 }
 

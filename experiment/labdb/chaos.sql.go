@@ -236,7 +236,7 @@ type ChaosExecutionStartParams struct {
 	PID     int32
 }
 
-// Statements of `relay experiment chaos` (package experiment): its chaos
+// Statements of `relay experiment chaos` (package chaos): its chaos
 // workers' record of every execution, the harness's record of enqueues and
 // faults, the faults it injects through the database, and the checker's
 // reading of the history. They use the tables of experiment/schema/chaos.sql,

@@ -29,7 +29,7 @@ SELECT clock_timestamp()::timestamptz AS now
 `
 
 // Read-only statements of the recorded experiments (relay experiment crash
-// and burst, in package experiment). None of them changes a job.
+// and burst, and the harness they share). None of them changes a job.
 // The database clock at this very instant (clock_timestamp(), not the
 // transaction's now()), to place an event the experiment caused, such as
 // the moment a worker was killed, on the same clock as the jobs' timestamps.

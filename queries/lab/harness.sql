@@ -1,5 +1,5 @@
 -- Read-only statements of the recorded experiments (relay experiment crash
--- and burst, in package experiment). None of them changes a job.
+-- and burst, and the harness they share). None of them changes a job.
 
 -- name: ExperimentClock :one
 -- The database clock at this very instant (clock_timestamp(), not the
