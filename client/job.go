@@ -198,7 +198,7 @@ func CheckName(field, s string) error {
 	if err := checkName(field, s, MaxNameBytes); err != nil {
 		return err
 	}
-	return nil
+	return nil // not checkName's nil *FieldError, which is a non-nil error
 }
 
 func checkName(field, s string, maxBytes int) *FieldError {
