@@ -206,7 +206,7 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 			return nil, env, err
 		}
 	}
-	if err := waitDrained(runCtx, d.Lab, prog, cfg.Jobs); err != nil {
+	if err := waitDrained(runCtx, d.Lab, procs, prog, cfg.Jobs); err != nil {
 		return nil, env, err
 	}
 	// The backends' CPU is read while they still run; the counters once
@@ -286,8 +286,9 @@ func settledCounters(ctx context.Context, q *labdb.Queries) (labdb.BurndownCount
 	}
 }
 
-// waitDrained polls the queue until every job has finished.
-func waitDrained(ctx context.Context, q *labdb.Queries, prog *harness.Progress, jobs int) error {
+// waitDrained polls the queue until every job has finished, and fails as
+// soon as a worker of procs exits.
+func waitDrained(ctx context.Context, q *labdb.Queries, procs *harness.Procs, prog *harness.Progress, jobs int) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -298,6 +299,9 @@ func waitDrained(ctx context.Context, q *labdb.Queries, prog *harness.Progress, 
 		prog.Update(int(p.Finished), "")
 		if p.Finished >= int64(jobs) {
 			return nil
+		}
+		if err := procs.CheckRunning("during the burn-down"); err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():

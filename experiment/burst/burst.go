@@ -494,9 +494,8 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 		case <-runCtx.Done():
 			return nil, env, fmt.Errorf("jobs not drained within %s: %w", timeout, runCtx.Err())
 		}
-		if gone := procs.Exited(); len(gone) > 0 {
-			lines, _ := gone[0].Logs()
-			return nil, env, fmt.Errorf("%s exited during the run: %v; last lines:\n%s", gone[0].Name, gone[0].ExitErr(), harness.Tail(lines, 5))
+		if err := procs.CheckRunning("during the run"); err != nil {
+			return nil, env, err
 		}
 		pctx, cancel := context.WithTimeout(runCtx, 5*time.Second)
 		p, err := d.Lab.ExperimentQueueProgress(pctx, jobQueue)

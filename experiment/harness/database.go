@@ -176,9 +176,8 @@ func WaitWorkers(ctx context.Context, q *db.Queries, procs *Procs, ids ...string
 		if missing == 0 {
 			return nil
 		}
-		if gone := procs.Exited(); len(gone) > 0 {
-			lines, _ := gone[0].Logs()
-			return fmt.Errorf("%s exited before registering: %v; last lines:\n%s", gone[0].Name, gone[0].ExitErr(), Tail(lines, 5))
+		if err := procs.CheckRunning("before registering"); err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():

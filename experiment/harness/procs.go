@@ -379,6 +379,18 @@ func (g *Procs) Exited() []*Proc {
 	return out
 }
 
+// CheckRunning returns nil while every process of the set runs, and
+// otherwise an error naming the first that exited, while doing what, with
+// how it exited and the last lines of its log.
+func (g *Procs) CheckRunning(doing string) error {
+	gone := g.Exited()
+	if len(gone) == 0 {
+		return nil
+	}
+	lines, _ := gone[0].Logs()
+	return fmt.Errorf("%s exited %s: %v; last lines:\n%s", gone[0].Name, doing, gone[0].ExitErr(), Tail(lines, 5))
+}
+
 // StopAll stops every process still running, all at once, each as
 // Proc.Stop does, and returns when all have exited.
 func (g *Procs) StopAll(ctx context.Context, grace time.Duration) error {

@@ -104,3 +104,27 @@ func TestParseLogLine(t *testing.T) {
 		t.Errorf("plain line parsed as %+v", plain)
 	}
 }
+
+func TestProcs_CheckRunningNamesTheProcessThatExitedWithItsLastLines(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	procs := NewProcs("sh", t.TempDir())
+	defer procs.KillAll()
+	if _, err := procs.Start(ctx, "sleeper", "-c", "sleep 30"); err != nil {
+		t.Fatal(err)
+	}
+	if err := procs.CheckRunning("during the test"); err != nil {
+		t.Fatalf("with every process running: %v", err)
+	}
+	quitter, err := procs.Start(ctx, "quitter", "-c", `echo '{"msg":"giving up"}'; exit 3`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := quitter.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = procs.CheckRunning("during the test")
+	if err == nil || !strings.Contains(err.Error(), "quitter exited during the test: exit status 3") || !strings.Contains(err.Error(), "giving up") {
+		t.Errorf("CheckRunning = %v, want the quitter, its status and its last line", err)
+	}
+}
