@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -18,11 +17,7 @@ import (
 	"github.com/relayq/relay/internal/relaybin"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	relaybin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { relaybin.RunTests(m) }
 
 // proc is a relay process.
 type proc struct {

@@ -1,7 +1,6 @@
 package burndown
 
 import (
-	"os"
 	"testing"
 	"time"
 
@@ -10,11 +9,7 @@ import (
 	"github.com/relayq/relay/internal/relaybin"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	relaybin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { relaybin.RunTests(m) }
 
 // TestRun_Short burns down a few thousand jobs with two worker processes
 // and checks the invariants and that every counter moved, never the

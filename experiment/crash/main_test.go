@@ -1,14 +1,9 @@
 package crash
 
 import (
-	"os"
 	"testing"
 
 	"github.com/relayq/relay/internal/relaybin"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	relaybin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { relaybin.RunTests(m) }

@@ -83,10 +83,19 @@ func (b *binary) build(t testing.TB) string {
 	return b.path
 }
 
-// Cleanup removes the binaries, if any were built. Call it from TestMain
-// once the tests have run.
+// Cleanup removes the binaries, if any were built.
 func Cleanup() {
 	if dir != "" {
 		os.RemoveAll(dir)
 	}
+}
+
+// RunTests is the TestMain of a package whose tests build binaries: it
+// runs the tests, removes the binaries and exits with the tests' status.
+//
+//	func TestMain(m *testing.M) { relaybin.RunTests(m) }
+func RunTests(m *testing.M) {
+	code := m.Run()
+	Cleanup()
+	os.Exit(code)
 }
