@@ -218,20 +218,35 @@ ORDER BY j.queue COLLATE "C", j.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobQueueStats :many
--- Counts jobs by state for every queue, with the age of the oldest job that
--- is ready to run and waiting for a worker, by the database clock.
-SELECT
-    queue,
-    count(*) FILTER (WHERE state = 'available')::bigint AS available,
-    count(*) FILTER (WHERE state = 'running')::bigint   AS running,
-    count(*) FILTER (WHERE state = 'succeeded')::bigint AS succeeded,
-    count(*) FILTER (WHERE state = 'dead')::bigint      AS dead,
-    count(*) FILTER (WHERE state = 'cancelled')::bigint AS cancelled,
-    COALESCE(EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE state = 'available' AND run_at <= now())), 0)::float8
+-- For every queue that holds jobs, how many are available (ready or
+-- scheduled) and running, and the age of the oldest job that is ready to
+-- run and waiting for a worker, by the database clock.
+--
+-- It costs the same however long the history of finished jobs: the
+-- queues are found by a skip scan of jobs_queue_state_idx, one descent per
+-- queue (the recursive part: each step finds the next queue after the
+-- last), and each queue's counts read the index's ranges of its available
+-- and running jobs alone. Finished jobs are not counted, since counting
+-- them would read the whole history kept; the listing (JobList) pages
+-- through them by state. A queue stays listed, with no jobs waiting or
+-- running, until its finished jobs are pruned.
+WITH RECURSIVE queues AS (
+    (SELECT j.queue FROM jobs AS j ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM jobs AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues AS q
+    WHERE q.queue IS NOT NULL
+)
+SELECT q.queue::text AS queue,
+    (SELECT count(*) FROM jobs AS a WHERE a.queue = q.queue AND a.state = 'available')::bigint AS available,
+    (SELECT count(*) FROM jobs AS r WHERE r.queue = q.queue AND r.state = 'running')::bigint AS running,
+    COALESCE(EXTRACT(EPOCH FROM now() - (
+        SELECT min(a.run_at) FROM jobs AS a
+        WHERE a.queue = q.queue AND a.state = 'available' AND a.run_at <= now())), 0)::float8
         AS oldest_ready_age_seconds
-FROM jobs
-GROUP BY queue
-ORDER BY queue;
+FROM queues AS q
+WHERE q.queue IS NOT NULL
+ORDER BY q.queue;
 
 -- name: JobCancel :one
 -- Cancels an available job at once. A running job is only marked: its

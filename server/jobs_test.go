@@ -531,7 +531,10 @@ func TestRetryJob_MissingIs404(t *testing.T) {
 	wantError(t, e.do(t, "POST", "/v1/jobs/12345/retry", ""), http.StatusNotFound, "")
 }
 
-func TestListQueues_CountsByStateWithOldestReadyAge(t *testing.T) {
+// TestListQueues_CountsWaitingAndRunningJobsWithOldestReadyAge lists
+// queues with available, scheduled, running and finished jobs: finished
+// jobs keep their queue listed, and are not counted.
+func TestListQueues_CountsWaitingAndRunningJobsWithOldestReadyAge(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	old := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
@@ -550,8 +553,8 @@ func TestListQueues_CountsByStateWithOldestReadyAge(t *testing.T) {
 	got := decode[queuesResponse](t, rec)
 	want := queuesResponse{Queues: []queueStats{
 		{Queue: "alpha", Counts: queueCounts{Available: 3}},
-		{Queue: "beta", Counts: queueCounts{Cancelled: 1}},
-		{Queue: "gamma", Counts: queueCounts{Running: 1, Dead: 1}},
+		{Queue: "beta", Counts: queueCounts{}},
+		{Queue: "gamma", Counts: queueCounts{Running: 1}},
 	}}
 	if len(got.Queues) == 3 {
 		age := got.Queues[0].OldestReadyAgeSeconds

@@ -146,20 +146,13 @@ func checkListPlans(t *testing.T, queue, kind string) {
 	}
 }
 
-// addHistory inserts finished jobs until the table holds n of them: mostly
-// succeeded, some dead or cancelled, job number i in the queue and of the
-// kind that the SQL expressions queue and kind make of i. It adds ten
-// available jobs of q1 and k3 too, and refreshes the statistics.
+// addHistory inserts finished jobs until the table holds n of them (see
+// addFinished), and ten available jobs of q1 and k3, and refreshes the
+// statistics.
 func addHistory(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int, queue, kind string) {
 	t.Helper()
+	addFinished(t, ctx, pool, n, queue, kind)
 	for _, sql := range []string{
-		fmt.Sprintf(`
-		INSERT INTO jobs (queue, kind, state, attempt, fence, leased_by, started_at, finished_at, last_error, error_count)
-		SELECT %s, %s,
-		       (CASE WHEN i %% 10 = 0 THEN 'dead' WHEN i %% 17 = 0 THEN 'cancelled' ELSE 'succeeded' END)::job_state,
-		       1, 1, 'w', now(), now(),
-		       CASE WHEN i %% 10 = 0 THEN 'boom' END, CASE WHEN i %% 10 = 0 THEN 1 ELSE 0 END
-		FROM generate_series((SELECT count(*) + 1 FROM jobs WHERE finished_at IS NOT NULL), %d) AS i`, queue, kind, n),
 		`INSERT INTO jobs (queue, kind) SELECT 'q1', 'k3' FROM generate_series(1, 10)`,
 		`ANALYZE jobs`,
 	} {
@@ -169,11 +162,28 @@ func addHistory(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int, qu
 	}
 }
 
+// addFinished inserts finished jobs until the table holds n of them:
+// mostly succeeded, some dead or cancelled, job number i in the queue and
+// of the kind that the SQL expressions queue and kind make of i.
+func addFinished(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int, queue, kind string) {
+	t.Helper()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`
+		INSERT INTO jobs (queue, kind, state, attempt, fence, leased_by, started_at, finished_at, last_error, error_count)
+		SELECT %s, %s,
+		       (CASE WHEN i %% 10 = 0 THEN 'dead' WHEN i %% 17 = 0 THEN 'cancelled' ELSE 'succeeded' END)::job_state,
+		       1, 1, 'w', now(), now(),
+		       CASE WHEN i %% 10 = 0 THEN 'boom' END, CASE WHEN i %% 10 = 0 THEN 1 ELSE 0 END
+		FROM generate_series((SELECT count(*) + 1 FROM jobs WHERE finished_at IS NOT NULL), %d) AS i`, queue, kind, n)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // planNode is a node of EXPLAIN (FORMAT JSON).
 type planNode struct {
 	NodeType         string     `json:"Node Type"`
 	IndexName        string     `json:"Index Name"`
 	ActualRows       float64    `json:"Actual Rows"`
+	ActualLoops      float64    `json:"Actual Loops"`
 	SharedHitBlocks  int64      `json:"Shared Hit Blocks"`
 	SharedReadBlocks int64      `json:"Shared Read Blocks"`
 	Plans            []planNode `json:"Plans"`

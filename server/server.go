@@ -8,7 +8,7 @@
 //	GET  /v1/jobs/{id}         one job, with payload, result and error history (never its lease token)
 //	POST /v1/jobs/{id}/cancel  cancel an available job, or ask a running one to stop
 //	POST /v1/jobs/{id}/retry   make a dead or cancelled job available again
-//	GET  /v1/queues            per queue: job counts by state, age of the oldest ready job
+//	GET  /v1/queues            per queue: jobs available and running, age of the oldest ready job
 //	GET  /healthz              200 while the process serves
 //	GET  /readyz               200 when the database answers and is migrated, else 503
 //

@@ -584,15 +584,16 @@ func (m *Model) Jobs() []Job {
 	return out
 }
 
-// QueueStats is the count of one queue's jobs by state, and the age at
-// now of its oldest job that is ready and waits for a worker.
+// QueueStats is the count of one queue's available and running jobs, and
+// the age at now of its oldest job that is ready and waits for a worker.
 type QueueStats struct {
-	Queue                                          string
-	Available, Running, Succeeded, Dead, Cancelled int64
-	OldestReadyAge                                 time.Duration
+	Queue              string
+	Available, Running int64
+	OldestReadyAge     time.Duration
 }
 
-// Stats returns the statistics of every queue that has jobs, by queue.
+// Stats returns the statistics of every queue that has jobs, finished
+// ones included, by queue.
 func (m *Model) Stats(now time.Time) []QueueStats {
 	byQueue := map[string]*QueueStats{}
 	var queues []string
@@ -611,12 +612,6 @@ func (m *Model) Stats(now time.Time) []QueueStats {
 			}
 		case db.JobStateRunning:
 			s.Running++
-		case db.JobStateSucceeded:
-			s.Succeeded++
-		case db.JobStateDead:
-			s.Dead++
-		case db.JobStateCancelled:
-			s.Cancelled++
 		}
 	}
 	slices.Sort(queues)

@@ -1031,7 +1031,7 @@ func (d *Driver) queueStats(ctx context.Context) error {
 	var got []QueueStats
 	for _, r := range rows {
 		got = append(got, QueueStats{
-			Queue: r.Queue, Available: r.Available, Running: r.Running, Succeeded: r.Succeeded, Dead: r.Dead, Cancelled: r.Cancelled,
+			Queue: r.Queue, Available: r.Available, Running: r.Running,
 			OldestReadyAge: time.Duration(r.OldestReadyAgeSeconds * float64(time.Second)).Round(time.Microsecond),
 		})
 	}
