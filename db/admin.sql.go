@@ -50,3 +50,16 @@ func (q *Queries) DatabaseNow(ctx context.Context) (time.Time, error) {
 	err := row.Scan(&now)
 	return now, err
 }
+
+const serverAutovacuum = `-- name: ServerAutovacuum :one
+SELECT current_setting('autovacuum')::boolean AS autovacuum
+`
+
+// Whether the server runs autovacuum, which reuses the space of the jobs
+// that pruning deletes and of the versions every transition leaves behind.
+func (q *Queries) ServerAutovacuum(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, serverAutovacuum)
+	var autovacuum bool
+	err := row.Scan(&autovacuum)
+	return autovacuum, err
+}

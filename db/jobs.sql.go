@@ -181,6 +181,20 @@ func (q *Queries) JobGetMany(ctx context.Context, ids []int64) ([]Job, error) {
 	return items, nil
 }
 
+const jobIDIssued = `-- name: JobIDIssued :one
+SELECT COALESCE($1::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass), false)::boolean AS issued
+`
+
+// Whether a job id has been handed out by the jobs' identity sequence: a
+// job that is not found although its id was issued has been deleted after
+// its retention (or its enqueue was rolled back).
+func (q *Queries) JobIDIssued(ctx context.Context, id int64) (bool, error) {
+	row := q.db.QueryRow(ctx, jobIDIssued, id)
+	var issued bool
+	err := row.Scan(&issued)
+	return issued, err
+}
+
 const jobInsert = `-- name: JobInsert :one
 INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
 VALUES (
@@ -863,6 +877,84 @@ func (q *Queries) JobListByState(ctx context.Context, arg JobListByStateParams) 
 		return nil, err
 	}
 	return items, nil
+}
+
+const jobPrune = `-- name: JobPrune :one
+WITH succeeded AS (
+    SELECT s.id FROM jobs AS s
+    WHERE s.state = 'succeeded'
+      AND s.finished_at < now() - interval '1 millisecond' * $1::bigint
+    ORDER BY s.state, s.finished_at
+    LIMIT $2::integer
+    FOR UPDATE SKIP LOCKED
+),
+dead AS (
+    SELECT d.id FROM jobs AS d
+    WHERE d.state = 'dead'
+      AND d.finished_at < now() - interval '1 millisecond' * $3::bigint
+    ORDER BY d.state, d.finished_at
+    LIMIT $2::integer
+    FOR UPDATE SKIP LOCKED
+),
+cancelled AS (
+    SELECT c.id FROM jobs AS c
+    WHERE c.state = 'cancelled'
+      AND c.finished_at < now() - interval '1 millisecond' * $4::bigint
+    ORDER BY c.state, c.finished_at
+    LIMIT $2::integer
+    FOR UPDATE SKIP LOCKED
+),
+pruned AS (
+    DELETE FROM jobs AS j
+    -- By primary key, one probe per job (an IN over the union may hash
+    -- join with a scan of the whole table).
+    WHERE j.id = ANY (ARRAY(SELECT succeeded.id FROM succeeded
+                            UNION ALL SELECT dead.id FROM dead
+                            UNION ALL SELECT cancelled.id FROM cancelled))
+    RETURNING j.state
+)
+SELECT count(*) FILTER (WHERE pruned.state = 'succeeded')::bigint AS succeeded,
+       count(*) FILTER (WHERE pruned.state = 'dead')::bigint      AS dead,
+       count(*) FILTER (WHERE pruned.state = 'cancelled')::bigint AS cancelled
+FROM pruned
+`
+
+type JobPruneParams struct {
+	RetainSucceededMs *int64
+	MaxJobs           int32
+	RetainDeadMs      *int64
+	RetainCancelledMs *int64
+}
+
+type JobPruneRow struct {
+	Succeeded int64
+	Dead      int64
+	Cancelled int64
+}
+
+// Deletes finished jobs whose retention has passed: succeeded jobs that
+// finished more than retain_succeeded_ms ago, dead ones past
+// retain_dead_ms, cancelled ones past retain_cancelled_ms (a null
+// retention keeps that state's jobs forever), oldest first, at most
+// max_jobs of each state, and returns how many of each it deleted.
+//
+// Each state's jobs are found through jobs_finished_idx in the order they
+// finished, so a prune costs its batch, however long the history kept, and
+// one that finds nothing reads a leaf page per state. Rows another pruner
+// holds are skipped, so any number of workers can prune at once; a job
+// retried (JobRetry) while this runs is checked again once locked and
+// kept. Each call is one short statement: a caller with more to delete
+// calls again.
+func (q *Queries) JobPrune(ctx context.Context, arg JobPruneParams) (JobPruneRow, error) {
+	row := q.db.QueryRow(ctx, jobPrune,
+		arg.RetainSucceededMs,
+		arg.MaxJobs,
+		arg.RetainDeadMs,
+		arg.RetainCancelledMs,
+	)
+	var i JobPruneRow
+	err := row.Scan(&i.Succeeded, &i.Dead, &i.Cancelled)
+	return i, err
 }
 
 const jobQueueStats = `-- name: JobQueueStats :many

@@ -135,3 +135,56 @@ func one(t *testing.T, pool *pgxpool.Pool, sql string) string {
 	}
 	return s
 }
+
+// TestMigrations_IndexFinishedJobsOverAPopulatedDatabase carries a history
+// of jobs in every state over 00007 and back: up builds the index that
+// pruning reads, over the finished jobs alone; down drops it; the jobs are
+// the same throughout.
+func TestMigrations_IndexFinishedJobsOverAPopulatedDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := dbtest.New(t)
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, 6); err != nil {
+		t.Fatalf("down to 6: %v", err)
+	}
+	exec(t, pool, `
+		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
+		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+		SELECT 'done', (ARRAY['succeeded', 'dead', 'cancelled'])[1 + i % 3]::job_state, 1, 1,
+		       now() - i * interval '1 minute', now() - i * interval '1 minute'
+		FROM generate_series(1, 3000) AS i;`)
+	const jobs = `SELECT md5(string_agg(concat_ws(' ', id, kind, state, finished_at), ',' ORDER BY id)) FROM jobs`
+	before := one(t, pool, jobs)
+	const index = `
+		SELECT coalesce((SELECT concat_ws(' ', i.indisvalid, c.reltuples)
+		                 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+		                 WHERE c.relname = 'jobs_finished_idx'), 'none')`
+
+	if _, err := m.UpTo(ctx, 7); err != nil {
+		t.Fatalf("up to 7: %v", err)
+	}
+	if diff := cmp.Diff("t 3000", one(t, pool, index)); diff != "" {
+		t.Errorf("jobs_finished_idx after 00007, valid and entries (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
+		t.Errorf("jobs after 00007 (-want +got):\n%s", diff)
+	}
+
+	if _, err := m.DownTo(ctx, 6); err != nil {
+		t.Fatalf("down to 6: %v", err)
+	}
+	if diff := cmp.Diff("none", one(t, pool, index)); diff != "" {
+		t.Errorf("jobs_finished_idx after rolling 00007 back (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
+		t.Errorf("jobs after rolling 00007 back (-want +got):\n%s", diff)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}

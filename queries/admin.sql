@@ -14,3 +14,8 @@ SELECT pg_backend_pid()::integer AS backend_pid;
 -- The database clock: the start of the calling transaction, the instant
 -- every fence in a statement of that transaction compares with.
 SELECT now()::timestamptz AS now;
+
+-- name: ServerAutovacuum :one
+-- Whether the server runs autovacuum, which reuses the space of the jobs
+-- that pruning deletes and of the versions every transition leaves behind.
+SELECT current_setting('autovacuum')::boolean AS autovacuum;

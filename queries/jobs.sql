@@ -274,3 +274,61 @@ SET state       = 'available',
 WHERE id = @id
   AND state IN ('dead', 'cancelled')
 RETURNING *;
+
+-- name: JobPrune :one
+-- Deletes finished jobs whose retention has passed: succeeded jobs that
+-- finished more than retain_succeeded_ms ago, dead ones past
+-- retain_dead_ms, cancelled ones past retain_cancelled_ms (a null
+-- retention keeps that state's jobs forever), oldest first, at most
+-- max_jobs of each state, and returns how many of each it deleted.
+--
+-- Each state's jobs are found through jobs_finished_idx in the order they
+-- finished, so a prune costs its batch, however long the history kept, and
+-- one that finds nothing reads a leaf page per state. Rows another pruner
+-- holds are skipped, so any number of workers can prune at once; a job
+-- retried (JobRetry) while this runs is checked again once locked and
+-- kept. Each call is one short statement: a caller with more to delete
+-- calls again.
+WITH succeeded AS (
+    SELECT s.id FROM jobs AS s
+    WHERE s.state = 'succeeded'
+      AND s.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_succeeded_ms)::bigint
+    ORDER BY s.state, s.finished_at
+    LIMIT @max_jobs::integer
+    FOR UPDATE SKIP LOCKED
+),
+dead AS (
+    SELECT d.id FROM jobs AS d
+    WHERE d.state = 'dead'
+      AND d.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_dead_ms)::bigint
+    ORDER BY d.state, d.finished_at
+    LIMIT @max_jobs::integer
+    FOR UPDATE SKIP LOCKED
+),
+cancelled AS (
+    SELECT c.id FROM jobs AS c
+    WHERE c.state = 'cancelled'
+      AND c.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_cancelled_ms)::bigint
+    ORDER BY c.state, c.finished_at
+    LIMIT @max_jobs::integer
+    FOR UPDATE SKIP LOCKED
+),
+pruned AS (
+    DELETE FROM jobs AS j
+    -- By primary key, one probe per job (an IN over the union may hash
+    -- join with a scan of the whole table).
+    WHERE j.id = ANY (ARRAY(SELECT succeeded.id FROM succeeded
+                            UNION ALL SELECT dead.id FROM dead
+                            UNION ALL SELECT cancelled.id FROM cancelled))
+    RETURNING j.state
+)
+SELECT count(*) FILTER (WHERE pruned.state = 'succeeded')::bigint AS succeeded,
+       count(*) FILTER (WHERE pruned.state = 'dead')::bigint      AS dead,
+       count(*) FILTER (WHERE pruned.state = 'cancelled')::bigint AS cancelled
+FROM pruned;
+
+-- name: JobIDIssued :one
+-- Whether a job id has been handed out by the jobs' identity sequence: a
+-- job that is not found although its id was issued has been deleted after
+-- its retention (or its enqueue was rolled back).
+SELECT COALESCE(@id::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass), false)::boolean AS issued;

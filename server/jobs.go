@@ -294,7 +294,24 @@ func jobID(r *http.Request) (int64, error) {
 	return id, nil
 }
 
-// handleGetJob serves GET /v1/jobs/{id}.
+// jobNotFound is the 404 for an id that names no job, which says whether
+// the id was ever issued: a job that finished is deleted once its
+// retention passes, and its id then names nothing, as does one never
+// enqueued.
+func jobNotFound(ctx context.Context, queries *db.Queries, id int64) error {
+	issued, err := queries.JobIDIssued(ctx, id)
+	if err != nil {
+		return fmt.Errorf("job %d not found, and whether its id was issued is unknown: %w", id, err)
+	}
+	if issued {
+		return notFound(fmt.Sprintf("job %d not found: it finished and was deleted once its retention passed "+
+			"(the workers' --retain-succeeded, --retain-dead and --retain-cancelled), or its enqueue was rolled back", id))
+	}
+	return notFound(fmt.Sprintf("job %d not found: no job with this id was ever enqueued", id))
+}
+
+// handleGetJob serves GET /v1/jobs/{id}: 404 for a job deleted after its
+// retention, with a message that says so.
 func handleGetJob(logger *slog.Logger, queries *db.Queries) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		id, err := jobID(r)
@@ -305,7 +322,7 @@ func handleGetJob(logger *slog.Logger, queries *db.Queries) http.Handler {
 		defer cancel()
 		job, err := queries.JobGet(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return notFound("job not found")
+			return jobNotFound(ctx, queries, id)
 		}
 		if err != nil {
 			return fmt.Errorf("get job %d: %w", id, err)
@@ -488,7 +505,7 @@ func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, cha
 		}
 		current, err := queries.JobGet(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return notFound("job not found")
+			return jobNotFound(ctx, queries, id)
 		}
 		if err != nil {
 			return fmt.Errorf("%s job %d: get job: %w", verb, id, err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -162,11 +163,36 @@ func TestGetJob_BadIDIs400(t *testing.T) {
 	}
 }
 
-func TestGetJob_MissingIs404(t *testing.T) {
+// TestGetJob_MissingIs404SayingWhetherItWasDeletedAfterItsRetention asks
+// for a job pruned after its retention, and for ids never issued: each is
+// a 404, for reads, cancels and retries alike, whose message tells the two
+// apart.
+func TestGetJob_MissingIs404SayingWhetherItWasDeletedAfterItsRetention(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	for _, id := range []string{"1", "9223372036854775807"} {
-		wantError(t, e.do(t, "GET", "/v1/jobs/"+id, ""), http.StatusNotFound, "")
+	pruned := e.enqueue(t, `{"kind":"a"}`).ID
+	wantStatus(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", pruned), ""), http.StatusOK)
+	if n, err := e.q.JobPrune(context.Background(), db.JobPruneParams{RetainCancelledMs: new(int64), MaxJobs: 10}); err != nil || n.Cancelled != 1 {
+		t.Fatalf("prune the cancelled job: %+v, %v", n, err)
+	}
+	const deleted = "finished and was deleted once its retention passed"
+	const never = "no job with this id was ever enqueued"
+	tests := []struct {
+		id   int64
+		want string
+	}{
+		{pruned, deleted},
+		{pruned + 1, never},
+		{math.MaxInt64, never},
+	}
+	for _, tt := range tests {
+		for _, req := range []string{"GET /v1/jobs/%d", "POST /v1/jobs/%d/cancel", "POST /v1/jobs/%d/retry"} {
+			method, path, _ := strings.Cut(fmt.Sprintf(req, tt.id), " ")
+			got := wantError(t, e.do(t, method, path, ""), http.StatusNotFound, "")
+			if want := fmt.Sprintf("job %d not found: ", tt.id); !strings.HasPrefix(got.Error, want) || !strings.Contains(got.Error, tt.want) {
+				t.Errorf("%s %s: error %q, want %q...%q", method, path, got.Error, want, tt.want)
+			}
+		}
 	}
 }
 

@@ -48,6 +48,24 @@ const (
 	// backoff: BackoffBase·2^(attempt-1), capped at BackoffMax, jittered.
 	DefaultBackoffBase = time.Second
 	DefaultBackoffMax  = time.Hour
+	// DefaultRetainSucceeded is how long a succeeded job is kept after it
+	// finished, DefaultRetainDead and DefaultRetainCancelled how long a
+	// dead or cancelled one is: long enough to read a result and look
+	// into a failure, short enough that the history stays the size of a
+	// few days' work. See Config.RetainSucceeded.
+	DefaultRetainSucceeded = 24 * time.Hour
+	DefaultRetainDead      = 7 * 24 * time.Hour
+	DefaultRetainCancelled = 7 * 24 * time.Hour
+	// KeepForever, as a retention, keeps finished jobs until someone
+	// deletes them.
+	KeepForever time.Duration = -1
+	// DefaultPruneInterval is how often each worker deletes the finished
+	// jobs whose retention has passed.
+	DefaultPruneInterval = 10 * time.Second
+	// DefaultPruneBatch is how many jobs of each finished state one prune
+	// statement deletes; a worker runs up to maxPruneBatches of them in a
+	// row while each comes back full.
+	DefaultPruneBatch = 1000
 	// MaxErrorLength is how much of an error message is recorded.
 	MaxErrorLength = 4096
 	// DefaultMaxResultBytes is the largest result, encoded as JSON, that a
@@ -105,6 +123,21 @@ type Config struct {
 	// behind a slow one while other workers could run it. It must be
 	// shorter than Lease. Default: DefaultPrefetchWait.
 	PrefetchWait time.Duration
+	// RetainSucceeded is how long a succeeded job is kept after it
+	// finished (for GET /v1/jobs/{id}, the listings, its result, and its
+	// idempotency key, which a new enqueue may use again once the job is
+	// gone); then the workers' maintenance deletes it. RetainDead and
+	// RetainCancelled do the same for dead and cancelled jobs. Every
+	// worker prunes, so the shortest retention among the live workers is
+	// the one that holds. Default: DefaultRetainSucceeded,
+	// DefaultRetainDead, DefaultRetainCancelled. Negative (KeepForever):
+	// keep forever.
+	RetainSucceeded time.Duration
+	RetainDead      time.Duration
+	RetainCancelled time.Duration
+	// PruneInterval is how often this worker deletes the finished jobs
+	// whose retention has passed. Default: DefaultPruneInterval.
+	PruneInterval time.Duration
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled. Negative means release at once.
 	ShutdownGrace time.Duration
@@ -198,6 +231,18 @@ func (c Config) withDefaults() (Config, error) {
 	if c.ReclaimInterval == 0 {
 		c.ReclaimInterval = DefaultReclaimInterval
 	}
+	if c.RetainSucceeded == 0 {
+		c.RetainSucceeded = DefaultRetainSucceeded
+	}
+	if c.RetainDead == 0 {
+		c.RetainDead = DefaultRetainDead
+	}
+	if c.RetainCancelled == 0 {
+		c.RetainCancelled = DefaultRetainCancelled
+	}
+	if c.PruneInterval == 0 {
+		c.PruneInterval = DefaultPruneInterval
+	}
 	if c.Prefetch == 0 {
 		c.Prefetch = c.Slots
 	}
@@ -229,7 +274,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("worker config: heartbeat interval %s must be positive and shorter than the lease %s", c.HeartbeatInterval, c.Lease)
 	case c.PrefetchWait < 0 || c.PrefetchWait >= c.Lease:
 		return c, fmt.Errorf("worker config: prefetch wait %s must be positive and shorter than the lease %s", c.PrefetchWait, c.Lease)
-	case c.PollInterval < 0 || c.ReclaimInterval < 0:
+	case c.PollInterval < 0 || c.ReclaimInterval < 0 || c.PruneInterval < 0:
 		return c, errors.New("worker config: intervals must be positive")
 	}
 	return c, nil

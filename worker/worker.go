@@ -145,7 +145,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: Run called more than once")
 	}
 	w.log.Info("worker starting", "slots", w.cfg.Slots, "lease", w.cfg.Lease,
-		"heartbeat", w.cfg.HeartbeatInterval, "reclaim_interval", w.cfg.ReclaimInterval)
+		"heartbeat", w.cfg.HeartbeatInterval, "reclaim_interval", w.cfg.ReclaimInterval,
+		"retain_succeeded", retention(w.cfg.RetainSucceeded), "retain_dead", retention(w.cfg.RetainDead),
+		"retain_cancelled", retention(w.cfg.RetainCancelled))
 
 	// Background loops outlive ctx until the drain below is done: leases
 	// must still be renewed while running handlers finish. A fatal error
@@ -160,6 +162,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		func(ctx context.Context) { w.session.run(ctx, firstSession, stopRun) },
 		heartbeater{w: w}.run,
 		reclaimer{w: w}.run,
+		pruner{w: w}.run,
 	} {
 		wg.Add(1)
 		go func() {

@@ -295,14 +295,16 @@ VERSION  STATE    MIGRATION
 3        pending  00003_create_worker_sessions.sql
 4        pending  00004_cap_job_errors.sql
 5        pending  00005_create_job_summaries.sql
-6        pending  00006_index_job_lists.sql`},
+6        pending  00006_index_job_lists.sql
+7        pending  00007_index_finished_jobs.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
 applied migration 3 00003_create_worker_sessions.sql
 applied migration 4 00004_cap_job_errors.sql
 applied migration 5 00005_create_job_summaries.sql
-applied migration 6 00006_index_job_lists.sql`},
+applied migration 6 00006_index_job_lists.sql
+applied migration 7 00007_index_finished_jobs.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -312,9 +314,10 @@ VERSION  STATE    MIGRATION
 3        applied  00003_create_worker_sessions.sql
 4        applied  00004_cap_job_errors.sql
 5        applied  00005_create_job_summaries.sql
-6        applied  00006_index_job_lists.sql`},
+6        applied  00006_index_job_lists.sql
+7        applied  00007_index_finished_jobs.sql`},
 		{[]string{"migrate", "down"}, `
-rolled back migration 6 00006_index_job_lists.sql`},
+rolled back migration 7 00007_index_finished_jobs.sql`},
 		{[]string{"migrate", "status"}, `
 VERSION  STATE    MIGRATION
 1        applied  00001_create_jobs.sql
@@ -322,7 +325,10 @@ VERSION  STATE    MIGRATION
 3        applied  00003_create_worker_sessions.sql
 4        applied  00004_cap_job_errors.sql
 5        applied  00005_create_job_summaries.sql
-6        pending  00006_index_job_lists.sql`},
+6        applied  00006_index_job_lists.sql
+7        pending  00007_index_finished_jobs.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 5 00005_create_job_summaries.sql`},
 		{[]string{"migrate", "down"}, `
@@ -341,7 +347,8 @@ applied migration 2 00002_create_workers.sql
 applied migration 3 00003_create_worker_sessions.sql
 applied migration 4 00004_cap_job_errors.sql
 applied migration 5 00005_create_job_summaries.sql
-applied migration 6 00006_index_job_lists.sql`},
+applied migration 6 00006_index_job_lists.sql
+applied migration 7 00007_index_finished_jobs.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)

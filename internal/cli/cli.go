@@ -187,6 +187,9 @@ type WorkerFlags struct {
 	PrefetchWait    time.Duration
 	ShutdownGrace   time.Duration
 	BackoffBase     time.Duration
+	RetainSucceeded time.Duration
+	RetainDead      time.Duration
+	RetainCancelled time.Duration
 }
 
 // Register adds the worker's flags to fs, --slots with the default and
@@ -203,6 +206,9 @@ func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) 
 	fs.IntVar(&w.Prefetch, "prefetch", 0, "jobs claimed ahead of a free slot while jobs are short (default: as many as --slots; -1: none)")
 	fs.DurationVar(&w.PrefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is released")
 	fs.DurationVar(&w.ShutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (negative: release at once)")
+	fs.DurationVar(&w.RetainSucceeded, "retain-succeeded", worker.DefaultRetainSucceeded, "how long a succeeded job is kept after it finished, then deleted (0: forever)")
+	fs.DurationVar(&w.RetainDead, "retain-dead", worker.DefaultRetainDead, "how long a dead job is kept after it finished, then deleted (0: forever)")
+	fs.DurationVar(&w.RetainCancelled, "retain-cancelled", worker.DefaultRetainCancelled, "how long a cancelled job is kept after it finished, then deleted (0: forever)")
 	fs.DurationVar(&w.BackoffBase, "backoff-base", worker.DefaultBackoffBase,
 		fmt.Sprintf("retry backoff after the first failure, doubling each attempt up to %s (for tests and demos)", worker.DefaultBackoffMax))
 }
@@ -220,6 +226,20 @@ func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 	if w.BackoffBase <= 0 {
 		return worker.Config{}, Usagef("--backoff-base must be positive, got %s", w.BackoffBase)
 	}
+	var retain [3]time.Duration
+	for i, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"--retain-succeeded", w.RetainSucceeded}, {"--retain-dead", w.RetainDead}, {"--retain-cancelled", w.RetainCancelled}} {
+		switch {
+		case f.d < 0:
+			return worker.Config{}, Usagef("%s must be 0 (keep forever) or positive, got %s", f.name, f.d)
+		case f.d == 0:
+			retain[i] = worker.KeepForever
+		default:
+			retain[i] = f.d
+		}
+	}
 	return worker.Config{
 		SessionDatabaseURL: w.SessionURL,
 		Queue:              w.Queue,
@@ -232,6 +252,9 @@ func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 		Prefetch:           w.Prefetch,
 		PrefetchWait:       w.PrefetchWait,
 		ShutdownGrace:      w.ShutdownGrace,
+		RetainSucceeded:    retain[0],
+		RetainDead:         retain[1],
+		RetainCancelled:    retain[2],
 		Backoff:            worker.ExponentialBackoff(w.BackoffBase, worker.DefaultBackoffMax),
 		Logger:             logger,
 	}, nil

@@ -6,6 +6,9 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/relayq/relay/worker"
 )
 
 func TestParse_ABadFlagIsAUsageErrorNamingTheCommandsHelp(t *testing.T) {
@@ -42,6 +45,38 @@ func TestExitCode_TwoForUsageOneForOthersZeroForNone(t *testing.T) {
 	} {
 		if got := ExitCode(err); got != want {
 			t.Errorf("ExitCode(%v) = %d, want %d", err, got, want)
+		}
+	}
+}
+
+func TestWorkerFlags_RetentionZeroKeepsForeverNegativeIsAUsageError(t *testing.T) {
+	tests := []struct {
+		args    []string
+		want    [3]time.Duration // succeeded, dead, cancelled
+		wantErr string
+	}{
+		{nil, [3]time.Duration{worker.DefaultRetainSucceeded, worker.DefaultRetainDead, worker.DefaultRetainCancelled}, ""},
+		{[]string{"--retain-succeeded", "1h", "--retain-dead", "0", "--retain-cancelled", "90m"},
+			[3]time.Duration{time.Hour, worker.KeepForever, 90 * time.Minute}, ""},
+		{[]string{"--retain-cancelled", "-1s"}, [3]time.Duration{}, "--retain-cancelled must be 0 (keep forever) or positive, got -1s"},
+	}
+	for _, tt := range tests {
+		var w WorkerFlags
+		fs := NewFlagSet("work", "relay work [flags]", "")
+		w.Register(fs, 1, "")
+		if _, err := fs.Parse(tt.args, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := w.Config(nil)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || ExitCode(err) != 2 {
+				t.Errorf("%q: %v, want a usage error %q", tt.args, err, tt.wantErr)
+			}
+			continue
+		}
+		got := [3]time.Duration{cfg.RetainSucceeded, cfg.RetainDead, cfg.RetainCancelled}
+		if err != nil || got != tt.want {
+			t.Errorf("%q: retentions %v, %v; want %v", tt.args, got, err, tt.want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package modelcheck
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -430,6 +431,35 @@ func (m *Model) Retry(now time.Time, id int64) (Job, bool) {
 	j.FinishedAt = nil
 	j.Result = ""
 	return *j, true
+}
+
+// Prune deletes the finished jobs whose retention has passed at now: by
+// state, those that finished more than its retention before now, where a
+// nil retention keeps the state forever. The idempotency key of a job
+// deleted is free again. Returns how many of each state it deleted:
+// succeeded, dead, cancelled.
+func (m *Model) Prune(now time.Time, succeeded, dead, cancelled *time.Duration) [3]int64 {
+	retain := map[db.JobState]*time.Duration{
+		db.JobStateSucceeded: succeeded, db.JobStateDead: dead, db.JobStateCancelled: cancelled,
+	}
+	var n [3]int64
+	for id, j := range m.jobs {
+		r, finished := retain[j.State]
+		if !finished || r == nil || !j.FinishedAt.Before(now.Add(-*r)) {
+			continue
+		}
+		delete(m.jobs, id)
+		maps.DeleteFunc(m.keys, func(_ [2]string, holder int64) bool { return holder == id })
+		switch j.State {
+		case db.JobStateSucceeded:
+			n[0]++
+		case db.JobStateDead:
+			n[1]++
+		case db.JobStateCancelled:
+			n[2]++
+		}
+	}
+	return n
 }
 
 // Claimed returns, by id, the jobs running under one of tokens with their

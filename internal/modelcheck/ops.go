@@ -50,6 +50,7 @@ func (d *Driver) operations() []op {
 		{"forget ended", always(0.7), d.forgetEnded},
 		{"shutdown", always(0.5), d.shutdown},
 		{"queue stats", always(0.7), d.queueStats},
+		{"prune", always(0.7), d.prune},
 	}
 }
 
@@ -751,6 +752,55 @@ func (d *Driver) oneJob(ctx context.Context, kind string, id int64, stmt func(*d
 		return err
 	}
 	return diffOrNil(fmt.Sprintf("%s of job %d", kind, id), want, got)
+}
+
+// pruneRetentions are the retentions a prune picks from for each state:
+// none (keep forever), one that the jobs finished in the last sleeps
+// outlive, and none at all.
+var pruneRetentions = []*time.Duration{nil, ptr(time.Duration(0)), ptr(60 * time.Millisecond), ptr(time.Hour)}
+
+// prune runs JobPrune with retentions picked for each state, and a batch
+// larger than the jobs there are, so that which jobs go does not depend on
+// the order of jobs that finished at the same instant.
+func (d *Driver) prune(ctx context.Context) error {
+	r := [3]*time.Duration{}
+	for i := range r {
+		r[i] = pruneRetentions[d.choose(len(pruneRetentions))]
+	}
+	ms := func(d *time.Duration) *int64 {
+		if d == nil {
+			return nil
+		}
+		return ptr(d.Milliseconds())
+	}
+	var row db.JobPruneRow
+	now, err := d.inTx(ctx, func(q *db.Queries, _ time.Time) error {
+		var err error
+		row, err = q.JobPrune(ctx, db.JobPruneParams{
+			RetainSucceededMs: ms(r[0]), RetainDeadMs: ms(r[1]), RetainCancelledMs: ms(r[2]), MaxJobs: 1000,
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("JobPrune: %w", err)
+	}
+	show := func(d *time.Duration) string {
+		if d == nil {
+			return "forever"
+		}
+		return d.String()
+	}
+	want := d.model.Prune(now, r[0], r[1], r[2])
+	got := [3]int64{row.Succeeded, row.Dead, row.Cancelled}
+	d.logf("prune, retaining succeeded %s, dead %s, cancelled %s, now %s: deleted %v",
+		show(r[0]), show(r[1]), show(r[2]), stamp(now), got)
+	if got != want {
+		return fmt.Errorf("prune at %s deleted %v (succeeded, dead, cancelled), model %v", stamp(now), got, want)
+	}
+	if got != ([3]int64{}) {
+		d.count("prune/deleted")
+	}
+	return nil
 }
 
 // endSession ends a live session: it closes the session's connection and

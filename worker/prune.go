@@ -1,0 +1,119 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/relayq/relay/db"
+)
+
+// pruner deletes the finished jobs whose retention has passed: the
+// workers' share of keeping the jobs table the size of the work at hand
+// and a few days of history, not of every job ever run.
+type pruner struct {
+	w *Worker
+}
+
+// maxPruneBatches is how many prune statements a worker runs in a row,
+// each of DefaultPruneBatch jobs per state, before it waits for its next
+// PruneInterval: a worker catching up on a long history deletes at most
+// this many batches at a time and leaves the rest to the next round and
+// to the other workers.
+const maxPruneBatches = 10
+
+// run prunes every PruneInterval, after saying once whether the server
+// runs autovacuum, on which the space of the pruned jobs depends. A
+// worker that keeps every state forever prunes nothing.
+func (p pruner) run(ctx context.Context) {
+	w := p.w
+	p.warnWithoutAutovacuum(ctx)
+	params, some := pruneParams(w.cfg)
+	if !some {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(jitter(w.cfg.PruneInterval)):
+		}
+		var total db.JobPruneRow
+		for range maxPruneBatches {
+			n, err := p.prune(ctx, params)
+			if err != nil {
+				break
+			}
+			total.Succeeded += n.Succeeded
+			total.Dead += n.Dead
+			total.Cancelled += n.Cancelled
+			if max(n.Succeeded, n.Dead, n.Cancelled) < DefaultPruneBatch {
+				break
+			}
+		}
+		if total != (db.JobPruneRow{}) {
+			w.log.Info("pruned finished jobs", "succeeded", total.Succeeded,
+				"dead", total.Dead, "cancelled", total.Cancelled)
+		}
+	}
+}
+
+// prune runs one JobPrune.
+func (p pruner) prune(ctx context.Context, params db.JobPruneParams) (db.JobPruneRow, error) {
+	w := p.w
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	defer cancel()
+	n, err := w.q.JobPrune(ctx, params)
+	if err != nil && ctx.Err() == nil {
+		w.log.Warn("prune finished jobs failed", "err", err)
+	}
+	return n, err
+}
+
+// warnWithoutAutovacuum logs a warning when the server does not run
+// autovacuum: pruning deletes rows, and only a vacuum makes their space,
+// and that of the row versions every transition leaves, usable again.
+func (p pruner) warnWithoutAutovacuum(ctx context.Context) {
+	w := p.w
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	defer cancel()
+	on, err := w.q.ServerAutovacuum(ctx)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			w.log.Warn("read the server's autovacuum setting failed", "err", err)
+		}
+	case !on:
+		w.log.Warn("autovacuum is off on the database server: the space of finished jobs the workers prune, " +
+			"and of the row versions every transition leaves, is not reused until VACUUM runs; " +
+			"turn autovacuum on, or run VACUUM jobs regularly")
+	}
+}
+
+// pruneParams turns the retentions of cfg into JobPrune's, a null
+// retention keeping a state forever, and reports whether any state is
+// pruned at all.
+func pruneParams(cfg Config) (db.JobPruneParams, bool) {
+	ms := func(d time.Duration) *int64 {
+		if d < 0 {
+			return nil
+		}
+		v := d.Milliseconds()
+		return &v
+	}
+	params := db.JobPruneParams{
+		RetainSucceededMs: ms(cfg.RetainSucceeded),
+		RetainDeadMs:      ms(cfg.RetainDead),
+		RetainCancelledMs: ms(cfg.RetainCancelled),
+		MaxJobs:           DefaultPruneBatch,
+	}
+	some := params.RetainSucceededMs != nil || params.RetainDeadMs != nil || params.RetainCancelledMs != nil
+	return params, some
+}
+
+// retention says how long a retention keeps jobs, for the logs.
+func retention(d time.Duration) string {
+	if d < 0 {
+		return "forever"
+	}
+	return d.String()
+}
