@@ -12,6 +12,7 @@ import (
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/jsonb"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -151,7 +152,56 @@ func TestInsertMany_RefusesWhatABatchCannotHold(t *testing.T) {
 		"an idempotent job": {job, keyed},
 	} {
 		if _, err := client.InsertMany(t.Context(), pool, jobs); err == nil {
-			t.Errorf("%s: no error", name)
+			t.Errorf("InsertMany, %s: no error", name)
+		}
+		if _, err := client.InsertAll(t.Context(), pool, jobs); err == nil {
+			t.Errorf("InsertAll, %s: no error", name)
+		}
+	}
+}
+
+// TestInsertAll_ReturnsTheJobsWholeInTheOrderGiven stores jobs that differ
+// in every field a request sets, and checks each returned job against its
+// request and against the stored row.
+func TestInsertAll_ReturnsTheJobsWholeInTheOrderGiven(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	now := time.Now()
+	at := now.Add(time.Hour).Truncate(time.Microsecond)
+	var jobs []client.Job
+	for _, r := range []client.Request{
+		{Kind: "c", Queue: ptr("q3"), Payload: json.RawMessage(`{"n":3}`), Priority: ptr(int64(3)), MaxAttempts: ptr(int64(3))},
+		{Kind: "a", Delay: ptr(90 * time.Second)},
+		{Kind: "b", Queue: ptr("q1"), RunAt: &at},
+	} {
+		job, err := client.Validate(r, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, job)
+	}
+	stored, err := client.InsertAll(ctx, pool, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != len(jobs) {
+		t.Fatalf("%d jobs returned for %d", len(stored), len(jobs))
+	}
+	for i, got := range stored {
+		want := jobs[i]
+		if got.Kind != want.Kind || got.Queue != want.Queue || got.Priority != want.Priority ||
+			got.MaxAttempts != want.MaxAttempts || !jsonb.Equal(got.Payload, want.Payload) || got.State != db.JobStateAvailable {
+			t.Errorf("job %d: %+v, want %+v", i, got, want)
+		}
+		if want.RunAt != nil && !got.RunAt.Equal(*want.RunAt) {
+			t.Errorf("job %d runs at %s, want %s", i, got.RunAt, *want.RunAt)
+		}
+		if delay := got.RunAt.Sub(got.CreatedAt); want.DelayMs > 0 && delay != time.Duration(want.DelayMs)*time.Millisecond {
+			t.Errorf("job %d runs %s after it was created, want %dms", i, delay, want.DelayMs)
+		}
+		row, err := db.New(pool).JobGet(ctx, got.ID)
+		if err != nil || !row.RunAt.Equal(got.RunAt) || row.Kind != got.Kind {
+			t.Errorf("job %d as stored: %+v, %v; returned %+v", i, row, err, got)
 		}
 	}
 }

@@ -90,9 +90,39 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // jobs, none with an idempotency key. dbtx may be a transaction of the
 // caller's.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
+	params, err := manyParams(jobs)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
+	if err != nil {
+		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
+	}
+	return ids, nil
+}
+
+// InsertAll stores jobs in one statement (JobInsertAll), all or none, as
+// InsertMany does, and returns them whole, in the order given.
+func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
+	params, err := manyParams(jobs)
+	if err != nil {
+		return nil, err
+	}
+	stored, err := db.New(dbtx).JobInsertAll(ctx, db.JobInsertAllParams(params))
+	if err != nil {
+		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
+	}
+	if len(stored) != len(jobs) {
+		return nil, fmt.Errorf("insert %d jobs: the database returned %d", len(jobs), len(stored))
+	}
+	return stored, nil
+}
+
+// manyParams turns jobs into the columns of one insert of them all.
+func manyParams(jobs []Job) (db.JobInsertManyParams, error) {
 	n := len(jobs)
 	if n == 0 || n > MaxBatchJobs {
-		return nil, fmt.Errorf("insert %d jobs: a batch holds from 1 to %d jobs", n, MaxBatchJobs)
+		return db.JobInsertManyParams{}, fmt.Errorf("insert %d jobs: a batch holds from 1 to %d jobs", n, MaxBatchJobs)
 	}
 	params := db.JobInsertManyParams{
 		Queues:      make([]string, 0, n),
@@ -105,7 +135,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	}
 	for i, job := range jobs {
 		if job.IdempotencyKey != nil {
-			return nil, fmt.Errorf("insert %d jobs: job %d: %w", n, i, ErrNoIdempotencyInBatch)
+			return db.JobInsertManyParams{}, fmt.Errorf("insert %d jobs: job %d: %w", n, i, ErrNoIdempotencyInBatch)
 		}
 		var runAt time.Time // zero: DelayMs after now() in the database
 		if job.RunAt != nil {
@@ -119,9 +149,5 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 		params.RunAts = append(params.RunAts, runAt)
 		params.DelaysMs = append(params.DelaysMs, job.DelayMs)
 	}
-	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
-	if err != nil {
-		return nil, fmt.Errorf("insert %d jobs: %w", n, err)
-	}
-	return ids, nil
+	return params, nil
 }

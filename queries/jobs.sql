@@ -31,6 +31,25 @@ FROM (
 ) AS b
 RETURNING id;
 
+-- name: JobInsertAll :many
+-- Inserts many jobs in one statement, all or none, as JobInsertMany does,
+-- and returns them whole, in the order given: for the API, which stores
+-- single-job requests that arrive together in one statement and answers
+-- each with its job.
+INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at)
+SELECT b.queue, b.kind, b.payload, b.priority, b.max_attempts,
+       COALESCE(NULLIF(b.run_at, '0001-01-01 00:00:00+00'), now() + interval '1 millisecond' * b.delay_ms)
+FROM (
+    SELECT unnest(@queues::text[])           AS queue,
+           unnest(@kinds::text[])            AS kind,
+           unnest(@payloads::jsonb[])        AS payload,
+           unnest(@priorities::smallint[])   AS priority,
+           unnest(@max_attempts::integer[])  AS max_attempts,
+           unnest(@run_ats::timestamptz[])   AS run_at,
+           unnest(@delays_ms::bigint[])      AS delay_ms
+) AS b
+RETURNING *;
+
 -- name: JobGet :one
 SELECT * FROM jobs WHERE id = @id;
 

@@ -142,8 +142,9 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 // payload as JSON values, priority and max_attempts; run_at and delay are
 // not compared, since a delay is relative to the time of each request)
 // returns the original job with 200, and a different request under the same
-// key in the same queue is a 409.
-func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.Handler {
+// key in the same queue is a 409. Jobs without a key are stored through
+// e, together with those of requests that arrive meanwhile.
+func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *enqueuer, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		key, err := idempotencyKey(r)
 		if err != nil {
@@ -164,7 +165,13 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.Handle
 
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		job, replayed, err := client.Insert(ctx, dbtx, spec)
+		var job db.Job
+		replayed := false
+		if spec.IdempotencyKey == nil {
+			job, err = e.insert(ctx, spec)
+		} else {
+			job, replayed, err = client.Insert(ctx, dbtx, spec)
+		}
 		switch {
 		case errors.Is(err, client.ErrIdempotencyConflict):
 			return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")

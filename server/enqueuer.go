@@ -1,0 +1,157 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/db"
+)
+
+// enqueuer stores the jobs of single-job requests (POST /v1/jobs without an
+// Idempotency-Key) that arrive while others are being stored together, in
+// one statement and one commit (client.InsertAll). What bounds how many
+// one-job requests per second a server takes is the wait for each commit
+// to reach the disk; requests that arrive during one commit share the
+// next. A request that arrives alone, while no statement runs, is stored
+// at once: it waits for no one.
+//
+// Each request is answered only once its own job is committed, or with
+// the error that kept it from being stored. One job the database refuses
+// fails alone: a statement that fails as a whole (a PostgreSQL error, so
+// nothing of it was stored) is replayed one job at a time.
+type enqueuer struct {
+	dbtx db.DBTX
+
+	mu       sync.Mutex
+	pending  []*pendingJob
+	flushing int // goroutines storing groups, at most maxFlushers
+}
+
+// maxFlushers is how many group statements run at once: one gathers
+// requests while another commits. Each holds a connection of the pool
+// while it runs; the others stay free for the rest of the API.
+const maxFlushers = 2
+
+// maxGroup is the most jobs one statement stores.
+const maxGroup = client.MaxBatchJobs
+
+// The states of a pendingJob.
+const (
+	jobWaiting   int32 = iota // in pending, not yet taken
+	jobTaken                  // in a statement, which will answer it
+	jobAbandoned              // its request gave up before it was taken
+)
+
+// pendingJob is one request's job, waiting to be stored.
+type pendingJob struct {
+	job   client.Job
+	state atomic.Int32
+	done  chan stored // buffered: the flusher never waits for the request
+}
+
+// stored is what became of a pendingJob.
+type stored struct {
+	job db.Job
+	err error
+}
+
+func newEnqueuer(dbtx db.DBTX) *enqueuer { return &enqueuer{dbtx: dbtx} }
+
+// insert stores job, together with the jobs of the requests that arrive
+// meanwhile, and returns it as stored. If ctx ends before a statement
+// takes the job, nothing is stored and insert returns ctx's error; once
+// taken, it waits for the statement's outcome, which is bounded by
+// dbTimeout.
+func (e *enqueuer) insert(ctx context.Context, job client.Job) (db.Job, error) {
+	p := &pendingJob{job: job, done: make(chan stored, 1)}
+	e.mu.Lock()
+	e.pending = append(e.pending, p)
+	start := e.flushing < maxFlushers
+	if start {
+		e.flushing++
+	}
+	e.mu.Unlock()
+	if start {
+		go e.flush()
+	}
+	select {
+	case s := <-p.done:
+		return s.job, s.err
+	case <-ctx.Done():
+		if p.state.CompareAndSwap(jobWaiting, jobAbandoned) {
+			return db.Job{}, fmt.Errorf("insert job: %w", context.Cause(ctx))
+		}
+		s := <-p.done
+		return s.job, s.err
+	}
+}
+
+// flush stores groups of pending jobs until none is left.
+func (e *enqueuer) flush() {
+	for {
+		group := e.take()
+		if group == nil {
+			return
+		}
+		e.store(group)
+	}
+}
+
+// take removes up to maxGroup waiting jobs from pending and marks them
+// taken, skipping those whose request gave up. With none left, it counts
+// the calling flusher out and returns nil.
+func (e *enqueuer) take() []*pendingJob {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var group []*pendingJob
+	n := 0
+	for ; n < len(e.pending) && len(group) < maxGroup; n++ {
+		if p := e.pending[n]; p.state.CompareAndSwap(jobWaiting, jobTaken) {
+			group = append(group, p)
+		}
+	}
+	clear(e.pending[:n])
+	e.pending = e.pending[n:]
+	if len(e.pending) == 0 {
+		e.pending = nil // let the backing array go
+	}
+	if len(group) == 0 {
+		e.flushing--
+		return nil
+	}
+	return group
+}
+
+// store stores a group in one statement, and answers each of its requests.
+func (e *enqueuer) store(group []*pendingJob) {
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	jobs := make([]client.Job, len(group))
+	for i, p := range group {
+		jobs[i] = p.job
+	}
+	rows, err := client.InsertAll(ctx, e.dbtx, jobs)
+	var pgErr *pgconn.PgError
+	if err != nil && len(group) > 1 && errors.As(err, &pgErr) {
+		// Nothing of the statement was stored: store each job alone, so
+		// that the one the database refuses fails alone.
+		for _, p := range group {
+			job, _, err := client.Insert(ctx, e.dbtx, p.job)
+			p.done <- stored{job: job, err: err}
+		}
+		return
+	}
+	for i, p := range group {
+		if err != nil {
+			p.done <- stored{err: err}
+			continue
+		}
+		p.done <- stored{job: rows[i]}
+	}
+}

@@ -1,0 +1,161 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/client"
+)
+
+// postConcurrently sends one POST /v1/jobs per body, all at once, and
+// returns the responses in the order of bodies.
+func postConcurrently(t *testing.T, e *testEnv, bodies []string) []int {
+	t.Helper()
+	status := make([]int, len(bodies))
+	views := make([]JobView, len(bodies))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, body := range bodies {
+		wg.Go(func() {
+			<-start
+			rec := e.do(t, "POST", "/v1/jobs", body)
+			status[i] = rec.Code
+			if rec.Code == http.StatusCreated {
+				views[i] = decode[JobView](t, rec)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, v := range views {
+		if status[i] != http.StatusCreated {
+			continue
+		}
+		// Each request is answered with its own job, as stored.
+		stored, err := e.q.JobGet(context.Background(), v.ID)
+		if err != nil {
+			t.Fatalf("request %d: job %d: %v", i, v.ID, err)
+		}
+		if want := fmt.Sprintf(`{"kind":%q}`, stored.Kind); want != bodies[i] {
+			t.Errorf("request %d (%s) was answered with job %d, of kind %q", i, bodies[i], v.ID, stored.Kind)
+		}
+		if v.Kind != stored.Kind || !v.RunAt.Equal(stored.RunAt) {
+			t.Errorf("request %d: answered %+v, stored %+v", i, v, stored)
+		}
+	}
+	return status
+}
+
+// TestEnqueue_ConcurrentRequestsShareStatementsAndEachGetsItsOwnJob sends
+// 200 one-job requests at once: each is answered 201 with its own job, and
+// they were stored by fewer statements than requests (jobs inserted by one
+// statement share its transaction id, xmin).
+func TestEnqueue_ConcurrentRequestsShareStatementsAndEachGetsItsOwnJob(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 200
+	bodies := make([]string, n)
+	for i := range bodies {
+		bodies[i] = fmt.Sprintf(`{"kind":"k%d"}`, i)
+	}
+	for i, status := range postConcurrently(t, e, bodies) {
+		if status != http.StatusCreated {
+			t.Errorf("request %d: status %d, want 201", i, status)
+		}
+	}
+	var jobs, statements int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT xmin::text) FROM jobs`).Scan(&jobs, &statements); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d jobs stored by %d statements", jobs, statements)
+	if jobs != n || statements >= n {
+		t.Errorf("%d jobs stored by %d statements; want %d jobs, by fewer statements", jobs, statements, n)
+	}
+}
+
+// TestEnqueue_AJobTheDatabaseRefusesFailsAloneAmongConcurrentOnes sends
+// one-job requests at once, one in ten of a kind a constraint of the
+// database refuses: those are 400s and stored nothing, the others 201s.
+func TestEnqueue_AJobTheDatabaseRefusesFailsAloneAmongConcurrentOnes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	if _, err := e.pool.Exec(context.Background(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind !~ '^forbidden')`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	bodies := make([]string, n)
+	for i := range bodies {
+		bodies[i] = fmt.Sprintf(`{"kind":"k%d"}`, i)
+		if i%10 == 0 {
+			bodies[i] = fmt.Sprintf(`{"kind":"forbidden%d"}`, i)
+		}
+	}
+	for i, status := range postConcurrently(t, e, bodies) {
+		want := http.StatusCreated
+		if strings.Contains(bodies[i], "forbidden") {
+			want = http.StatusBadRequest
+		}
+		if status != want {
+			t.Errorf("request %d (%s): status %d, want %d", i, bodies[i], status, want)
+		}
+	}
+	if got := countJobs(t, e.pool); got != n-n/10 {
+		t.Errorf("%d jobs stored, want %d", got, n-n/10)
+	}
+}
+
+// TestEnqueuer_ARequestThatGivesUpBeforeItsJobIsTakenStoresNothing holds
+// every flusher busy while a request's context ends: the request returns
+// its context's error, and the next statement leaves its job out.
+func TestEnqueuer_ARequestThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	enq := newEnqueuer(e.pool)
+	job := func(kind string) client.Job {
+		j, err := client.Validate(client.Request{Kind: kind}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	enq.mu.Lock()
+	enq.flushing = maxFlushers // as if every flusher were storing a group
+	enq.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := enq.insert(ctx, job("abandoned")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("insert with every flusher busy: %v, want the context's deadline", err)
+	}
+	enq.mu.Lock()
+	enq.flushing = 0
+	enq.mu.Unlock()
+	stored, err := enq.insert(context.Background(), job("next"))
+	if err != nil || stored.Kind != "next" {
+		t.Fatalf("next insert: %+v, %v", stored, err)
+	}
+	var kinds string
+	if err := e.pool.QueryRow(context.Background(), `SELECT string_agg(kind, ',' ORDER BY id) FROM jobs`).Scan(&kinds); err != nil {
+		t.Fatal(err)
+	}
+	if kinds != "next" {
+		t.Errorf("jobs stored: %s, want only next", kinds)
+	}
+	// The flusher counts itself out once it finds nothing more to store.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		enq.mu.Lock()
+		pending, flushing := len(enq.pending), enq.flushing
+		enq.mu.Unlock()
+		if pending == 0 && flushing == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the last insert: %d pending, %d flushing; want none", pending, flushing)
+		}
+	}
+}
