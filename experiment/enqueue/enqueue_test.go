@@ -1,0 +1,45 @@
+package enqueue
+
+import (
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/experiment/harness"
+	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/relaybin"
+)
+
+func TestMain(m *testing.M) { relaybin.RunTests(m) }
+
+// TestRun_Short posts from two clients for a second and checks the
+// invariants and that every counter moved, never the figures.
+func TestRun_Short(t *testing.T) {
+	res, err := Run(t.Context(), Config{
+		AdminURL: dbtest.NewURL(t),
+		RelayBin: relaybin.Path(t),
+		OutDir:   t.TempDir(),
+		Clients:  2,
+		Duration: time.Second,
+		Warmup:   200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Accepted == 0 || res.Failed != 0 || res.JobsPerSec <= 0 {
+		t.Errorf("accepted %d, failed %d, %v jobs/s; want some accepted and none failed", res.Accepted, res.Failed, res.JobsPerSec)
+	}
+	// Every job stored was answered 201, and every 201 stored a job.
+	if !res.StoredAll || res.Stored < res.Accepted {
+		t.Errorf("%d jobs stored, %d answered 201 (%d measured)", res.Stored, res.Answered, res.Accepted)
+	}
+	if res.Latency.N != int(res.Accepted) || res.Latency.P50 <= 0 || res.Latency.P99 < res.Latency.P50 {
+		t.Errorf("latency %+v for %d accepted requests", res.Latency, res.Accepted)
+	}
+	// Each job is a write: some WAL, and at most one commit of its own.
+	if res.WALBytesPerJob <= 0 || res.CommitsPerJob <= 0 || res.CommitsPerJob > 1.5 {
+		t.Errorf("counters did not move as enqueues move them: %+v", res)
+	}
+	if err := harness.CheckFiles(res.Files, 1); err != nil {
+		t.Error(err)
+	}
+}
