@@ -45,7 +45,9 @@ type Config struct {
 	// Workload is the hash payload of every job. Default sleep_ms 10,
 	// iterations 1000.
 	Workload *builtin.HashPayload
-	// BatchSize is how many jobs each POST /v1/jobs/batch carries. Default 100.
+	// BatchSize is how many jobs each POST /v1/jobs/batch carries. Default
+	// 100. At 1, each job is a POST /v1/jobs of its own, as a client that
+	// does not batch (curl, say) sends it.
 	BatchSize int
 	// Submitters is how many clients submit batches at once. Default 4.
 	Submitters int
@@ -331,11 +333,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := &Result{
 		Experiment: "burst",
 		Settings: Settings{
-			Jobs:     cfg.Jobs,
-			JobKind:  builtin.KindHash,
-			Workload: *cfg.Workload,
-			Submission: fmt.Sprintf("POST /v1/jobs/batch of %d jobs from %d concurrent HTTP clients (keep-alive), all at once",
-				cfg.BatchSize, cfg.Submitters),
+			Jobs:        cfg.Jobs,
+			JobKind:     builtin.KindHash,
+			Workload:    *cfg.Workload,
+			Submission:  submission(cfg),
 			BatchSize:   cfg.BatchSize,
 			Submitters:  cfg.Submitters,
 			WorkerFlags: []string{},
@@ -469,7 +470,7 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 	}
 	submitted := make(chan submitResult, 1)
 	go func() {
-		ids, err := submit(runCtx, base, bodies, cfg.Submitters)
+		ids, err := submit(runCtx, base, bodies, cfg.Submitters, cfg.BatchSize == 1)
 		submitted <- submitResult{ids, err}
 	}()
 
@@ -570,7 +571,17 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 	return run, env, nil
 }
 
-// batchBodies encodes the request bodies of the whole burst.
+// submission describes how the jobs are submitted, for the result.
+func submission(cfg Config) string {
+	if cfg.BatchSize == 1 {
+		return fmt.Sprintf("POST /v1/jobs of one job each from %d concurrent HTTP clients (keep-alive), all at once", cfg.Submitters)
+	}
+	return fmt.Sprintf("POST /v1/jobs/batch of %d jobs from %d concurrent HTTP clients (keep-alive), all at once",
+		cfg.BatchSize, cfg.Submitters)
+}
+
+// batchBodies encodes the request bodies of the whole burst: batches of
+// cfg.BatchSize jobs, or single jobs when it is 1.
 func batchBodies(cfg Config) ([][]byte, error) {
 	payload, err := json.Marshal(cfg.Workload)
 	if err != nil {
@@ -590,7 +601,12 @@ func batchBodies(cfg Config) ([][]byte, error) {
 		for i := range batch.Jobs {
 			batch.Jobs[i] = jobReq{Kind: builtin.KindHash, Queue: jobQueue, Payload: payload}
 		}
-		b, err := json.Marshal(batch)
+		var b []byte
+		if n == 1 && cfg.BatchSize == 1 {
+			b, err = json.Marshal(batch.Jobs[0])
+		} else {
+			b, err = json.Marshal(batch)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("encode batch: %w", err)
 		}
@@ -599,9 +615,10 @@ func batchBodies(cfg Config) ([][]byte, error) {
 	return bodies, nil
 }
 
-// submit posts every body to base/v1/jobs/batch from submitters concurrent
-// clients and returns the job ids the API gave back.
-func submit(ctx context.Context, base string, bodies [][]byte, submitters int) ([]int64, error) {
+// submit posts every body from submitters concurrent clients, to
+// base/v1/jobs/batch, or to base/v1/jobs when each body is one job
+// (single), and returns the job ids the API gave back.
+func submit(ctx context.Context, base string, bodies [][]byte, submitters int, single bool) ([]int64, error) {
 	client := &http.Client{
 		Timeout:   requestTimeout,
 		Transport: &http.Transport{MaxIdleConnsPerHost: submitters, MaxConnsPerHost: submitters},
@@ -625,7 +642,7 @@ func submit(ctx context.Context, base string, bodies [][]byte, submitters int) (
 		go func() {
 			defer wg.Done()
 			for body := range next {
-				got, err := postBatch(ctx, client, base, body)
+				got, err := post(ctx, client, base, body, single)
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
@@ -645,29 +662,39 @@ func submit(ctx context.Context, base string, bodies [][]byte, submitters int) (
 	return ids, nil
 }
 
-func postBatch(ctx context.Context, client *http.Client, base string, body []byte) ([]int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/jobs/batch", bytes.NewReader(body))
+// post posts one body to base/v1/jobs/batch, or to base/v1/jobs if single,
+// and returns the ids of the jobs it created.
+func post(ctx context.Context, client *http.Client, base string, body []byte, single bool) ([]int64, error) {
+	route := "/v1/jobs/batch"
+	if single {
+		route = "/v1/jobs"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+route, bytes.NewReader(body))
 	if err != nil {
-		return nil, fmt.Errorf("batch request: %w", err)
+		return nil, fmt.Errorf("POST %s: %w", route, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("POST /v1/jobs/batch: %w", err)
+		return nil, fmt.Errorf("POST %s: %w", route, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return nil, fmt.Errorf("POST /v1/jobs/batch: read response: %w", err)
+		return nil, fmt.Errorf("POST %s: read response: %w", route, err)
 	}
 	if resp.StatusCode != http.StatusCreated {
-		return nil, fmt.Errorf("POST /v1/jobs/batch: %s: %s", resp.Status, bytes.TrimSpace(b))
+		return nil, fmt.Errorf("POST %s: %s: %s", route, resp.Status, bytes.TrimSpace(b))
 	}
 	var out struct {
+		ID  int64   `json:"id"`
 		IDs []int64 `json:"ids"`
 	}
 	if err := json.Unmarshal(b, &out); err != nil {
-		return nil, fmt.Errorf("POST /v1/jobs/batch: decode response: %w", err)
+		return nil, fmt.Errorf("POST %s: decode response: %w", route, err)
+	}
+	if single {
+		return []int64{out.ID}, nil
 	}
 	return out.IDs, nil
 }

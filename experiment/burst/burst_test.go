@@ -2,6 +2,7 @@ package burst
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +13,15 @@ import (
 	"github.com/relayq/relay/internal/relaybin"
 )
 
+// TestRun_Short runs a short burst with jobs submitted in batches, and with
+// each job a request of its own, and checks that every job ran once.
 func TestRun_Short(t *testing.T) {
+	for _, batch := range []int{25, 1} {
+		t.Run(fmt.Sprintf("batches of %d", batch), func(t *testing.T) { checkShortRun(t, batch) })
+	}
+}
+
+func checkShortRun(t *testing.T, batch int) {
 	bin := relaybin.Path(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -24,12 +33,15 @@ func TestRun_Short(t *testing.T) {
 		Jobs:         jobs,
 		Configs:      []harness.ProcSlots{{Procs: 1, Slots: 2}, {Procs: 2, Slots: 2}},
 		Workload:     &builtin.HashPayload{SleepMs: 5, Iterations: 100},
-		BatchSize:    25,
+		BatchSize:    batch,
 		Submitters:   2,
 		ProbeSamples: 10,
 	})
 	if err != nil {
 		t.Fatalf("Burst: %v", err)
+	}
+	if want := map[bool]string{true: "POST /v1/jobs of one job each", false: "POST /v1/jobs/batch of 25 jobs"}[batch == 1]; !strings.HasPrefix(res.Settings.Submission, want) {
+		t.Errorf("submission %q, want %q...", res.Settings.Submission, want)
 	}
 	var summary strings.Builder
 	if err := res.WriteSummary(&summary); err != nil {
