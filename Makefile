@@ -25,13 +25,16 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-# The lab (experiment/) is a module of its own: every Go target runs in
-# both modules.
+# The lab (experiment/) is a module of its own, and so is its River
+# adapter (experiment/river/), the only module that requires River: every
+# Go target runs in all three.
 LAB := experiment
+RIVER := experiment/river
 
 vet:
 	$(GO) vet ./...
 	cd $(LAB) && $(GO) vet ./...
+	cd $(RIVER) && $(GO) vet ./...
 
 sqlc-diff:
 	$(SQLC) diff
@@ -44,6 +47,7 @@ sqlc-vet:
 test:
 	$(GO) test -race -count=1 ./...
 	cd $(LAB) && $(GO) test -race -count=1 ./...
+	cd $(RIVER) && $(GO) test -race -count=1 ./...
 
 ## docker-context-check: without Docker, the image's build stage builds relay from the build context (.dockerignore honoured), and the command lines of the Dockerfile and docker-compose.yml are relay's (part of test)
 docker-context-check:
@@ -62,10 +66,11 @@ RELAY_MODELCHECK_DURATION ?= 5m
 modelcheck:
 	RELAY_MODELCHECK_DURATION=$(RELAY_MODELCHECK_DURATION) $(GO) test -race -count=1 -v -timeout 0 -run 'TestModel$$|TestConcurrent$$' ./internal/modelcheck
 
-## build: bin/relay, and bin/relaylab, the lab's command that `relay experiment` runs
+## build: bin/relay; bin/relaylab, the lab's command that `relay experiment` runs; and bin/relaylab-river, the lab's River
 build:
 	$(GO) build -o bin/relay ./cmd/relay
 	cd $(LAB) && $(GO) build -o ../bin/relaylab ./cmd/relaylab
+	cd $(RIVER) && $(GO) build -o ../../bin/relaylab-river ./cmd/relaylab-river
 
 ## run: a running Relay with a throwaway database (or DATABASE_URL)
 run:
