@@ -1,18 +1,21 @@
 // Package burndown is the burn-down experiment: it pre-fills a queue with
-// no-op jobs, then starts relay work processes on it and measures how fast
+// no-op jobs, then starts worker processes on it and measures how fast
 // they empty it, from the first claim to the last finish on the database's
 // clock, and what that cost the server per job: WAL records and bytes,
-// commits, writes to the jobs table (HOT or touching every index) and the
-// CPU time of the database's backends. Run runs it; `relaylab burndown`
-// is its command.
+// commits, writes to the queue's table (HOT or touching every index) and
+// the CPU time of the database's backends. It runs each configuration on
+// Relay (relay work) and on River, the reference system (relaylab-river
+// work), one after the other, each on a database of its own, so that both
+// see the same conditions. Run runs it; `relaylab burndown` is its
+// command.
 package burndown
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/relayq/relay/experiment/harness"
@@ -39,8 +42,17 @@ type Config struct {
 	// AdminURL is the PostgreSQL server on which a database is created for
 	// each configuration. Default harness.DefaultAdminURL.
 	AdminURL string
+	// Systems are the systems each configuration runs on, in this order.
+	// Default DefaultSystems.
+	Systems []string
 	// RelayBin is the relay binary that runs `work`. Required.
 	RelayBin string
+	// RiverBin is the relaylab-river binary that runs River. Required when
+	// Systems holds SystemRiver.
+	RiverBin string
+	// RiverWorkArgs are added to the command line of every `relaylab-river
+	// work`. Nil: none, the adapter's tuned defaults.
+	RiverWorkArgs []string
 	// OutDir receives the JSON result. Empty: nothing is written.
 	OutDir string
 	// LogDir receives the processes' logs. Empty: a temporary directory,
@@ -58,8 +70,22 @@ type Config struct {
 }
 
 func (c Config) withDefaults() (Config, error) {
-	if c.RelayBin == "" {
+	if len(c.Systems) == 0 {
+		c.Systems = DefaultSystems
+	}
+	for i, s := range c.Systems {
+		if s != SystemRelay && s != SystemRiver {
+			return c, fmt.Errorf("burndown: unknown system %q: want %s or %s", s, SystemRelay, SystemRiver)
+		}
+		if slices.Contains(c.Systems[:i], s) {
+			return c, fmt.Errorf("burndown: system %q given twice", s)
+		}
+	}
+	if c.RelayBin == "" && slices.Contains(c.Systems, SystemRelay) {
 		return c, fmt.Errorf("burndown: no relay binary given")
+	}
+	if c.RiverBin == "" && slices.Contains(c.Systems, SystemRiver) {
+		return c, fmt.Errorf("burndown: no relaylab-river binary given")
 	}
 	if c.AdminURL == "" {
 		c.AdminURL = harness.DefaultAdminURL
@@ -79,22 +105,28 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// Result is the record of one burn-down: its settings, the environment and
-// one ConfigRun per configuration.
+// Result is the record of one burn-down: its settings, the environment,
+// one ConfigRun per configuration and system, and, when both systems ran,
+// one Comparison per configuration.
 type Result struct {
 	Experiment  string              `json:"experiment"`
 	Environment harness.Environment `json:"environment"`
 	Jobs        int                 `json:"jobs"`
 	JobKind     string              `json:"job_kind"`
 	Configs     []string            `json:"configs"`
-	Runs        []ConfigRun         `json:"runs"`
-	Files       []string            `json:"files,omitempty"`
+	Systems     []string            `json:"systems"`
+	// River is the River that ran, if it did.
+	River       *RiverInfo   `json:"river,omitempty"`
+	Runs        []ConfigRun  `json:"runs"`
+	Comparisons []Comparison `json:"comparisons,omitempty"`
+	Files       []string     `json:"files,omitempty"`
 }
 
-// ConfigRun is one configuration's burn-down. Per-job figures divide a counter's
-// growth over the burn-down (from the workers' start to their exit) by
-// Jobs.
+// ConfigRun is one configuration's burn-down on one system. Per-job
+// figures divide a counter's growth over the burn-down (from the workers'
+// start to their exit) by Jobs.
 type ConfigRun struct {
+	System string `json:"system"`
 	Config string `json:"config"`
 	Procs  int    `json:"procs"`
 	Slots  int    `json:"slots"`
@@ -117,20 +149,31 @@ type ConfigRun struct {
 	// CommitsPerJob counts this database's commits, the harness's own
 	// progress reads included (one every 100 ms).
 	CommitsPerJob float64 `json:"commits_per_job"`
-	// Writes to the jobs table: every update, those that were HOT (no
-	// index entry), and the index entries the others wrote (one in each of
-	// the table's JobsIndexes indexes).
-	UpdatesPerJob      float64 `json:"jobs_updates_per_job"`
-	HOTUpdatesPerJob   float64 `json:"jobs_hot_updates_per_job"`
+	// Writes to the queue's table (Table: Relay's jobs, River's river_job):
+	// every update, those that were HOT (no index entry), and the index
+	// entries the others wrote (one in each of the table's Indexes
+	// indexes).
+	Table              string  `json:"table"`
+	UpdatesPerJob      float64 `json:"updates_per_job"`
+	HOTUpdatesPerJob   float64 `json:"hot_updates_per_job"`
 	IndexEntriesPerJob float64 `json:"index_entries_per_job"`
-	JobsIndexes        int64   `json:"jobs_indexes"`
+	Indexes            int64   `json:"indexes"`
 	// PostgresCPUMsPerJob is the CPU time of this database's backends, read
 	// from /proc: zero when the server is not on this host.
 	PostgresCPUMsPerJob float64 `json:"postgres_cpu_ms_per_job"`
 }
 
-// Run burns down cfg.Jobs no-op jobs at each configuration, each on a
-// database of its own, and writes the result under cfg.OutDir.
+// Comparison sets Relay's throughput beside River's at one configuration:
+// Ratio is Relay's jobs/s over River's.
+type Comparison struct {
+	Config          string  `json:"config"`
+	RelayJobsPerSec float64 `json:"relay_jobs_per_sec"`
+	RiverJobsPerSec float64 `json:"river_jobs_per_sec"`
+	Ratio           float64 `json:"ratio"`
+}
+
+// Run burns down cfg.Jobs no-op jobs at each configuration on each system,
+// each on a database of its own, and writes the result under cfg.OutDir.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -141,17 +184,34 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer cleanLogs()
-	res := &Result{Experiment: "burndown", Jobs: cfg.Jobs, JobKind: builtin.KindNoop}
-	for i, pc := range cfg.Configs {
+	res := &Result{Experiment: "burndown", Jobs: cfg.Jobs, JobKind: builtin.KindNoop, Systems: cfg.Systems}
+	var systems []system
+	for _, name := range cfg.Systems {
+		switch name {
+		case SystemRelay:
+			systems = append(systems, relaySystem(cfg.RelayBin))
+		case SystemRiver:
+			version, err := riverVersion(cfg.RiverBin)
+			if err != nil {
+				return nil, err
+			}
+			res.River = &RiverInfo{Binary: cfg.RiverBin, Version: version, WorkArgs: cfg.RiverWorkArgs}
+			systems = append(systems, riverSystem(cfg.RiverBin, cfg.RiverWorkArgs))
+		}
+	}
+	for _, pc := range cfg.Configs {
 		res.Configs = append(res.Configs, pc.String())
-		run, env, err := runConfig(ctx, cfg, pc, logDir)
-		if err != nil {
-			return nil, fmt.Errorf("configuration %s: %w", pc, err)
+		for _, sys := range systems {
+			run, env, err := runConfig(ctx, cfg, sys, pc, logDir, res.River)
+			if err != nil {
+				return nil, fmt.Errorf("%s, configuration %s: %w", sys.name, pc, err)
+			}
+			if len(res.Runs) == 0 {
+				res.Environment = env
+			}
+			res.Runs = append(res.Runs, *run)
 		}
-		if i == 0 {
-			res.Environment = env
-		}
-		res.Runs = append(res.Runs, *run)
+		res.compare(pc.String())
 	}
 	res.Environment.LoadAverageEnd = harness.LoadAverage()
 	if cfg.OutDir != "" {
@@ -167,11 +227,33 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, nil
 }
 
-// runConfig burns down one configuration on a database of its own.
-func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir string) (_ *ConfigRun, env harness.Environment, err error) {
-	prog := harness.NewProgress(cfg.Progress, fmt.Sprintf("burndown %-6s", pc), cfg.Jobs)
-	prog.Note("creating and migrating a database")
-	d, err := harness.CreateDatabase(ctx, cfg.AdminURL, "relay_exp_burndown_")
+// compare adds the Comparison of config, if both systems ran it.
+func (r *Result) compare(config string) {
+	c := Comparison{Config: config}
+	for _, run := range r.Runs {
+		if run.Config != config {
+			continue
+		}
+		switch run.System {
+		case SystemRelay:
+			c.RelayJobsPerSec = run.JobsPerSec
+		case SystemRiver:
+			c.RiverJobsPerSec = run.JobsPerSec
+		}
+	}
+	if c.RelayJobsPerSec == 0 || c.RiverJobsPerSec == 0 {
+		return
+	}
+	c.Ratio = harness.Round2(c.RelayJobsPerSec / c.RiverJobsPerSec)
+	r.Comparisons = append(r.Comparisons, c)
+}
+
+// runConfig burns down one configuration on one system, on a database of
+// its own. The first River run fills in river's settings.
+func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots, logDir string, river *RiverInfo) (_ *ConfigRun, env harness.Environment, err error) {
+	prog := harness.NewProgress(cfg.Progress, fmt.Sprintf("burndown %-5s %-6s", sys.name, pc), cfg.Jobs)
+	prog.Note("creating a database")
+	d, err := sys.newDatabase(ctx, cfg.AdminURL)
 	if err != nil {
 		return nil, env, err
 	}
@@ -184,29 +266,31 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 	}()
 	env = harness.CollectEnvironment(ctx, d, cfg.RelayBin)
 
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	procs := harness.NewProcs(sys.bin, logDir, "DATABASE_URL="+d.URL)
+	defer procs.KillAll()
 	prog.Note("inserting %d no-op jobs", cfg.Jobs)
-	if err := harness.InsertJobs(ctx, d.Pool, harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25), cfg.Jobs); err != nil {
+	if err := sys.fill(runCtx, d, procs, cfg.Jobs); err != nil {
 		return nil, env, err
 	}
-	before, err := d.Lab.BurndownCounters(ctx)
+	before, err := d.Lab.BurndownCounters(ctx, sys.table)
 	if err != nil {
 		return nil, env, fmt.Errorf("read the counters: %w", err)
 	}
 	cpuBefore := harness.SamplePostgresCPU(d.Name)
 
-	runCtx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	procs := harness.NewProcs(cfg.RelayBin, logDir, "DATABASE_URL="+d.URL)
-	defer procs.KillAll()
 	prog.Note("starting %d worker process(es) of %d slot(s)", pc.Procs, pc.Slots)
+	var workers []*harness.Proc
 	for i := 1; i <= pc.Procs; i++ {
-		id := fmt.Sprintf("burndown-%s-w%d", pc, i)
-		if _, err := procs.Start(runCtx, id, "work", "--id", id, "--queue", queue,
-			"--slots", strconv.Itoa(pc.Slots), "--log-format", "json"); err != nil {
+		id := fmt.Sprintf("burndown-%s-%s-w%d", sys.name, pc, i)
+		p, err := procs.Start(runCtx, id, sys.workArgs(id, pc.Slots)...)
+		if err != nil {
 			return nil, env, err
 		}
+		workers = append(workers, p)
 	}
-	if err := waitDrained(runCtx, d.Lab, procs, prog, cfg.Jobs); err != nil {
+	if err := waitDrained(runCtx, d.Lab, sys, procs, prog, cfg.Jobs); err != nil {
 		return nil, env, err
 	}
 	// The backends' CPU is read while they still run; the counters once
@@ -217,11 +301,22 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 	if err := procs.StopAll(stopCtx, stopGrace); err != nil {
 		return nil, env, fmt.Errorf("stop the workers: %w", err)
 	}
-	after, err := settledCounters(ctx, d.Lab)
+	for _, p := range workers {
+		if err := p.ExitErr(); err != nil {
+			lines, _ := p.Logs()
+			return nil, env, fmt.Errorf("%s did not stop cleanly: %w; last lines:\n%s", p.Name, err, harness.Tail(lines, 5))
+		}
+	}
+	if sys.name == SystemRiver && river != nil && river.FetchCooldown == "" {
+		if err := riverSettings(river, workers[0]); err != nil {
+			return nil, env, err
+		}
+	}
+	after, err := settledCounters(ctx, d.Lab, sys.table)
 	if err != nil {
 		return nil, env, err
 	}
-	span, err := d.Lab.BurndownSpan(ctx, queue)
+	sp, err := sys.span(ctx, d.Lab)
 	if err != nil {
 		return nil, env, fmt.Errorf("read the burn-down's span: %w", err)
 	}
@@ -229,23 +324,24 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 
 	n := float64(cfg.Jobs)
 	per := func(a, b int64) float64 { return harness.Round3(float64(b-a) / n) }
-	updates := after.JobsUpdated - before.JobsUpdated
-	hot := after.JobsHotUpdated - before.JobsHotUpdated
-	seconds := span.LastFinish.Sub(span.FirstClaim).Seconds()
+	updates := after.TableUpdated - before.TableUpdated
+	hot := after.TableHotUpdated - before.TableHotUpdated
+	seconds := sp.LastFinish.Sub(sp.FirstClaim).Seconds()
 	run := &ConfigRun{
-		Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs,
-		Succeeded: span.Succeeded, Retried: span.Retried,
-		OK:         span.Succeeded == int64(cfg.Jobs) && span.Retried == 0 && span.Total == int64(cfg.Jobs),
-		FirstClaim: span.FirstClaim, LastFinish: span.LastFinish,
+		System: sys.name, Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs,
+		Succeeded: sp.Succeeded, Retried: sp.Retried,
+		OK:         sp.Succeeded == int64(cfg.Jobs) && sp.Retried == 0 && sp.Total == int64(cfg.Jobs),
+		FirstClaim: sp.FirstClaim, LastFinish: sp.LastFinish,
 		Seconds:             harness.Round3(seconds),
 		WALRecordsPerJob:    per(before.WalRecords, after.WalRecords),
 		WALBytesPerJob:      per(before.WalBytes, after.WalBytes),
 		WALFPIPerJob:        per(before.WalFpi, after.WalFpi),
 		CommitsPerJob:       per(before.Commits, after.Commits),
+		Table:               sys.table,
 		UpdatesPerJob:       harness.Round3(float64(updates) / n),
 		HOTUpdatesPerJob:    harness.Round3(float64(hot) / n),
-		IndexEntriesPerJob:  harness.Round3(float64((updates-hot)*after.JobsIndexes) / n),
-		JobsIndexes:         after.JobsIndexes,
+		IndexEntriesPerJob:  harness.Round3(float64((updates-hot)*after.TableIndexes) / n),
+		Indexes:             after.TableIndexes,
 		PostgresCPUMsPerJob: harness.Round3(harness.Millis(harness.CPUSince(cpuBefore.DB, cpuAfter.DB)) / n),
 	}
 	if seconds > 0 {
@@ -258,10 +354,10 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 // report their statistics.
 const settleTimeout = 30 * time.Second
 
-// settledCounters returns the counters once the workers' sessions have
-// ended and two reads a quarter of a second apart agree: a session
-// reports its counts as it ends, after its process has gone.
-func settledCounters(ctx context.Context, q *labdb.Queries) (labdb.BurndownCountersRow, error) {
+// settledCounters returns the counters of table once the workers'
+// sessions have ended and two reads a quarter of a second apart agree: a
+// session reports its counts as it ends, after its process has gone.
+func settledCounters(ctx context.Context, q *labdb.Queries, table string) (labdb.BurndownCountersRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	var last labdb.BurndownCountersRow
@@ -270,7 +366,7 @@ func settledCounters(ctx context.Context, q *labdb.Queries) (labdb.BurndownCount
 		if err != nil {
 			return last, fmt.Errorf("count the workers' sessions: %w", err)
 		}
-		c, err := q.BurndownCounters(ctx)
+		c, err := q.BurndownCounters(ctx, table)
 		if err != nil {
 			return last, fmt.Errorf("read the counters: %w", err)
 		}
@@ -288,16 +384,16 @@ func settledCounters(ctx context.Context, q *labdb.Queries) (labdb.BurndownCount
 
 // waitDrained polls the queue until every job has finished, and fails as
 // soon as a worker of procs exits.
-func waitDrained(ctx context.Context, q *labdb.Queries, procs *harness.Procs, prog *harness.Progress, jobs int) error {
+func waitDrained(ctx context.Context, q *labdb.Queries, sys system, procs *harness.Procs, prog *harness.Progress, jobs int) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		p, err := q.ExperimentQueueProgress(ctx, queue)
+		finished, err := sys.finished(ctx, q)
 		if err != nil {
 			return fmt.Errorf("read the progress: %w", err)
 		}
-		prog.Update(int(p.Finished), "")
-		if p.Finished >= int64(jobs) {
+		prog.Update(int(finished), "")
+		if finished >= int64(jobs) {
 			return nil
 		}
 		if err := procs.CheckRunning("during the burn-down"); err != nil {
@@ -305,26 +401,47 @@ func waitDrained(ctx context.Context, q *labdb.Queries, procs *harness.Procs, pr
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d of %d jobs finished: %w", p.Finished, jobs, ctx.Err())
+			return fmt.Errorf("%d of %d jobs finished: %w", finished, jobs, ctx.Err())
 		case <-tick.C:
 		}
 	}
 }
 
-// WriteSummary prints the result as a table.
+// WriteSummary prints the result as a table, then Relay's throughput
+// beside River's.
 func (r *Result) WriteSummary(w io.Writer) error {
 	tw := harness.NewTable(w)
-	fmt.Fprintf(tw, "config\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tall once\n")
+	fmt.Fprintf(tw, "system\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tall once\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%v\n",
-			run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%v\n",
+			run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
 			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, run.IndexEntriesPerJob, run.PostgresCPUMsPerJob, run.OK)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(r.Comparisons) > 0 {
+		fmt.Fprintf(w, "\nRelay beside River %s (%s):\n", r.River.Version, r.River.settings())
+		tw := harness.NewTable(w)
+		fmt.Fprintf(tw, "config\trelay jobs/s\triver jobs/s\trelay/river\n")
+		for _, c := range r.Comparisons {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.2f\n", c.Config, c.RelayJobsPerSec, c.RiverJobsPerSec, c.Ratio)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	for _, f := range r.Files {
 		fmt.Fprintf(w, "wrote %s\n", f)
 	}
 	return nil
+}
+
+// settings says how River was set up, in one line.
+func (i *RiverInfo) settings() string {
+	s := fmt.Sprintf("FetchCooldown %s, FetchPollInterval %s, %d connections per process", i.FetchCooldown, i.FetchPollInterval, i.MaxConns)
+	if len(i.WorkArgs) > 0 {
+		s += ", work flags " + strings.Join(i.WorkArgs, " ")
+	}
+	return s
 }

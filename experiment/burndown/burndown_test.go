@@ -1,6 +1,7 @@
 package burndown
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,41 +12,91 @@ import (
 
 func TestMain(m *testing.M) { relaybin.RunTests(m) }
 
+// riverBin builds relaylab-river from the River adapter's module, beside
+// the lab's.
+func riverBin(t *testing.T) string {
+	t.Helper()
+	return relaybin.BuildIn(t, "relaylab-river", "../river", "github.com/relayq/relay/experiment/river/cmd/relaylab-river")
+}
+
 // TestRun_Short burns down a few thousand jobs with two worker processes
-// and checks the invariants and that every counter moved, never the
-// figures.
+// on Relay and then on River, and checks the invariants and that every
+// counter moved on both, never the figures.
 func TestRun_Short(t *testing.T) {
+	const jobs = 2000
 	out := t.TempDir()
 	res, err := Run(t.Context(), Config{
 		AdminURL: dbtest.NewURL(t),
 		RelayBin: relaybin.Path(t),
+		RiverBin: riverBin(t),
 		OutDir:   out,
-		Jobs:     2000,
+		Jobs:     jobs,
 		Configs:  []harness.ProcSlots{{Procs: 2, Slots: 20}},
 		Timeout:  2 * time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != 1 {
-		t.Fatalf("%d runs, want 1", len(res.Runs))
+	if err := res.WriteSummary(t.Output()); err != nil {
+		t.Fatal(err)
 	}
-	run := res.Runs[0]
-	if !run.OK || run.Succeeded != 2000 || run.Retried != 0 {
-		t.Errorf("succeeded %d, retried %d, ok %v; want 2000, 0, true", run.Succeeded, run.Retried, run.OK)
+	if len(res.Runs) != 2 {
+		t.Fatalf("%d runs, want 2: Relay's and River's", len(res.Runs))
 	}
-	if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
-		t.Errorf("span %s to %s, %v jobs/s", run.FirstClaim, run.LastFinish, run.JobsPerSec)
+	for i, want := range []struct{ system, table string }{{SystemRelay, "jobs"}, {SystemRiver, "river_job"}} {
+		run := res.Runs[i]
+		t.Run(want.system, func(t *testing.T) {
+			if run.System != want.system || run.Table != want.table || run.Config != "2x20" {
+				t.Errorf("run %d is %s on %s at %s, want %s on %s at 2x20", i, run.System, run.Table, run.Config, want.system, want.table)
+			}
+			if !run.OK || run.Succeeded != jobs || run.Retried != 0 {
+				t.Errorf("succeeded %d, retried %d, ok %v; want %d, 0, true", run.Succeeded, run.Retried, run.OK, jobs)
+			}
+			if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
+				t.Errorf("span %s to %s, %v jobs/s", run.FirstClaim, run.LastFinish, run.JobsPerSec)
+			}
+			// Each job is fetched and completed: at least two updates
+			// of its row, and some WAL and commits, per job.
+			if run.UpdatesPerJob < 2 || run.WALBytesPerJob <= 0 || run.WALRecordsPerJob <= 0 || run.CommitsPerJob <= 0 || run.Indexes < 1 {
+				t.Errorf("counters did not move as a burn-down moves them: %+v", run)
+			}
+			if run.HOTUpdatesPerJob > run.UpdatesPerJob {
+				t.Errorf("%v HOT updates per job, more than the %v updates", run.HOTUpdatesPerJob, run.UpdatesPerJob)
+			}
+		})
 	}
-	// Each job is claimed and completed: at least two updates of jobs, and
-	// some WAL and commits, per job.
-	if run.UpdatesPerJob < 2 || run.WALBytesPerJob <= 0 || run.WALRecordsPerJob <= 0 || run.CommitsPerJob <= 0 || run.JobsIndexes < 1 {
-		t.Errorf("counters did not move as a burn-down moves them: %+v", run)
+	if len(res.Comparisons) != 1 || res.Comparisons[0].Config != "2x20" || res.Comparisons[0].Ratio <= 0 {
+		t.Errorf("comparisons %+v, want one of 2x20 with a ratio", res.Comparisons)
 	}
-	if run.HOTUpdatesPerJob > run.UpdatesPerJob {
-		t.Errorf("%v HOT updates per job, more than the %v updates", run.HOTUpdatesPerJob, run.UpdatesPerJob)
+	// The River that ran says which it was and how it was set up: the
+	// adapter's tuned defaults.
+	if r := res.River; r == nil || r.Version == "" || r.FetchCooldown != "2ms" || r.FetchPollInterval != "20ms" || r.MaxConns < 1 {
+		t.Errorf("River recorded as %+v, want its version and FetchCooldown 2ms, FetchPollInterval 20ms", r)
 	}
 	if err := harness.CheckFiles(res.Files, 1); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestRun_RiverWorkArgsReachRiver runs River alone with its fetch settings
+// given, and checks that its workers ran with them.
+func TestRun_RiverWorkArgsReachRiver(t *testing.T) {
+	res, err := Run(t.Context(), Config{
+		AdminURL:      dbtest.NewURL(t),
+		Systems:       []string{SystemRiver},
+		RiverBin:      riverBin(t),
+		RiverWorkArgs: []string{"--fetch-cooldown", "5ms", "--fetch-poll-interval", "50ms", "--max-conns", "6"},
+		Jobs:          200,
+		Configs:       []harness.ProcSlots{{Procs: 1, Slots: 10}},
+		Timeout:       time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 1 || !res.Runs[0].OK || len(res.Comparisons) != 0 {
+		t.Errorf("runs %+v, comparisons %+v; want one River run, every job once, and nothing to compare", res.Runs, res.Comparisons)
+	}
+	if got, want := fmt.Sprintf("%s %s %d", res.River.FetchCooldown, res.River.FetchPollInterval, res.River.MaxConns), "5ms 50ms 6"; got != want {
+		t.Errorf("River ran with %s, want %s", got, want)
 	}
 }

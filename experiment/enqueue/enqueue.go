@@ -159,7 +159,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		stop()
 		return nil, err
 	}
-	before, err := d.Lab.BurndownCounters(ctx)
+	before, err := d.Lab.BurndownCounters(ctx, "jobs")
 	if err != nil {
 		stop()
 		return nil, fmt.Errorf("read the counters: %w", err)
@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	cpuAfter := harness.SamplePostgresCPU(d.Name)
 	serveAfter, _ := harness.ProcCPU(serve.PID())
 	clientsAfter, _ := harness.ProcCPU(os.Getpid())
-	after, cerr := d.Lab.BurndownCounters(ctx)
+	after, cerr := d.Lab.BurndownCounters(ctx, "jobs")
 	stop()
 	if err != nil {
 		return nil, err

@@ -29,8 +29,9 @@ const ApplicationName = "relay experiment"
 // DatabaseTimeout bounds creating, migrating or dropping one database.
 const DatabaseTimeout = 2 * time.Minute
 
-// Database is a fresh, migrated database created on an admin server for
-// one experiment run, dropped by Drop.
+// Database is a fresh database created on an admin server for one
+// experiment run, migrated with Relay's schema unless it was made by
+// CreateEmptyDatabase, and dropped by Drop.
 type Database struct {
 	// Name is the database's name.
 	Name string
@@ -38,7 +39,8 @@ type Database struct {
 	URL string
 	// Pool is the experiment's own connection pool on it.
 	Pool *pgxpool.Pool
-	// Q runs Relay's statements on Pool.
+	// Q runs Relay's statements on Pool (of no use on a database made by
+	// CreateEmptyDatabase).
 	Q *db.Queries
 	// Lab runs the lab's own statements (queries/lab) on Pool.
 	Lab *labdb.Queries
@@ -50,6 +52,25 @@ type Database struct {
 // the server of adminURL (whose user must be allowed to create databases),
 // applies Relay's migrations to it and opens a pool on it.
 func CreateDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, err error) {
+	ctx, cancel := context.WithTimeout(ctx, DatabaseTimeout)
+	defer cancel()
+	d, err := CreateEmptyDatabase(ctx, adminURL, prefix)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := migrations.Up(ctx, d.Pool); err != nil {
+		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DatabaseTimeout)
+		defer cancel()
+		_ = d.Drop(dropCtx)
+		return nil, fmt.Errorf("migrate %s: %w", d.Name, err)
+	}
+	return d, nil
+}
+
+// CreateEmptyDatabase is CreateDatabase without Relay's migrations: a
+// database for another system's schema, such as River's, which the
+// experiment then migrates with that system's own tools.
+func CreateEmptyDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, err error) {
 	ctx, cancel := context.WithTimeout(ctx, DatabaseTimeout)
 	defer cancel()
 	var suffix [5]byte
@@ -80,9 +101,6 @@ func CreateDatabase(ctx context.Context, adminURL, prefix string) (_ *Database, 
 	}
 	d.Q = db.New(d.Pool)
 	d.Lab = labdb.New(d.Pool)
-	if _, err := migrations.Up(ctx, d.Pool); err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", name, err)
-	}
 	return d, nil
 }
 

@@ -361,6 +361,28 @@ func (g *Procs) StartBin(ctx context.Context, bin, name string, args ...string) 
 	return p, nil
 }
 
+// Run runs a process of the set's binary named name with args to its end,
+// as a step of a setup (a migration, an insert), and returns an error with
+// the last lines of its log unless it exits with status 0. ctx bounds the
+// wait; the process is killed if ctx ends first. The process shares the
+// set's environment and log directory but is not one of its members: it
+// is over when Run returns.
+func (g *Procs) Run(ctx context.Context, name string, args ...string) error {
+	p, err := StartProc(ctx, ProcSpec{Name: name, Bin: g.bin, Args: args, Env: g.env, LogDir: g.logDir})
+	if err != nil {
+		return err
+	}
+	if err := p.Wait(ctx); err != nil {
+		_ = p.Kill()
+		return err
+	}
+	if err := p.ExitErr(); err != nil {
+		lines, _ := p.Logs()
+		return fmt.Errorf("%s: %w; last lines:\n%s", name, err, Tail(lines, 5))
+	}
+	return nil
+}
+
 // List returns the processes started so far, in order.
 func (g *Procs) List() []*Proc {
 	g.mu.Lock()

@@ -16,29 +16,29 @@ SELECT w.wal_records::bigint                              AS wal_records,
        w.wal_fpi::bigint                                  AS wal_fpi,
        w.wal_bytes::bigint                                AS wal_bytes,
        d.xact_commit::bigint                              AS commits,
-       COALESCE(t.n_tup_ins, 0)::bigint                   AS jobs_inserted,
-       COALESCE(t.n_tup_upd, 0)::bigint                   AS jobs_updated,
-       COALESCE(t.n_tup_hot_upd, 0)::bigint               AS jobs_hot_updated,
-       COALESCE(t.n_tup_del, 0)::bigint                   AS jobs_deleted,
+       COALESCE(t.n_tup_ins, 0)::bigint                   AS table_inserted,
+       COALESCE(t.n_tup_upd, 0)::bigint                   AS table_updated,
+       COALESCE(t.n_tup_hot_upd, 0)::bigint               AS table_hot_updated,
+       COALESCE(t.n_tup_del, 0)::bigint                   AS table_deleted,
        (SELECT count(*) FROM pg_catalog.pg_index AS i
-         WHERE i.indrelid = 'jobs'::regclass)::bigint      AS jobs_indexes
+         WHERE i.indrelid = to_regclass($1::text))::bigint AS table_indexes
 FROM pg_catalog.pg_stat_wal AS w
 CROSS JOIN pg_catalog.pg_stat_database AS d
 LEFT JOIN pg_catalog.pg_stat_user_tables AS t
-       ON t.relid = 'jobs'::regclass
+       ON t.relid = to_regclass($1::text)
 WHERE d.datname = current_database()
 `
 
 type BurndownCountersRow struct {
-	WalRecords     int64
-	WalFpi         int64
-	WalBytes       int64
-	Commits        int64
-	JobsInserted   int64
-	JobsUpdated    int64
-	JobsHotUpdated int64
-	JobsDeleted    int64
-	JobsIndexes    int64
+	WalRecords      int64
+	WalFpi          int64
+	WalBytes        int64
+	Commits         int64
+	TableInserted   int64
+	TableUpdated    int64
+	TableHotUpdated int64
+	TableDeleted    int64
+	TableIndexes    int64
 }
 
 // Read-only statements of relay experiment burndown, which measures what a
@@ -46,24 +46,25 @@ type BurndownCountersRow struct {
 // The server's cumulative counters that a burn-down moves, read before and
 // after it: WAL (pg_stat_wal, the whole server's: other databases' writes
 // count too), this database's commits (pg_stat_database), and the writes
-// to the jobs table (pg_stat_user_tables). A non-HOT update writes an entry
-// in every index of jobs (jobs_indexes); a HOT update writes none. The
-// statistics collector reports a backend's counts when its transaction
-// ends and at most once a second while it is busy, so read them after the
-// workers' sessions have ended.
-func (q *Queries) BurndownCounters(ctx context.Context) (BurndownCountersRow, error) {
-	row := q.db.QueryRow(ctx, burndownCounters)
+// to the queue's table, @table_name (Relay's jobs, or River's river_job),
+// from pg_stat_user_tables. A non-HOT update writes an entry in every index
+// of the table (table_indexes); a HOT update writes none. The statistics
+// collector reports a backend's counts when its transaction ends and at
+// most once a second while it is busy, so read them after the workers'
+// sessions have ended.
+func (q *Queries) BurndownCounters(ctx context.Context, tableName string) (BurndownCountersRow, error) {
+	row := q.db.QueryRow(ctx, burndownCounters, tableName)
 	var i BurndownCountersRow
 	err := row.Scan(
 		&i.WalRecords,
 		&i.WalFpi,
 		&i.WalBytes,
 		&i.Commits,
-		&i.JobsInserted,
-		&i.JobsUpdated,
-		&i.JobsHotUpdated,
-		&i.JobsDeleted,
-		&i.JobsIndexes,
+		&i.TableInserted,
+		&i.TableUpdated,
+		&i.TableHotUpdated,
+		&i.TableDeleted,
+		&i.TableIndexes,
 	)
 	return i, err
 }

@@ -17,12 +17,12 @@ import (
 // buildTimeout bounds the build of a command.
 const buildTimeout = 10 * time.Minute
 
-// binary is one command, built on first use.
+// binary is one command, built on first use, in dir if not empty.
 type binary struct {
-	name, pkg string
-	once      sync.Once
-	path      string
-	err       error
+	name, pkg, dir string
+	once           sync.Once
+	path           string
+	err            error
 }
 
 var (
@@ -49,11 +49,19 @@ func Path(t testing.TB) string {
 // of the test's directory. A failed build fails the test.
 func Build(t testing.TB, name, pkg string) string {
 	t.Helper()
+	return BuildIn(t, name, "", pkg)
+}
+
+// BuildIn is Build for a package of another module of the tree, resolved
+// in the module of directory dir (relative to the test's directory): the
+// lab's River adapter, say, whose module is apart from the lab's.
+func BuildIn(t testing.TB, name, dir, pkg string) string {
+	t.Helper()
 	othersMu.Lock()
-	b, ok := others[pkg]
+	b, ok := others[dir+"\x00"+pkg]
 	if !ok {
-		b = &binary{name: name, pkg: pkg}
-		others[pkg] = b
+		b = &binary{name: name, pkg: pkg, dir: dir}
+		others[dir+"\x00"+pkg] = b
 	}
 	othersMu.Unlock()
 	return b.build(t)
@@ -70,7 +78,9 @@ func (b *binary) build(t testing.TB) string {
 		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 		defer cancel()
 		p := filepath.Join(dir, b.name)
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", p, b.pkg).CombinedOutput()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", p, b.pkg)
+		cmd.Dir = b.dir
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			b.err = fmt.Errorf("go build: %w\n%s", err, out)
 			return

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"github.com/relayq/relay/experiment/burndown"
 	"github.com/relayq/relay/experiment/harness"
@@ -14,26 +16,46 @@ import (
 // follow "burndown".
 func runExperimentBurndown(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var (
-		common  experimentCommon
-		cfg     burndown.Config
-		configs string
+		common     experimentCommon
+		cfg        burndown.Config
+		configs    string
+		systems    string
+		riverFlags string
 	)
 	fs := cli.NewFlagSet("experiment burndown", "relay experiment burndown [flags]",
 		`Pre-fills --jobs no-op jobs for each --configs shape (PROCSxSLOTS), on a
-database of its own, then starts that many relay work processes and times
+database of its own, then starts that many worker processes and times
 them emptying the queue, from the first claim to the last finish on the
-database's clock. Records what each job cost the server: WAL records and
-bytes, commits, updates of the jobs table (HOT or not) and the index
-entries they wrote, and the CPU time of the database's backends.`)
+database's clock. Each configuration runs on each of --systems in turn:
+relay work processes, and River (the reference system, through the lab's
+relaylab-river, on a database River migrated itself). Records what each
+job cost the server: WAL records and bytes, commits, updates of the
+queue's table (HOT or not) and the index entries they wrote, and the CPU
+time of the database's backends; and Relay's throughput over River's.`)
 	common.register(fs.FlagSet)
 	fs.IntVar(&cfg.Jobs, "jobs", burndown.DefaultJobs, "jobs per configuration")
 	fs.StringVar(&configs, "configs", harness.FormatConfigs(burndown.DefaultConfigs), "configurations, PROCSxSLOTS separated by commas")
+	fs.StringVar(&systems, "systems", strings.Join(burndown.DefaultSystems, ","), "systems to run each configuration on, in order: relay, river or both, separated by commas")
+	fs.StringVar(&cfg.RiverBin, "river-bin", "", "relaylab-river binary that runs River (default: relaylab-river beside this binary, else on PATH)")
+	fs.StringVar(&riverFlags, "river-flags", "", `extra flags for River's workers, e.g. "--fetch-cooldown 5ms" (default: none, the adapter's tuned fetch settings)`)
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "bound on each configuration's burn-down (default 10m)")
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
 	}
-	if err := common.resolve(getenv); err != nil {
-		return err
+	cfg.Systems = strings.Split(systems, ",")
+	if slices.Contains(cfg.Systems, burndown.SystemRiver) && cfg.RiverBin == "" {
+		bin, err := labBinary("relaylab-river", "--river-bin")
+		if err != nil {
+			return err
+		}
+		cfg.RiverBin = bin
+	}
+	if slices.Contains(cfg.Systems, burndown.SystemRelay) {
+		if err := common.resolve(getenv); err != nil {
+			return err
+		}
+	} else {
+		common.resolveDatabase(getenv)
 	}
 	var err error
 	if cfg.Configs, err = harness.ParseConfigs(configs); err != nil {
@@ -46,6 +68,7 @@ entries they wrote, and the CPU time of the database's backends.`)
 		return cli.Usagef("experiment burndown: --timeout must not be negative, got %s", cfg.Timeout)
 	}
 	cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
+	cfg.RiverWorkArgs = strings.Fields(riverFlags)
 	cfg.Progress = stderr
 
 	res, err := burndown.Run(ctx, cfg)
@@ -59,7 +82,7 @@ entries they wrote, and the CPU time of the database's backends.`)
 	}
 	for _, run := range res.Runs {
 		if !run.OK {
-			return fmt.Errorf("experiment burndown: configuration %s: %d of %d jobs succeeded, %d retried; want every job once", run.Config, run.Succeeded, run.Jobs, run.Retried)
+			return fmt.Errorf("experiment burndown: %s, configuration %s: %d of %d jobs succeeded, %d retried; want every job once", run.System, run.Config, run.Succeeded, run.Jobs, run.Retried)
 		}
 	}
 	return nil

@@ -35,8 +35,9 @@ user must be allowed to create databases.
          from the database's timestamps.
   burndown
          pre-fills --jobs no-op jobs and times relay work processes of each
-         --configs shape emptying them; records what each job cost the
-         server: WAL, commits, index entries, backend CPU.
+         --configs shape emptying them, then River's workers (the lab's
+         relaylab-river) the same; records what each job cost the server:
+         WAL, commits, index entries, backend CPU.
   enqueue
          --clients clients post one no-op job per request to relay serve,
          with no workers; records the jobs accepted per second, latency,
@@ -96,16 +97,12 @@ func (c *experimentCommon) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.logDir, "log-dir", "", "keep the relay processes' logs in this directory (default: a temporary directory, removed)")
 }
 
-// resolve fills in the defaults that come from the environment.
+// resolve fills in the defaults that come from the environment: the
+// database's, and the relay binary's.
 func (c *experimentCommon) resolve(getenv func(string) string) error {
-	if c.databaseURL == "" {
-		c.databaseURL = getenv("DATABASE_URL")
-	}
-	if c.databaseURL == "" {
-		c.databaseURL = harness.DefaultAdminURL
-	}
+	c.resolveDatabase(getenv)
 	if c.relayBin == "" {
-		bin, err := relayBinary()
+		bin, err := labBinary("relay", "--relay-bin")
 		if err != nil {
 			return err
 		}
@@ -114,19 +111,31 @@ func (c *experimentCommon) resolve(getenv func(string) string) error {
 	return nil
 }
 
-// relayBinary finds the relay binary the experiments run: beside this one,
-// else on PATH.
-func relayBinary() (string, error) {
+// resolveDatabase fills in the database's default, for an experiment that
+// runs no relay binary.
+func (c *experimentCommon) resolveDatabase(getenv func(string) string) {
+	if c.databaseURL == "" {
+		c.databaseURL = getenv("DATABASE_URL")
+	}
+	if c.databaseURL == "" {
+		c.databaseURL = harness.DefaultAdminURL
+	}
+}
+
+// labBinary finds a binary the experiments run, relay or the lab's
+// relaylab-river: beside this one, else on PATH. flag is the flag that
+// names it instead.
+func labBinary(name, flag string) (string, error) {
 	if exe, err := os.Executable(); err == nil {
-		beside := filepath.Join(filepath.Dir(exe), "relay")
+		beside := filepath.Join(filepath.Dir(exe), name)
 		if info, err := os.Stat(beside); err == nil && !info.IsDir() {
 			return beside, nil
 		}
 	}
-	if path, err := exec.LookPath("relay"); err == nil {
+	if path, err := exec.LookPath(name); err == nil {
 		return path, nil
 	}
-	return "", cli.Usagef("experiment: no relay binary beside this one or on PATH: give --relay-bin, or build both with `make build`")
+	return "", cli.Usagef("experiment: no %s binary beside this one or on PATH: give %s, or build them all with `make build`", name, flag)
 }
 
 // parseExperiment parses an experiment's flags; experiments take no

@@ -1,0 +1,169 @@
+package burndown
+
+import (
+	"context"
+	"debug/buildinfo"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/relayq/relay/experiment/harness"
+	"github.com/relayq/relay/experiment/labdb"
+	"github.com/relayq/relay/internal/builtin"
+)
+
+// The systems a burn-down can run: Relay itself, and River, the reference
+// it is compared with, through the lab's adapter (relaylab-river).
+const (
+	SystemRelay = "relay"
+	SystemRiver = "river"
+)
+
+// DefaultSystems are the systems a burn-down runs, each configuration on
+// each in turn.
+var DefaultSystems = []string{SystemRelay, SystemRiver}
+
+// riverModule is the module whose version Result.River records.
+const riverModule = "github.com/riverqueue/river"
+
+// system is what the burn-down needs of one queue: how to get a database
+// full of no-op jobs, which process works them, and how to read their
+// progress and their span from the database.
+type system struct {
+	name string
+	// bin is the binary of every process the system's burn-down runs.
+	bin string
+	// table is the queue's table, whose writes the counters read.
+	table string
+	// newDatabase creates the database of one configuration.
+	newDatabase func(ctx context.Context, adminURL string) (*harness.Database, error)
+	// fill makes the database ready and inserts jobs no-op jobs on queue,
+	// with procs, whose environment names the database.
+	fill func(ctx context.Context, d *harness.Database, procs *harness.Procs, jobs int) error
+	// workArgs are the arguments of a worker process named id that runs
+	// slots jobs at once.
+	workArgs func(id string, slots int) []string
+	// finished counts the jobs of queue in a final state.
+	finished func(ctx context.Context, q *labdb.Queries) (int64, error)
+	// span reads how the jobs of queue ended, and when.
+	span func(ctx context.Context, q *labdb.Queries) (span, error)
+}
+
+// span is how the jobs of a burn-down ended: how many succeeded at all and
+// how many took more than one attempt, out of total, and from when to when
+// on the database's clock.
+type span struct {
+	Succeeded, Retried, Total int64
+	FirstClaim, LastFinish    time.Time
+}
+
+// relaySystem runs relay work processes from the relay binary bin.
+func relaySystem(bin string) system {
+	return system{
+		name:  SystemRelay,
+		bin:   bin,
+		table: "jobs",
+		newDatabase: func(ctx context.Context, adminURL string) (*harness.Database, error) {
+			return harness.CreateDatabase(ctx, adminURL, "relay_exp_burndown_")
+		},
+		fill: func(ctx context.Context, d *harness.Database, _ *harness.Procs, jobs int) error {
+			return harness.InsertJobs(ctx, d.Pool, harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25), jobs)
+		},
+		workArgs: func(id string, slots int) []string {
+			return []string{"work", "--id", id, "--queue", queue, "--slots", strconv.Itoa(slots), "--log-format", "json"}
+		},
+		finished: func(ctx context.Context, q *labdb.Queries) (int64, error) {
+			p, err := q.ExperimentQueueProgress(ctx, queue)
+			return p.Finished, err
+		},
+		span: func(ctx context.Context, q *labdb.Queries) (span, error) {
+			s, err := q.BurndownSpan(ctx, queue)
+			return span{s.Succeeded, s.Retried, s.Total, s.FirstClaim, s.LastFinish}, err
+		},
+	}
+}
+
+// riverSystem runs River through relaylab-river, the binary bin: River's
+// own migrations and bulk insert, then `relaylab-river work` processes
+// with workArgs added to their command lines (River's fetch settings,
+// say; none: the adapter's tuned defaults).
+func riverSystem(bin string, workArgs []string) system {
+	return system{
+		name:  SystemRiver,
+		bin:   bin,
+		table: "river_job",
+		newDatabase: func(ctx context.Context, adminURL string) (*harness.Database, error) {
+			return harness.CreateEmptyDatabase(ctx, adminURL, "relay_exp_burndown_river_")
+		},
+		fill: func(ctx context.Context, _ *harness.Database, procs *harness.Procs, jobs int) error {
+			if err := procs.Run(ctx, "river-migrate", "migrate", "--log-format", "json"); err != nil {
+				return fmt.Errorf("migrate River's schema: %w", err)
+			}
+			if err := procs.Run(ctx, "river-insert", "insert", "--jobs", strconv.Itoa(jobs), "--kind", "noop",
+				"--queue", queue, "--log-format", "json"); err != nil {
+				return fmt.Errorf("insert River's jobs: %w", err)
+			}
+			return nil
+		},
+		workArgs: func(id string, slots int) []string {
+			args := []string{"work", "--id", id, "--queue", queue, "--workers", strconv.Itoa(slots), "--log-format", "json"}
+			return append(args, workArgs...)
+		},
+		finished: func(ctx context.Context, q *labdb.Queries) (int64, error) {
+			p, err := q.ExperimentRiverQueueProgress(ctx, queue)
+			return p.Finished, err
+		},
+		span: func(ctx context.Context, q *labdb.Queries) (span, error) {
+			s, err := q.BurndownRiverSpan(ctx, queue)
+			return span{s.Succeeded, s.Retried, s.Total, s.FirstClaim, s.LastFinish}, err
+		},
+	}
+}
+
+// RiverInfo is what a result records of the River it ran.
+type RiverInfo struct {
+	// Binary is the relaylab-river binary, and Version the version of
+	// River it was built with.
+	Binary  string `json:"binary"`
+	Version string `json:"version"`
+	// WorkArgs are the flags added to every `relaylab-river work`.
+	WorkArgs []string `json:"work_args,omitempty"`
+	// FetchCooldown, FetchPollInterval and MaxConns are the settings the
+	// first worker reported it ran with.
+	FetchCooldown     string `json:"fetch_cooldown"`
+	FetchPollInterval string `json:"fetch_poll_interval"`
+	MaxConns          int64  `json:"max_conns"`
+}
+
+// riverVersion returns the version of River that bin was built with.
+func riverVersion(bin string) (string, error) {
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return "", fmt.Errorf("read the build information of %s: %w", bin, err)
+	}
+	for _, dep := range bi.Deps {
+		if dep.Path == riverModule {
+			return dep.Version, nil
+		}
+	}
+	return "", fmt.Errorf("%s was not built with %s", bin, riverModule)
+}
+
+// riverSettings fills in info from the log of a River worker: the line
+// in which it says what it works with.
+func riverSettings(info *RiverInfo, p *harness.Proc) error {
+	lines, err := p.Logs()
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		if l.Msg == "working" {
+			info.FetchCooldown = l.Str("fetch_cooldown")
+			info.FetchPollInterval = l.Str("fetch_poll_interval")
+			info.MaxConns, _ = l.Int("max_conns")
+			return nil
+		}
+	}
+	return fmt.Errorf("%s never logged its settings (\"working\")", p.Name)
+}
