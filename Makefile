@@ -68,8 +68,8 @@ modelcheck:
 
 ## build: bin/relay; bin/relaylab, the lab's command that `relay experiment` runs; and bin/relaylab-river, the lab's River
 build:
-	$(GO) build -o bin/relay ./cmd/relay
-	cd $(LAB) && $(GO) build -o ../bin/relaylab ./cmd/relaylab
+	$(GO) build -buildvcs=auto -o bin/relay ./cmd/relay
+	cd $(LAB) && $(GO) build -buildvcs=auto -o ../bin/relaylab ./cmd/relaylab
 	cd $(RIVER) && $(GO) build -o ../../bin/relaylab-river ./cmd/relaylab-river
 
 ## run: a running Relay with a throwaway database (or DATABASE_URL)

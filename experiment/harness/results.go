@@ -80,12 +80,7 @@ func CollectEnvironment(ctx context.Context, d *Database, relayBin string) Envir
 		}
 	}
 	if env.GitCommit == "" {
-		// A binary built without VCS stamping: ask git, read-only.
-		gitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if out, err := exec.CommandContext(gitCtx, "git", "rev-parse", "HEAD").Output(); err == nil {
-			env.GitCommit = strings.TrimSpace(string(out))
-		}
-		cancel()
+		env.GitCommit = checkoutCommit(ctx, relayBin)
 	}
 	infoCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -279,4 +274,29 @@ func CheckFiles(files []string, want int) error {
 		}
 	}
 	return nil
+}
+
+// checkoutCommit is, for a binary built without VCS stamping, the commit
+// of the git checkout it lies in, asked of git read-only: a binary kept
+// outside the checkout (an older build, say) may have been built from any
+// commit, and gets none.
+func checkoutCommit(ctx context.Context, bin string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		return ""
+	}
+	top, err := exec.CommandContext(ctx, "git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		return ""
+	}
+	if rel, err := filepath.Rel(strings.TrimSpace(string(top)), abs); err != nil || !filepath.IsLocal(rel) {
+		return ""
+	}
+	out, err := exec.CommandContext(ctx, "git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }

@@ -1,6 +1,9 @@
 package harness
 
 import (
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -23,5 +26,21 @@ func TestCompactFlatJSON(t *testing.T) {
 	want := "{\n  \"a\": [1, 2.5],\n  \"b\": {\"x\": \"s, {t}\", \"y\": null},\n  \"c\": [\n    [1, 2]\n  ]\n}"
 	if got := string(CompactFlat(in)); got != want {
 		t.Errorf("compactFlat:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestCheckoutCommit_OnlyForABinaryInsideTheCheckout asks for the commit of
+// a binary kept in this checkout, and of one kept outside it, which could
+// have been built from any commit.
+func TestCheckoutCommit_OnlyForABinaryInsideTheCheckout(t *testing.T) {
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout: %v", err)
+	}
+	if got, want := checkoutCommit(t.Context(), "results.go"), strings.TrimSpace(string(head)); got != want {
+		t.Errorf("inside the checkout: %q, want HEAD %q", got, want)
+	}
+	if got := checkoutCommit(t.Context(), filepath.Join(t.TempDir(), "relay")); got != "" {
+		t.Errorf("outside the checkout: %q, want none", got)
 	}
 }
