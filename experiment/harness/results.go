@@ -18,6 +18,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/relayq/relay/experiment/labdb"
 )
 
 // Environment records where and with what a run was made.
@@ -47,13 +49,57 @@ type Environment struct {
 	LoadAverageEnd []float64 `json:"load_average_end,omitempty"`
 }
 
-// ServerInfo is what the experiments record of the PostgreSQL server.
+// ServerInfo is what the experiments record of the PostgreSQL server: its
+// version and the settings that bear on their figures.
 type ServerInfo struct {
-	Version           string `json:"version"`
-	SynchronousCommit string `json:"synchronous_commit"`
-	Fsync             string `json:"fsync"`
-	SharedBuffers     string `json:"shared_buffers"`
-	MaxConnections    string `json:"max_connections"`
+	Version            string `json:"version"`
+	SynchronousCommit  string `json:"synchronous_commit"`
+	Fsync              string `json:"fsync"`
+	FullPageWrites     string `json:"full_page_writes,omitempty"`
+	SharedBuffers      string `json:"shared_buffers"`
+	WorkMem            string `json:"work_mem,omitempty"`
+	MaintenanceWorkMem string `json:"maintenance_work_mem,omitempty"`
+	MaxConnections     string `json:"max_connections"`
+	MaxWALSize         string `json:"max_wal_size,omitempty"`
+	CheckpointTimeout  string `json:"checkpoint_timeout,omitempty"`
+	// Autovacuum and its settings decide whether, and how soon, dead row
+	// versions are reclaimed.
+	Autovacuum                  string `json:"autovacuum,omitempty"`
+	AutovacuumNaptime           string `json:"autovacuum_naptime,omitempty"`
+	AutovacuumMaxWorkers        string `json:"autovacuum_max_workers,omitempty"`
+	AutovacuumVacuumScaleFactor string `json:"autovacuum_vacuum_scale_factor,omitempty"`
+	AutovacuumVacuumThreshold   string `json:"autovacuum_vacuum_threshold,omitempty"`
+	AutovacuumVacuumCostDelay   string `json:"autovacuum_vacuum_cost_delay,omitempty"`
+	AutovacuumVacuumCostLimit   string `json:"autovacuum_vacuum_cost_limit,omitempty"`
+	TrackCounts                 string `json:"track_counts,omitempty"`
+}
+
+// ReadServerInfo reads the server's version and settings through q.
+func ReadServerInfo(ctx context.Context, q *labdb.Queries) (ServerInfo, error) {
+	info, err := q.ExperimentServerInfo(ctx)
+	if err != nil {
+		return ServerInfo{}, fmt.Errorf("read the server's settings: %w", err)
+	}
+	return ServerInfo{
+		Version:                     info.ServerVersion,
+		SynchronousCommit:           info.SynchronousCommit,
+		Fsync:                       info.Fsync,
+		FullPageWrites:              info.FullPageWrites,
+		SharedBuffers:               info.SharedBuffers,
+		WorkMem:                     info.WorkMem,
+		MaintenanceWorkMem:          info.MaintenanceWorkMem,
+		MaxConnections:              info.MaxConnections,
+		MaxWALSize:                  info.MaxWalSize,
+		CheckpointTimeout:           info.CheckpointTimeout,
+		Autovacuum:                  info.Autovacuum,
+		AutovacuumNaptime:           info.AutovacuumNaptime,
+		AutovacuumMaxWorkers:        info.AutovacuumMaxWorkers,
+		AutovacuumVacuumScaleFactor: info.AutovacuumVacuumScaleFactor,
+		AutovacuumVacuumThreshold:   info.AutovacuumVacuumThreshold,
+		AutovacuumVacuumCostDelay:   info.AutovacuumVacuumCostDelay,
+		AutovacuumVacuumCostLimit:   info.AutovacuumVacuumCostLimit,
+		TrackCounts:                 info.TrackCounts,
+	}, nil
 }
 
 // CollectEnvironment records the environment of a run on database d.
@@ -84,14 +130,8 @@ func CollectEnvironment(ctx context.Context, d *Database, relayBin string) Envir
 	}
 	infoCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if info, err := d.Lab.ExperimentServerInfo(infoCtx); err == nil {
-		env.PostgreSQL = ServerInfo{
-			Version:           info.ServerVersion,
-			SynchronousCommit: info.SynchronousCommit,
-			Fsync:             info.Fsync,
-			SharedBuffers:     info.SharedBuffers,
-			MaxConnections:    info.MaxConnections,
-		}
+	if info, err := ReadServerInfo(infoCtx, d.Lab); err == nil {
+		env.PostgreSQL = info
 	}
 	return env
 }

@@ -128,22 +128,50 @@ func (q *Queries) ExperimentQueueProgress(ctx context.Context, queue string) (Ex
 }
 
 const experimentServerInfo = `-- name: ExperimentServerInfo :one
-SELECT current_setting('server_version')     AS server_version,
-       current_setting('synchronous_commit') AS synchronous_commit,
-       current_setting('fsync')              AS fsync,
-       current_setting('shared_buffers')     AS shared_buffers,
-       current_setting('max_connections')    AS max_connections
+SELECT current_setting('server_version')                  AS server_version,
+       current_setting('synchronous_commit')              AS synchronous_commit,
+       current_setting('fsync')                           AS fsync,
+       current_setting('full_page_writes')                AS full_page_writes,
+       current_setting('shared_buffers')                  AS shared_buffers,
+       current_setting('work_mem')                        AS work_mem,
+       current_setting('maintenance_work_mem')            AS maintenance_work_mem,
+       current_setting('max_connections')                 AS max_connections,
+       current_setting('max_wal_size')                    AS max_wal_size,
+       current_setting('checkpoint_timeout')              AS checkpoint_timeout,
+       current_setting('autovacuum')                      AS autovacuum,
+       current_setting('autovacuum_naptime')              AS autovacuum_naptime,
+       current_setting('autovacuum_max_workers')          AS autovacuum_max_workers,
+       current_setting('autovacuum_vacuum_scale_factor')  AS autovacuum_vacuum_scale_factor,
+       current_setting('autovacuum_vacuum_threshold')     AS autovacuum_vacuum_threshold,
+       current_setting('autovacuum_vacuum_cost_delay')    AS autovacuum_vacuum_cost_delay,
+       current_setting('autovacuum_vacuum_cost_limit')    AS autovacuum_vacuum_cost_limit,
+       current_setting('track_counts')                    AS track_counts
 `
 
 type ExperimentServerInfoRow struct {
-	ServerVersion     string
-	SynchronousCommit string
-	Fsync             string
-	SharedBuffers     string
-	MaxConnections    string
+	ServerVersion               string
+	SynchronousCommit           string
+	Fsync                       string
+	FullPageWrites              string
+	SharedBuffers               string
+	WorkMem                     string
+	MaintenanceWorkMem          string
+	MaxConnections              string
+	MaxWalSize                  string
+	CheckpointTimeout           string
+	Autovacuum                  string
+	AutovacuumNaptime           string
+	AutovacuumMaxWorkers        string
+	AutovacuumVacuumScaleFactor string
+	AutovacuumVacuumThreshold   string
+	AutovacuumVacuumCostDelay   string
+	AutovacuumVacuumCostLimit   string
+	TrackCounts                 string
 }
 
-// The server settings that bear on the experiments' figures.
+// The server settings that bear on the experiments' figures: durability,
+// memory, and vacuum, which decides whether dead row versions are ever
+// reclaimed (the shared server of these machines runs without it).
 func (q *Queries) ExperimentServerInfo(ctx context.Context) (ExperimentServerInfoRow, error) {
 	row := q.db.QueryRow(ctx, experimentServerInfo)
 	var i ExperimentServerInfoRow
@@ -151,8 +179,21 @@ func (q *Queries) ExperimentServerInfo(ctx context.Context) (ExperimentServerInf
 		&i.ServerVersion,
 		&i.SynchronousCommit,
 		&i.Fsync,
+		&i.FullPageWrites,
 		&i.SharedBuffers,
+		&i.WorkMem,
+		&i.MaintenanceWorkMem,
 		&i.MaxConnections,
+		&i.MaxWalSize,
+		&i.CheckpointTimeout,
+		&i.Autovacuum,
+		&i.AutovacuumNaptime,
+		&i.AutovacuumMaxWorkers,
+		&i.AutovacuumVacuumScaleFactor,
+		&i.AutovacuumVacuumThreshold,
+		&i.AutovacuumVacuumCostDelay,
+		&i.AutovacuumVacuumCostLimit,
+		&i.TrackCounts,
 	)
 	return i, err
 }

@@ -8,12 +8,27 @@
 SELECT clock_timestamp()::timestamptz AS now;
 
 -- name: ExperimentServerInfo :one
--- The server settings that bear on the experiments' figures.
-SELECT current_setting('server_version')     AS server_version,
-       current_setting('synchronous_commit') AS synchronous_commit,
-       current_setting('fsync')              AS fsync,
-       current_setting('shared_buffers')     AS shared_buffers,
-       current_setting('max_connections')    AS max_connections;
+-- The server settings that bear on the experiments' figures: durability,
+-- memory, and vacuum, which decides whether dead row versions are ever
+-- reclaimed (the shared server of these machines runs without it).
+SELECT current_setting('server_version')                  AS server_version,
+       current_setting('synchronous_commit')              AS synchronous_commit,
+       current_setting('fsync')                           AS fsync,
+       current_setting('full_page_writes')                AS full_page_writes,
+       current_setting('shared_buffers')                  AS shared_buffers,
+       current_setting('work_mem')                        AS work_mem,
+       current_setting('maintenance_work_mem')            AS maintenance_work_mem,
+       current_setting('max_connections')                 AS max_connections,
+       current_setting('max_wal_size')                    AS max_wal_size,
+       current_setting('checkpoint_timeout')              AS checkpoint_timeout,
+       current_setting('autovacuum')                      AS autovacuum,
+       current_setting('autovacuum_naptime')              AS autovacuum_naptime,
+       current_setting('autovacuum_max_workers')          AS autovacuum_max_workers,
+       current_setting('autovacuum_vacuum_scale_factor')  AS autovacuum_vacuum_scale_factor,
+       current_setting('autovacuum_vacuum_threshold')     AS autovacuum_vacuum_threshold,
+       current_setting('autovacuum_vacuum_cost_delay')    AS autovacuum_vacuum_cost_delay,
+       current_setting('autovacuum_vacuum_cost_limit')    AS autovacuum_vacuum_cost_limit,
+       current_setting('track_counts')                    AS track_counts;
 
 -- name: ExperimentJobTimes :many
 -- Every job of a queue with the timestamps and the facts the burst
