@@ -21,7 +21,6 @@ import (
 	"github.com/relayq/relay/experiment/chaos/schema"
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/experiment/labdb"
-	"github.com/relayq/relay/internal/devdb"
 	"github.com/relayq/relay/internal/faultproxy"
 	"github.com/relayq/relay/internal/pgbouncer"
 	"github.com/relayq/relay/internal/pgurl"
@@ -117,7 +116,7 @@ type Config struct {
 	WorkerArgs []string
 	// AdminURL is the server on which the run creates (and then drops) a
 	// database of its own. Default: DefaultAdminURL. The restart scenario
-	// never uses it: it starts a private cluster (internal/devdb) instead.
+	// never uses it: it starts a private cluster (harness.StartCluster) instead.
 	AdminURL string
 	// DatabaseURL, if set, is a fresh database migrated to Relay's schema
 	// to use as is instead of creating one (tests give their own). Not for
@@ -282,7 +281,7 @@ type scenarioRun struct {
 	rngMu sync.Mutex
 	rng   *rand.Rand
 
-	cluster *devdb.Cluster    // the restart scenario's private server
+	cluster *harness.Cluster  // the restart scenario's private server
 	d       *harness.Database // the run's database and the harness's pool
 	q       *labdb.Queries
 	dbURL   string // the workers' direct URL
@@ -388,9 +387,12 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 func (r *scenarioRun) setupDatabase(ctx context.Context) error {
 	admin := r.cfg.AdminURL
 	if r.cfg.Scenario == Restart {
-		cluster, err := devdb.StartLocal(ctx, r.log)
+		// A private cluster with PostgreSQL's defaults: durable commits,
+		// since the scenario checks that acknowledged enqueues survive a
+		// crash of the server.
+		cluster, err := harness.StartCluster(ctx, r.log)
 		if err != nil {
-			return fmt.Errorf("chaos: the restart scenario needs a private PostgreSQL cluster (initdb, pg_ctl): %w", err)
+			return fmt.Errorf("chaos: the restart scenario needs a private PostgreSQL cluster: %w", err)
 		}
 		r.cluster = cluster
 		admin = cluster.URL()
@@ -422,17 +424,6 @@ func (r *scenarioRun) setupDatabase(ctx context.Context) error {
 	defer cancel()
 	if _, err := r.d.Pool.Exec(sctx, schema.Chaos); err != nil {
 		return fmt.Errorf("chaos: add the chaos schema: %w", err)
-	}
-	if r.cluster != nil {
-		// devdb relaxes synchronous_commit; a production server does not,
-		// and the restart scenario checks that acknowledged enqueues
-		// survive a crash of the server.
-		if err := r.q.ChaosEnableSynchronousCommit(sctx); err != nil {
-			return fmt.Errorf("chaos: turn synchronous_commit on: %w", err)
-		}
-		if _, err := r.q.ChaosReloadConfig(sctx); err != nil {
-			return fmt.Errorf("chaos: reload the configuration: %w", err)
-		}
 	}
 	return nil
 }

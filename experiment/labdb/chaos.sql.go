@@ -175,20 +175,6 @@ func (q *Queries) ChaosDuplicates(ctx context.Context) (ChaosDuplicatesRow, erro
 	return i, err
 }
 
-const chaosEnableSynchronousCommit = `-- name: ChaosEnableSynchronousCommit :exec
-ALTER SYSTEM SET synchronous_commit = 'on'
-`
-
-// Makes a throwaway cluster (devdb turns synchronous_commit off) commit
-// durably, as Relay expects of a production server, so that the restart
-// scenario tests Relay and not the cluster's settings. Needs a superuser;
-// takes effect with ChaosReloadConfig.
-// @sqlc-vet-disable sqlc/db-prepare
-func (q *Queries) ChaosEnableSynchronousCommit(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, chaosEnableSynchronousCommit)
-	return err
-}
-
 const chaosEnqueueKeys = `-- name: ChaosEnqueueKeys :exec
 INSERT INTO chaos_enqueue_keys (key)
 SELECT unnest($1::text[])
@@ -689,18 +675,6 @@ func (q *Queries) ChaosReclaims(ctx context.Context) ([]ChaosReclaimsRow, error)
 		return nil, err
 	}
 	return items, nil
-}
-
-const chaosReloadConfig = `-- name: ChaosReloadConfig :one
-SELECT pg_reload_conf()::boolean AS reloaded
-`
-
-// @sqlc-vet-disable sqlc/db-prepare
-func (q *Queries) ChaosReloadConfig(ctx context.Context) (bool, error) {
-	row := q.db.QueryRow(ctx, chaosReloadConfig)
-	var reloaded bool
-	err := row.Scan(&reloaded)
-	return reloaded, err
 }
 
 const chaosRunningByWorker = `-- name: ChaosRunningByWorker :many

@@ -28,8 +28,9 @@ const experimentClock = `-- name: ExperimentClock :one
 SELECT clock_timestamp()::timestamptz AS now
 `
 
-// Read-only statements of the recorded experiments (relay experiment crash
-// and burst, and the harness they share). None of them changes a job.
+// Statements of the recorded experiments (relay experiment crash and
+// burst, and the harness they share). None of them changes a job; all but
+// the last four, which set up a private cluster, only read.
 // The database clock at this very instant (clock_timestamp(), not the
 // transaction's now()), to place an event the experiment caused, such as
 // the moment a worker was killed, on the same clock as the jobs' timestamps.
@@ -125,6 +126,54 @@ func (q *Queries) ExperimentQueueProgress(ctx context.Context, queue string) (Ex
 	var i ExperimentQueueProgressRow
 	err := row.Scan(&i.Finished, &i.Running, &i.Total)
 	return i, err
+}
+
+const experimentReloadConfig = `-- name: ExperimentReloadConfig :one
+SELECT pg_reload_conf()::boolean AS reloaded
+`
+
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) ExperimentReloadConfig(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, experimentReloadConfig)
+	var reloaded bool
+	err := row.Scan(&reloaded)
+	return reloaded, err
+}
+
+const experimentRestoreFsync = `-- name: ExperimentRestoreFsync :exec
+ALTER SYSTEM SET fsync = 'on'
+`
+
+// The three statements below undo what devdb relaxes for a throwaway
+// cluster (fsync, full_page_writes, synchronous_commit off), so that an
+// experiment on a private cluster runs with PostgreSQL's own defaults, as
+// a production server does. ALTER SYSTEM overrides postgresql.conf, where
+// devdb wrote its settings; they take effect with ExperimentReloadConfig.
+// Need a superuser.
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) ExperimentRestoreFsync(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, experimentRestoreFsync)
+	return err
+}
+
+const experimentRestoreFullPageWrites = `-- name: ExperimentRestoreFullPageWrites :exec
+ALTER SYSTEM SET full_page_writes = 'on'
+`
+
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) ExperimentRestoreFullPageWrites(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, experimentRestoreFullPageWrites)
+	return err
+}
+
+const experimentRestoreSynchronousCommit = `-- name: ExperimentRestoreSynchronousCommit :exec
+ALTER SYSTEM SET synchronous_commit = 'on'
+`
+
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) ExperimentRestoreSynchronousCommit(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, experimentRestoreSynchronousCommit)
+	return err
 }
 
 const experimentServerInfo = `-- name: ExperimentServerInfo :one

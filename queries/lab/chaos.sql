@@ -70,18 +70,6 @@ INSERT INTO chaos_enqueue_keys (key)
 SELECT unnest(@keys::text[])
 ON CONFLICT (key) DO NOTHING;
 
--- name: ChaosEnableSynchronousCommit :exec
--- Makes a throwaway cluster (devdb turns synchronous_commit off) commit
--- durably, as Relay expects of a production server, so that the restart
--- scenario tests Relay and not the cluster's settings. Needs a superuser;
--- takes effect with ChaosReloadConfig.
--- @sqlc-vet-disable sqlc/db-prepare
-ALTER SYSTEM SET synchronous_commit = 'on';
-
--- name: ChaosReloadConfig :one
--- @sqlc-vet-disable sqlc/db-prepare
-SELECT pg_reload_conf()::boolean AS reloaded;
-
 -- name: ChaosWorkerBackends :many
 -- The server processes of the chaos workers' own connections (session and
 -- pool; application_name relay-worker-<id>), for the backend-kill scenario.

@@ -1,5 +1,6 @@
--- Read-only statements of the recorded experiments (relay experiment crash
--- and burst, and the harness they share). None of them changes a job.
+-- Statements of the recorded experiments (relay experiment crash and
+-- burst, and the harness they share). None of them changes a job; all but
+-- the last four, which set up a private cluster, only read.
 
 -- name: ExperimentClock :one
 -- The database clock at this very instant (clock_timestamp(), not the
@@ -70,3 +71,25 @@ SELECT set_config('synchronous_commit', 'off', true);
 -- The process id of the server process serving this connection, whose CPU
 -- time the burst experiment's probe reads from /proc.
 SELECT pg_backend_pid()::integer AS pid;
+
+-- name: ExperimentRestoreFsync :exec
+-- The three statements below undo what devdb relaxes for a throwaway
+-- cluster (fsync, full_page_writes, synchronous_commit off), so that an
+-- experiment on a private cluster runs with PostgreSQL's own defaults, as
+-- a production server does. ALTER SYSTEM overrides postgresql.conf, where
+-- devdb wrote its settings; they take effect with ExperimentReloadConfig.
+-- Need a superuser.
+-- @sqlc-vet-disable sqlc/db-prepare
+ALTER SYSTEM SET fsync = 'on';
+
+-- name: ExperimentRestoreFullPageWrites :exec
+-- @sqlc-vet-disable sqlc/db-prepare
+ALTER SYSTEM SET full_page_writes = 'on';
+
+-- name: ExperimentRestoreSynchronousCommit :exec
+-- @sqlc-vet-disable sqlc/db-prepare
+ALTER SYSTEM SET synchronous_commit = 'on';
+
+-- name: ExperimentReloadConfig :one
+-- @sqlc-vet-disable sqlc/db-prepare
+SELECT pg_reload_conf()::boolean AS reloaded;
