@@ -1,0 +1,128 @@
+package soak
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/experiment/harness"
+	"github.com/relayq/relay/internal/relaybin"
+)
+
+func TestMain(m *testing.M) { relaybin.RunTests(m) }
+
+// shortPhase is how long each phase of the tests' soaks runs.
+const shortPhase = 6 * time.Second
+
+// shortConfig is a soak of a few seconds a phase, sampled every 1.5 s,
+// on a private cluster, with results written under the test's directory.
+func shortConfig(t *testing.T) Config {
+	t.Helper()
+	phases := map[PhaseKind]time.Duration{}
+	for _, k := range Kinds {
+		phases[k] = shortPhase
+	}
+	return Config{
+		RelayBin: relaybin.Path(t),
+		OutDir:   outDir(t),
+		Phases:   phases,
+		Rate:     200,
+		Interval: 1500 * time.Millisecond,
+		Workers:  harness.ProcSlots{Procs: 1, Slots: 10},
+	}
+}
+
+// TestRun_PhasesPinAndReleaseTheHorizon runs the short soak on a private
+// cluster, as the command does by default, and checks that each phase did
+// what it is for: every phase has samples; the clean phase keeps up with
+// the offered load; the idle transaction's horizon grows older through its
+// phase and is released after it; the readers' snapshot ages; the overload
+// phase offers more; and the server's settings and the results were
+// written. (On the test server, the soak's WAL would keep the burn-down's
+// test, which waits for the server's counters to settle, from seeing them
+// settle.)
+func TestRun_PhasesPinAndReleaseTheHorizon(t *testing.T) {
+	res, err := Run(t.Context(), shortConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var summary strings.Builder
+	if err := res.WriteSummary(&summary); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + summary.String())
+	if len(res.Phases) != len(Kinds) {
+		t.Fatalf("%d phases, want %d", len(res.Phases), len(Kinds))
+	}
+	byKind := map[string][]Sample{}
+	for _, s := range res.Samples {
+		byKind[s.Phase] = append(byKind[s.Phase], s)
+	}
+	phase := map[PhaseKind]Phase{}
+	for i, k := range Kinds {
+		p := res.Phases[i]
+		if p.Kind != string(k) {
+			t.Fatalf("phase %d is %q, want %q", i, p.Kind, k)
+		}
+		phase[k] = p
+		if n := len(byKind[string(k)]); n < 2 {
+			t.Errorf("phase %s has %d samples, want at least 2", k, n)
+		}
+		if p.Pickup.N == 0 {
+			t.Errorf("phase %s claimed no job", k)
+		}
+	}
+
+	clean := phase[PhaseClean]
+	if clean.KeptUp < 0.8 || clean.SucceededPerSec < 0.8*clean.RatePerSec {
+		t.Errorf("clean phase: %.0f jobs/s succeeded of %.0f enqueued (%.0f offered), kept up %.3f; want at least 0.8",
+			clean.SucceededPerSec, clean.EnqueuedPerSec, clean.RatePerSec, clean.KeptUp)
+	}
+
+	idle := byKind[string(PhaseIdleInTransaction)]
+	if len(idle) >= 2 {
+		first, last := idle[0], idle[len(idle)-1]
+		if last.XidAge <= first.XidAge || last.XidAge < 50 {
+			t.Errorf("idle-in-transaction: the oldest backend_xid aged from %d to %d transactions; want it to grow past 50", first.XidAge, last.XidAge)
+		}
+		after := byKind[string(PhaseOverload)]
+		if len(after) > 0 && after[0].XidAge >= last.XidAge {
+			t.Errorf("after the idle transaction ended, the oldest backend_xid is %d transactions old, not below the %d it reached", after[0].XidAge, last.XidAge)
+		}
+	}
+	if p := phase[PhaseIdleInTransaction]; p.IdleXID == 0 {
+		t.Errorf("idle-in-transaction: no transaction id held")
+	}
+
+	readers := phase[PhaseRepeatableRead].Readers
+	if readers == nil || readers.Readers != 4 || readers.Counts < 4 {
+		t.Errorf("repeatable-read: readers %+v; want 4 readers that counted", readers)
+	} else if rr := byKind[string(PhaseRepeatableRead)]; len(rr) > 0 && rr[len(rr)-1].XminAge <= rr[0].XminAge {
+		t.Errorf("repeatable-read: the oldest backend_xmin aged from %d to %d; want it to grow", rr[0].XminAge, rr[len(rr)-1].XminAge)
+	}
+
+	if o := phase[PhaseOverload]; o.EnqueuedPerSec < 1.2*clean.EnqueuedPerSec {
+		t.Errorf("overload: %.0f jobs/s enqueued against %.0f in the clean phase; want 1.5 times", o.EnqueuedPerSec, clean.EnqueuedPerSec)
+	}
+	last := res.Samples[len(res.Samples)-1]
+	if len(last.Tables) == 0 || last.TableBytes == 0 || last.IndexBytes == 0 || last.WALBytes == 0 {
+		t.Errorf("last sample: %d tables of %d bytes and %d of indexes, %d bytes of WAL; want them all", len(last.Tables), last.TableBytes, last.IndexBytes, last.WALBytes)
+	}
+	if pg := res.Environment.PostgreSQL; res.Server != "private cluster" || pg.Autovacuum != "on" || pg.Fsync != "on" || pg.SharedBuffers != "128MB" {
+		t.Errorf("ran on a %s with autovacuum %q, fsync %q, shared_buffers %q; want a private cluster with PostgreSQL's defaults (on, on, 128MB)",
+			res.Server, pg.Autovacuum, pg.Fsync, pg.SharedBuffers)
+	}
+	if err := harness.CheckFiles(res.Files, 2); err != nil {
+		t.Error(err)
+	}
+}
+
+// outDir is where a test's soak writes: RELAY_SOAK_TEST_OUT if set, to
+// look at the chart, else the test's temporary directory.
+func outDir(t *testing.T) string {
+	if dir := os.Getenv("RELAY_SOAK_TEST_OUT"); dir != "" {
+		return dir
+	}
+	return t.TempDir()
+}
