@@ -17,7 +17,7 @@ import (
 )
 
 // experimentUsage is the help of relaylab, which `relay experiment` runs.
-const experimentUsage = `Usage: relay experiment crash|burst|burndown|enqueue|chaos [flags]
+const experimentUsage = `Usage: relay experiment crash|burst|burndown|enqueue|soak|chaos [flags]
 
 Runs one of Relay's recorded experiments against real relay processes (the
 relay binary beside this one, else on PATH, or --relay-bin) and the
@@ -42,6 +42,11 @@ user must be allowed to create databases.
          --clients clients post one no-op job per request to relay serve,
          with no workers; records the jobs accepted per second, latency,
          and commits, WAL and backend CPU per job.
+  soak   a steady load of 1 ms jobs through five phases (clean,
+         idle-in-transaction, repeatable-read readers, 1.5x load,
+         recovery), sampling completions, pickup latency, backlog, table
+         and index sizes, dead rows, WAL and the xmin horizon's age; on a
+         private PostgreSQL cluster of its own unless --database-url.
   chaos  the fault-injection programme (relay experiment chaos -h); its
          worker processes are this binary, as "relaylab chaos-worker".
 
@@ -52,13 +57,13 @@ requires; figures that miss their targets are reported, not failed.
 Run "relay experiment NAME -h" for the flags of each.
 `
 
-// runExperiment runs `relay experiment crash|burst|burndown|enqueue|chaos [flags]`; args
+// runExperiment runs `relay experiment crash|burst|burndown|enqueue|soak|chaos [flags]`; args
 // follow "experiment".
 func runExperiment(ctx context.Context, env *environment, args []string) error {
 	getenv, stdout, stderr := env.getenv, env.stdout, env.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, experimentUsage)
-		return cli.Usagef("experiment: name an experiment: crash, burst, burndown, enqueue or chaos")
+		return cli.Usagef("experiment: name an experiment: crash, burst, burndown, enqueue, soak or chaos")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -72,13 +77,15 @@ func runExperiment(ctx context.Context, env *environment, args []string) error {
 		return runExperimentBurndown(ctx, args[1:], getenv, stdout, stderr)
 	case "enqueue":
 		return runExperimentEnqueue(ctx, args[1:], getenv, stdout, stderr)
+	case "soak":
+		return runExperimentSoak(ctx, args[1:], getenv, stdout, stderr)
 	// The fault-injection programme and its worker process (chaos.go).
 	case "chaos":
 		return runChaos(ctx, args[1:], getenv, stdout, stderr)
 	case "chaos-worker":
 		return runChaosWorker(ctx, args[1:], getenv, stdout, stderr)
 	default:
-		return cli.Usagef("experiment: unknown experiment %q: want crash, burst, burndown, enqueue or chaos", args[0])
+		return cli.Usagef("experiment: unknown experiment %q: want crash, burst, burndown, enqueue, soak or chaos", args[0])
 	}
 }
 

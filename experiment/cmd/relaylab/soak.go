@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/relayq/relay/experiment/harness"
+	"github.com/relayq/relay/experiment/soak"
+	"github.com/relayq/relay/internal/cli"
+)
+
+// runExperimentSoak runs `relay experiment soak [flags]`; args follow
+// "soak".
+func runExperimentSoak(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	var (
+		common  experimentCommon
+		cfg     soak.Config
+		workers string
+		phase   time.Duration
+		phases  = map[soak.PhaseKind]*time.Duration{}
+	)
+	fs := cli.NewFlagSet("experiment soak", "relay experiment soak [flags]",
+		`Offers a steady load of --job-ms sleep jobs at --rate jobs/s to relay work
+processes (--workers PROCSxSLOTS) through five phases: clean; a session idle
+in a transaction that holds a transaction id; --readers REPEATABLE READ
+readers counting the jobs table every --reader-interval, each in one
+transaction for the phase; --overload times the load; recovery. Every
+--interval it samples the completion rate, the pickup latency (ready to
+claimed, p50/p95/p99), the backlog, the size and dead rows of every table
+and index, the WAL written and the age of the xmin horizon.
+
+It runs on a private PostgreSQL cluster that it starts with PostgreSQL's
+defaults (autovacuum on) and removes at the end, unless --database-url
+names a server ($DATABASE_URL is not used).`)
+	common.register(fs.FlagSet)
+	fs.Lookup("database-url").Usage = "PostgreSQL server to create the soak's database on (default: a private cluster; $DATABASE_URL is not used)"
+	fs.DurationVar(&phase, "phase", soak.DefaultPhaseDuration, "how long each phase runs, unless its own flag says otherwise")
+	for _, k := range soak.Kinds {
+		phases[k] = new(time.Duration)
+		fs.DurationVar(phases[k], "phase-"+string(k), 0, "how long the "+string(k)+" phase runs (default --phase; negative: leave it out)")
+	}
+	fs.Float64Var(&cfg.Rate, "rate", soak.DefaultRate, "offered load, jobs per second")
+	fs.Float64Var(&cfg.OverloadFactor, "overload", soak.DefaultOverloadFactor, "the overload phase's load, as a multiple of --rate")
+	fs.IntVar(&cfg.Readers, "readers", soak.DefaultReaders, "REPEATABLE READ readers in the repeatable-read phase")
+	fs.DurationVar(&cfg.ReaderInterval, "reader-interval", soak.DefaultReaderInterval, "how often each reader counts the jobs table")
+	fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "how often the soak samples")
+	fs.StringVar(&workers, "workers", soak.DefaultWorkers.String(), "relay work processes and their slots, PROCSxSLOTS")
+	fs.Int64Var(&cfg.JobMs, "job-ms", soak.DefaultJobMs, "how long each sleep job runs, in milliseconds")
+	if err := parseExperiment(fs, args, stderr); err != nil {
+		return cli.Helped(err)
+	}
+	// The soak's own server unless one is named on the command line: the
+	// environment's DATABASE_URL is often the shared server, whose
+	// settings (autovacuum off) are not a production server's.
+	givenURL := false
+	fs.Visit(func(f *flag.Flag) { givenURL = givenURL || f.Name == "database-url" })
+	if err := common.resolve(getenv); err != nil {
+		return err
+	}
+	if givenURL {
+		cfg.AdminURL = common.databaseURL
+	}
+	shape, err := harness.ParseConfigs(workers)
+	if err != nil || len(shape) != 1 {
+		return cli.Usagef("experiment soak: --workers: want one PROCSxSLOTS such as 2x10, got %q", workers)
+	}
+	cfg.Workers = shape[0]
+	if phase <= 0 {
+		return cli.Usagef("experiment soak: --phase must be positive, got %s", phase)
+	}
+	cfg.Phases = map[soak.PhaseKind]time.Duration{}
+	for k, d := range phases {
+		cfg.Phases[k] = phase
+		if *d != 0 {
+			cfg.Phases[k] = *d
+		}
+	}
+	switch {
+	case cfg.Rate <= 0:
+		return cli.Usagef("experiment soak: --rate must be positive, got %v", cfg.Rate)
+	case cfg.OverloadFactor <= 0:
+		return cli.Usagef("experiment soak: --overload must be positive, got %v", cfg.OverloadFactor)
+	case cfg.Readers < 1:
+		return cli.Usagef("experiment soak: --readers must be at least 1, got %d", cfg.Readers)
+	case cfg.ReaderInterval <= 0:
+		return cli.Usagef("experiment soak: --reader-interval must be positive, got %s", cfg.ReaderInterval)
+	case cfg.Interval <= time.Second:
+		return cli.Usagef("experiment soak: --interval must be longer than 1s, got %s", cfg.Interval)
+	case cfg.JobMs < 0:
+		return cli.Usagef("experiment soak: --job-ms must not be negative, got %d", cfg.JobMs)
+	}
+	cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.relayBin, common.out, common.logDir
+	cfg.Progress = stderr
+
+	res, err := soak.Run(ctx, cfg)
+	if res != nil {
+		if werr := res.WriteSummary(stdout); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("experiment soak: %w", err)
+	}
+	return nil
+}
