@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -57,10 +58,10 @@ func writeChart(r *Result, path string) error {
 		{title: "backlog: ready jobs waiting", unit: "jobs", lines: []series{
 			{"ready", func(s Sample) float64 { return float64(s.Backlog.Ready) }, false},
 		}},
-		{title: "size on disk of every table and index", unit: "MB", lines: []series{
+		{title: "size on disk of every table and index; the largest index at the end is " + largest, unit: "MB", lines: []series{
 			{"tables", func(s Sample) float64 { return mb(s.TableBytes) }, false},
 			{"indexes", func(s Sample) float64 { return mb(s.IndexBytes) }, false},
-			{"largest index (" + largest + ")", func(s Sample) float64 { return mb(s.Indexes[largest]) }, false},
+			{"largest index", func(s Sample) float64 { return mb(s.Indexes[largest]) }, false},
 		}},
 		{title: "dead row versions, every table", unit: "tuples", lines: []series{
 			{"dead", func(s Sample) float64 { return float64(s.DeadTuples) }, false},
@@ -159,6 +160,7 @@ func drawPanel(r *Result, pn panel, top, bottom bool) (*plot.Plot, error) {
 		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	} else {
 		p.Y.Min = 0
+		p.Y.Tick.Marker = plainTicks
 	}
 	p.Legend.Top = true
 	p.Legend.Left = false
@@ -190,3 +192,15 @@ func (b *phaseBands) Plot(c draw.Canvas, p *plot.Plot) {
 		}
 	}
 }
+
+// plainTicks are gonum's default ticks, labelled without trailing zeros
+// (75000, not 75000.00).
+var plainTicks = plot.TickerFunc(func(min, max float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(min, max)
+	for i := range ticks {
+		if ticks[i].Label != "" {
+			ticks[i].Label = strconv.FormatFloat(ticks[i].Value, 'g', -1, 64)
+		}
+	}
+	return ticks
+})
