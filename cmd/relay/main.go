@@ -7,7 +7,7 @@
 //	relay serve [--slots N]       # the HTTP API, optionally with workers
 //	relay work                    # a worker process
 //	relay enqueue KIND [--payload JSON]
-//	relay experiment crash|burst|burndown|soak|chaos  # runs relaylab, the lab's command
+//	relay experiment crash|burst|burndown|enqueue|soak|chaos  # runs relaylab, the lab's command
 //	relay version
 //
 // Run "relay COMMAND -h" for a command's flags. The database comes from
@@ -82,7 +82,7 @@ func commands() []command {
 			func() *cli.FlagSet { return newWorkFlagSet(new(workFlags)) }},
 		{"enqueue", "enqueue a job directly in the database and print it", runEnqueue,
 			func() *cli.FlagSet { return newEnqueueFlagSet(new(enqueueFlags)) }},
-		{"experiment", "run a recorded experiment: crash, burst, burndown, soak or chaos", runExperiment, nil},
+		{"experiment", "run a recorded experiment: crash, burst, burndown, enqueue, soak or chaos", runExperiment, nil},
 		{"version", "print the version", runVersion, newVersionFlagSet},
 	}
 }

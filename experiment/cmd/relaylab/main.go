@@ -5,7 +5,7 @@
 // relay binary beside it (or --relay-bin) as separate processes, as a user
 // runs it.
 //
-//	relaylab crash|burst|burndown|soak|chaos [flags]
+//	relaylab crash|burst|burndown|enqueue|soak|chaos [flags]
 package main
 
 import (
