@@ -2,8 +2,11 @@
 // to the current schema and dropped when the test ends.
 //
 // The server comes from RELAY_TEST_DATABASE_URL when it is set (a URL whose
-// user may create databases); otherwise a PostgreSQL container is started
-// with testcontainers-go. When neither works, the test fails and says how to
+// user may create databases); otherwise a PostgreSQL container of
+// RELAY_TEST_POSTGRES_IMAGE (default postgres:15-alpine) is started with
+// testcontainers-go's postgres module, one per test process (see
+// devdb.StartContainer, and devdb.HostNetworkProvider for an engine without
+// a bridge network). When neither works, the test fails and says how to
 // provide one: a test suite that silently skips its database tests would
 // pass without testing anything.
 package dbtest
@@ -34,6 +37,21 @@ import (
 // EnvURL names the environment variable that points the tests at a server.
 const EnvURL = "RELAY_TEST_DATABASE_URL"
 
+// EnvImage names the environment variable that chooses the image of the
+// container the tests start when EnvURL is empty: devdb.ContainerImage if
+// it is empty too.
+const EnvImage = "RELAY_TEST_POSTGRES_IMAGE"
+
+// ContainerConfig returns the configuration of the PostgreSQL containers
+// that tests start, from EnvImage.
+func ContainerConfig() devdb.ContainerConfig {
+	image := os.Getenv(EnvImage)
+	if image == "" {
+		image = devdb.ContainerImage
+	}
+	return devdb.ContainerConfig{Image: image}
+}
+
 // templateLockKey serialises template creation across test processes.
 const templateLockKey = 1380273242
 
@@ -41,6 +59,10 @@ var (
 	serverOnce sync.Once
 	serverURL  string
 	serverErr  error
+	// container is the server when it runs in a container, kept for the
+	// test process's whole life: it holds the lock that shows its owner
+	// alive.
+	container *devdb.Cluster
 
 	templateMu    sync.Mutex
 	templateReady = map[string]bool{}
@@ -134,14 +156,17 @@ func adminURL(ctx context.Context) (string, error) {
 			return
 		}
 		// The container lives as long as the test process: testcontainers'
-		// reaper removes it.
-		c, err := devdb.StartContainer(ctx, slog.New(slog.DiscardHandler))
+		// reaper removes it, or, without the reaper, the next test process
+		// (see devdb.StartContainer).
+		cfg := ContainerConfig()
+		c, err := devdb.StartContainer(ctx, slog.New(slog.DiscardHandler), cfg)
 		if err != nil {
-			serverErr = fmt.Errorf("no database for tests: %s is not set and a PostgreSQL container could not be started: %w; "+
+			serverErr = fmt.Errorf("no database for tests: %s is not set and a PostgreSQL container of %s could not be started: %w; "+
 				"set %s to a PostgreSQL URL whose user may create databases, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-				EnvURL, err, EnvURL)
+				EnvURL, cfg.Image, err, EnvURL)
 			return
 		}
+		container = c
 		serverURL = c.URL()
 	})
 	return serverURL, serverErr

@@ -42,15 +42,9 @@ import (
 	"time"
 
 	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
-	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/relayq/relay/internal/osuser"
-	"github.com/relayq/relay/internal/pgurl"
 )
-
-// ContainerImage is the image of the fallback container.
-const ContainerImage = "postgres:15-alpine"
 
 // ErrNotLocal is returned by StopServer and StartServer on a cluster that
 // runs in a container.
@@ -76,7 +70,7 @@ type Cluster struct {
 
 	// A local cluster.
 	dir     string   // temporary directory holding everything below
-	lock    *os.File // holds the lock that shows the cluster in use
+	lock    *os.File // holds the lock that shows the cluster (or container) in use
 	dataDir string
 	logFile string
 	bin     string // directory of initdb, pg_ctl and postgres
@@ -94,10 +88,16 @@ type Cluster struct {
 // container otherwise. The caller must call Stop. The error, when neither
 // works, says why each failed.
 func Start(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
+	return start(ctx, logger, StartLocal, ContainerConfig{})
+}
+
+// start is Start with the local cluster's starter and the container's
+// configuration given, so that tests can take the container fallback.
+func start(ctx context.Context, logger *slog.Logger, startLocal func(context.Context, *slog.Logger) (*Cluster, error), cfg ContainerConfig) (*Cluster, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	c, localErr := StartLocal(ctx, logger)
+	c, localErr := startLocal(ctx, logger)
 	if localErr == nil {
 		return c, nil
 	}
@@ -105,7 +105,7 @@ func Start(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
 		return nil, localErr
 	}
 	logger.Info("no local PostgreSQL cluster; trying a container", "reason", localErr)
-	c, containerErr := StartContainer(ctx, logger)
+	c, containerErr := StartContainer(ctx, logger, cfg)
 	if containerErr != nil {
 		return nil, fmt.Errorf("devdb: cannot start a throwaway PostgreSQL: %v; and no container either: %v "+
 			"(install PostgreSQL's server binaries or Docker, or set DATABASE_URL)", localErr, containerErr)
@@ -211,6 +211,7 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		if err := c.container.Terminate(ctx); err != nil {
 			return fmt.Errorf("devdb: remove container: %w", err)
 		}
+		closeOwnerLock(c.lock)
 		return nil
 	}
 	err := c.stopLocal(ctx, ShutdownFast)
@@ -392,42 +393,4 @@ func lastLine(b []byte) string {
 		return "no output"
 	}
 	return string(bytes.TrimSpace(lines[len(lines)-1]))
-}
-
-// StartContainer starts a PostgreSQL server in a container of
-// ContainerImage with testcontainers-go, which needs a Docker engine: the
-// fallback of Start. Stop removes it; so does testcontainers' reaper when
-// the process exits.
-func StartContainer(ctx context.Context, logger *slog.Logger) (c *Cluster, err error) {
-	if logger == nil {
-		logger = slog.Default()
-	}
-	defer func() {
-		// testcontainers panics when it finds no Docker engine.
-		if r := recover(); r != nil {
-			err = fmt.Errorf("testcontainers: %v", r)
-		}
-	}()
-	ctr, err := tcpostgres.Run(ctx, ContainerImage,
-		tcpostgres.WithDatabase("postgres"),
-		tcpostgres.WithUsername("postgres"),
-		tcpostgres.WithPassword("postgres"),
-		testcontainers.WithWaitStrategy(
-			wait.ForLog("database system is ready to accept connections").
-				WithOccurrence(2).
-				WithStartupTimeout(time.Minute)),
-	)
-	if err != nil {
-		if ctr != nil {
-			_ = ctr.Terminate(context.WithoutCancel(ctx))
-		}
-		return nil, fmt.Errorf("start container: %w", err)
-	}
-	dsn, err := ctr.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		_ = ctr.Terminate(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("container address: %w", err)
-	}
-	logger.Info("started a throwaway PostgreSQL container", "image", ContainerImage, "url", pgurl.Redact(dsn))
-	return &Cluster{log: logger, url: dsn, container: ctr}, nil
 }
