@@ -56,7 +56,7 @@ func TestDockerfile_BuildsRelayFromWhatTheBuildContextHolds(t *testing.T) {
 	if info, err := os.Stat(bin); err != nil || info.Mode().Perm()&0o111 == 0 {
 		t.Fatalf("%s:%d: %s: the image has no executable %s: %v", d.Name, entry.Line, entry, entry.Exec[0], err)
 	}
-	if image := final.Image(); hasNoCLibrary(image) {
+	if image := d.BaseImage(final); hasNoCLibrary(image) {
 		if interp := elfInterpreter(t, bin); interp != "" {
 			t.Errorf("%s:%d: FROM %s has no C library, but %s is linked dynamically (with %s): build it with CGO_ENABLED=0",
 				d.Name, final.From.Line, image, entry.Exec[0], interp)
@@ -81,7 +81,7 @@ func TestDockerfile_GoImageIsNewEnoughForGoMod(t *testing.T) {
 	required := "go" + string(m[1])
 	checked := 0
 	for _, st := range d.Stages {
-		image := st.Image()
+		image := d.BaseImage(st)
 		repo, tag, _ := strings.Cut(strings.SplitN(image, "@", 2)[0], ":")
 		if path.Base(repo) != "golang" {
 			continue

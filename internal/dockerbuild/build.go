@@ -115,23 +115,9 @@ func (b *Build) needed() (map[int]bool, error) {
 	return needed, visit(b.Dockerfile.Final())
 }
 
-// globalArgs returns the values of the ARGs before the first FROM.
-func (b *Build) globalArgs() map[string]string {
-	args := make(map[string]string)
-	for _, in := range b.Dockerfile.Args {
-		for _, w := range splitWords(in.Args) {
-			name, value, _ := strings.Cut(w, "=")
-			args[name] = expand(value, args)
-		}
-	}
-	return args
-}
-
 // expandFrom returns the image a stage's FROM names, its variables
 // replaced.
-func (b *Build) expandFrom(st *Stage) string {
-	return expand(st.Image(), b.globalArgs())
-}
+func (b *Build) expandFrom(st *Stage) string { return b.Dockerfile.BaseImage(st) }
 
 func (b *Build) fail(st *Stage, in Instruction, err error) error {
 	name := st.Name
@@ -266,7 +252,7 @@ func (b *Build) runInstruction(ctx context.Context, s *stage, in Instruction) er
 		}
 		return nil
 	case "ARG":
-		global := b.globalArgs()
+		global := b.Dockerfile.globalArgs()
 		for _, w := range splitWords(in.Args) {
 			name, value, hasDefault := strings.Cut(w, "=")
 			if !hasDefault {

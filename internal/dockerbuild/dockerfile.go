@@ -242,8 +242,26 @@ func (st *Stage) Last(keyword string) (Instruction, bool) {
 	return Instruction{}, false
 }
 
-// Image is the image or stage the stage starts from, as FROM names it.
+// Image is the image or stage the stage starts from, as FROM names it:
+// ${NAME} and the like not replaced (see Dockerfile.BaseImage).
 func (st *Stage) Image() string { return strings.Fields(st.From.Args)[0] }
+
+// BaseImage is the image or stage st starts from, the variables in its
+// FROM replaced by the defaults of the ARGs before the first FROM, as a
+// build given no --build-arg sees it.
+func (d *Dockerfile) BaseImage(st *Stage) string { return expand(st.Image(), d.globalArgs()) }
+
+// globalArgs returns the defaults of the ARGs before the first FROM.
+func (d *Dockerfile) globalArgs() map[string]string {
+	args := make(map[string]string)
+	for _, in := range d.Args {
+		for _, w := range splitWords(in.Args) {
+			name, value, _ := strings.Cut(w, "=")
+			args[name] = expand(value, args)
+		}
+	}
+	return args
+}
 
 // Flag returns the value of the instruction's --name=value flag, if given.
 func (in Instruction) Flag(name string) (string, bool) {
