@@ -1,8 +1,8 @@
 # Relay's interface for humans and CI alike.
 #
 # Tests need a PostgreSQL server: RELAY_TEST_DATABASE_URL, or Docker for
-# testcontainers. The default below is the local server this project's
-# machines run; override it as needed.
+# testcontainers (make test-containers). The default below is the local
+# server this project's machines run; override it as needed.
 
 RELAY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 export RELAY_TEST_DATABASE_URL
@@ -10,7 +10,7 @@ export RELAY_TEST_DATABASE_URL
 GO ?= go
 SQLC := $(GO) tool -modfile=tools.mod sqlc
 
-.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test docker-context-check drop-test-databases modelcheck build run experiment chaos lint-actions clean
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test test-containers docker-context-check drop-test-databases modelcheck build run experiment chaos lint-actions clean
 
 all: check
 
@@ -48,6 +48,11 @@ test:
 	$(GO) test -race -count=1 ./...
 	cd $(LAB) && $(GO) test -race -count=1 ./...
 	cd $(RIVER) && $(GO) test -race -count=1 ./...
+
+## test-containers: the whole test suite, with the race detector, on PostgreSQL in containers (RELAY_TEST_POSTGRES_IMAGE, default postgres:15-alpine) started by testcontainers-go, with the tests that need Docker (needs a Docker engine)
+test-containers:
+	RELAY_TEST_DATABASE_URL= $(GO) test -race -count=1 ./...
+	cd $(LAB) && RELAY_TEST_DATABASE_URL= $(GO) test -race -count=1 ./...
 
 ## docker-context-check: without Docker, the image's build stage builds relay from the build context (.dockerignore honoured), and the command lines of the Dockerfile and docker-compose.yml are relay's (part of test)
 docker-context-check:
