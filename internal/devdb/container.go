@@ -112,7 +112,9 @@ func (cfg ContainerConfig) image() string {
 // With HostNetworkProvider selected, the container has the host's network
 // and the server listens on 127.0.0.1; otherwise Docker publishes its port
 // as testcontainers does by default. Stop removes the container; so does
-// testcontainers' reaper, when it runs, once the process exits.
+// testcontainers' reaper, when it runs, once the process exits. Without the
+// reaper, the next StartContainer on this host removes it once its process
+// is gone (see removeAbandonedContainers).
 func StartContainer(ctx context.Context, logger *slog.Logger, cfg ContainerConfig) (c *Cluster, err error) {
 	if logger == nil {
 		logger = slog.Default()
