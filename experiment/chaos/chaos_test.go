@@ -113,11 +113,17 @@ func TestPause_RefusesEveryZombieAcknowledgement(t *testing.T) {
 	}
 	t.Logf("zombies: %d in flight; completions refused %d, failures refused %d, dropped %d, heartbeats refused %d, handlers cancelled %d (p95 %.0f ms after SIGCONT)",
 		p.InFlight, p.CompletionsRefused, p.FailuresRefused, p.Dropped, p.HeartbeatsRefused, p.HandlersCancelled, p.CancelLatency.P95)
-	// Which acknowledgement the zombie tries first after SIGCONT (a
-	// heartbeat, or a completion whose handler's timer fired first) is a
-	// race; that it tries one and is refused is not.
-	if p.HeartbeatsRefused+p.CompletionsRefused+p.FailuresRefused == 0 {
-		t.Errorf("the paused worker's log shows no refused acknowledgement")
+	// What the zombie does first after SIGCONT is a race: it sends an
+	// acknowledgement and is refused (a heartbeat, or a completion whose
+	// handler's timer fired first), or it finds by its own clock that its
+	// leases have lapsed and drops every outcome unsent (seen in a short
+	// run: 6 in flight, 6 dropped). Either way none may be accepted (the
+	// run's check), and each must end refused or dropped.
+	if p.Unknown > 0 {
+		t.Errorf("%d zombie executions left no acknowledgement on record", p.Unknown)
+	}
+	if p.HeartbeatsRefused+p.CompletionsRefused+p.FailuresRefused+p.Dropped == 0 {
+		t.Errorf("the paused worker's outcomes were neither refused nor dropped")
 	}
 	if limit := 4 * harness.Millis(ShortConfig(Pause).Heartbeat+time.Second); p.CancelLatency.Max > limit {
 		t.Errorf("a zombie handler was cancelled %.0f ms after the worker woke, want within %.0f ms", p.CancelLatency.Max, limit)
