@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -40,8 +41,13 @@ const stopGrace = 10 * time.Second
 // their comments.
 type Config struct {
 	// AdminURL is the PostgreSQL server on which a database is created for
-	// each configuration. Default harness.DefaultAdminURL.
+	// each configuration. Default harness.DefaultAdminURL, unless
+	// PrivateCluster.
 	AdminURL string
+	// PrivateCluster runs the whole burn-down on a PostgreSQL cluster of
+	// its own (harness.StartCluster: PostgreSQL's defaults, autovacuum on),
+	// started for the run and removed at its end, instead of AdminURL's.
+	PrivateCluster bool
 	// Systems are the systems each configuration runs on, in this order.
 	// Default DefaultSystems.
 	Systems []string
@@ -87,8 +93,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RiverBin == "" && slices.Contains(c.Systems, SystemRiver) {
 		return c, fmt.Errorf("burndown: no relaylab-river binary given")
 	}
-	if c.AdminURL == "" {
+	if c.AdminURL == "" && !c.PrivateCluster {
 		c.AdminURL = harness.DefaultAdminURL
+	}
+	if c.AdminURL != "" && c.PrivateCluster {
+		return c, fmt.Errorf("burndown: a server URL and a private cluster are both given")
 	}
 	if c.Jobs == 0 {
 		c.Jobs = DefaultJobs
@@ -111,10 +120,14 @@ func (c Config) withDefaults() (Config, error) {
 type Result struct {
 	Experiment  string              `json:"experiment"`
 	Environment harness.Environment `json:"environment"`
-	Jobs        int                 `json:"jobs"`
-	JobKind     string              `json:"job_kind"`
-	Configs     []string            `json:"configs"`
-	Systems     []string            `json:"systems"`
+	// Server says where the databases were: "private cluster" (see
+	// Config.PrivateCluster) or "given server"; Environment.PostgreSQL
+	// holds its settings.
+	Server  string   `json:"server"`
+	Jobs    int      `json:"jobs"`
+	JobKind string   `json:"job_kind"`
+	Configs []string `json:"configs"`
+	Systems []string `json:"systems"`
 	// River is the River that ran, if it did.
 	River       *RiverInfo   `json:"river,omitempty"`
 	Runs        []ConfigRun  `json:"runs"`
@@ -174,8 +187,8 @@ type Comparison struct {
 
 // Run burns down cfg.Jobs no-op jobs at each configuration on each system,
 // each on a database of its own, and writes the result under cfg.OutDir.
-func Run(ctx context.Context, cfg Config) (*Result, error) {
-	cfg, err := cfg.withDefaults()
+func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
+	cfg, err = cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +197,21 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer cleanLogs()
-	res := &Result{Experiment: "burndown", Jobs: cfg.Jobs, JobKind: builtin.KindNoop, Systems: cfg.Systems}
+	res := &Result{Experiment: "burndown", Server: "given server", Jobs: cfg.Jobs, JobKind: builtin.KindNoop, Systems: cfg.Systems}
+	if cfg.PrivateCluster {
+		cluster, err := harness.StartCluster(ctx, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return nil, fmt.Errorf("burndown: %w", err)
+		}
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.ClusterTimeout)
+			defer cancel()
+			if stopErr := cluster.Stop(stopCtx); stopErr != nil && err == nil {
+				err = fmt.Errorf("burndown: remove the private cluster: %w", stopErr)
+			}
+		}()
+		cfg.AdminURL, res.Server = cluster.URL(), "private cluster"
+	}
 	var systems []system
 	for _, name := range cfg.Systems {
 		switch name {

@@ -100,3 +100,26 @@ func TestRun_RiverWorkArgsReachRiver(t *testing.T) {
 		t.Errorf("River ran with %s, want %s", got, want)
 	}
 }
+
+// TestRun_OnAPrivateClusterRecordsItsSettings burns down a few jobs with
+// Relay alone on a private cluster, which runs autovacuum, and checks that
+// the result says where it ran and under which settings.
+func TestRun_OnAPrivateClusterRecordsItsSettings(t *testing.T) {
+	res, err := Run(t.Context(), Config{
+		PrivateCluster: true,
+		Systems:        []string{SystemRelay},
+		RelayBin:       relaybin.Path(t),
+		Jobs:           500,
+		Configs:        []harness.ProcSlots{{Procs: 1, Slots: 10}},
+		Timeout:        2 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Server != "private cluster" || res.Environment.PostgreSQL.Autovacuum != "on" {
+		t.Errorf("ran on %q with autovacuum %q; want a private cluster with autovacuum on", res.Server, res.Environment.PostgreSQL.Autovacuum)
+	}
+	if len(res.Runs) != 1 || !res.Runs[0].OK {
+		t.Errorf("runs %+v, want one with every job once", res.Runs)
+	}
+}

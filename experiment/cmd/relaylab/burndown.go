@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -31,7 +32,11 @@ relay work processes, and River (the reference system, through the lab's
 relaylab-river, on a database River migrated itself). Records what each
 job cost the server: WAL records and bytes, commits, updates of the
 queue's table (HOT or not) and the index entries they wrote, and the CPU
-time of the database's backends; and Relay's throughput over River's.`)
+time of the database's backends; and Relay's throughput over River's.
+
+It runs on a private PostgreSQL cluster that it starts with PostgreSQL's
+defaults (autovacuum on) and removes at the end, unless --database-url
+names a server ($DATABASE_URL is not used).`)
 	common.register(fs.FlagSet)
 	fs.IntVar(&cfg.Jobs, "jobs", burndown.DefaultJobs, "jobs per configuration")
 	fs.StringVar(&configs, "configs", harness.FormatConfigs(burndown.DefaultConfigs), "configurations, PROCSxSLOTS separated by commas")
@@ -67,7 +72,17 @@ time of the database's backends; and Relay's throughput over River's.`)
 	if cfg.Timeout < 0 {
 		return cli.Usagef("experiment burndown: --timeout must not be negative, got %s", cfg.Timeout)
 	}
-	cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
+	// A private cluster unless a server is named on the command line: the
+	// environment's DATABASE_URL is often the shared server, whose settings
+	// (autovacuum off) are not a production server's.
+	givenURL := false
+	fs.Visit(func(f *flag.Flag) { givenURL = givenURL || f.Name == "database-url" })
+	cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.relayBin, common.out, common.logDir
+	if givenURL {
+		cfg.AdminURL = common.databaseURL
+	} else {
+		cfg.PrivateCluster = true
+	}
 	cfg.RiverWorkArgs = strings.Fields(riverFlags)
 	cfg.Progress = stderr
 
