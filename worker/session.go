@@ -133,7 +133,14 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			res, err := q.WorkerUnregister(ctx, db.WorkerUnregisterParams{ID: w.cfg.ID, SessionKey: key})
+			// Through the pool: the session's own connection may be
+			// closed by now, since the shutdown that ends the wait for
+			// notifications can close it ("conn closed", seen in one run
+			// of TestWorker_GracefulShutdownReleasesHeldJobs in 40 under
+			// load). The lock that shows the session alive is held until
+			// that connection closes, after this.
+			params := db.WorkerUnregisterParams{ID: w.cfg.ID, SessionKey: key}
+			res, err := w.q.WorkerUnregister(ctx, params)
 			switch {
 			case err != nil:
 				w.log.Debug("unregister worker failed", "err", err)
