@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/internal/builtin"
 )
@@ -188,9 +189,11 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 
 	res.Accepted, res.Failed, res.Answered = load.accepted, load.failed, load.answered
 	res.Latency = harness.PercentilesOf(load.latencies)
-	if err := d.Pool.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&res.Stored); err != nil {
+	stored, err := d.Lab.ExperimentQueueProgress(ctx, client.DefaultQueue)
+	if err != nil {
 		return nil, fmt.Errorf("count the jobs stored: %w", err)
 	}
+	res.Stored = stored.Total
 	res.StoredAll = res.Stored == res.Answered
 	if n := float64(res.Accepted); n > 0 {
 		res.JobsPerSec = harness.Round2(n / cfg.Duration.Seconds())
