@@ -203,13 +203,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("burndown: %w", err)
 		}
-		defer func() {
-			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.ClusterTimeout)
-			defer cancel()
-			if stopErr := cluster.Stop(stopCtx); stopErr != nil && err == nil {
-				err = fmt.Errorf("burndown: remove the private cluster: %w", stopErr)
-			}
-		}()
+		defer cluster.StopAtEnd(ctx, &err)
 		cfg.AdminURL, res.Server = cluster.URL(), "private cluster"
 	}
 	var systems []system
@@ -284,13 +278,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	if err != nil {
 		return nil, env, err
 	}
-	defer func() {
-		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.DatabaseTimeout)
-		defer cancel()
-		if dropErr := d.Drop(dropCtx); dropErr != nil && err == nil {
-			err = dropErr
-		}
-	}()
+	defer d.DropAtEnd(ctx, &err)
 	env = harness.CollectEnvironment(ctx, d, cfg.RelayBin)
 
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Timeout)

@@ -390,11 +390,7 @@ func runConfig(ctx context.Context, cfg Config, pc harness.ProcSlots, logDir str
 			d.Pool.Close()
 			return
 		}
-		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.DatabaseTimeout)
-		defer cancel()
-		if dropErr := d.Drop(dropCtx); dropErr != nil && err == nil {
-			err = dropErr
-		}
+		d.DropAtEnd(ctx, &err)
 	}()
 	env = harness.CollectEnvironment(ctx, d, cfg.RelayBin)
 

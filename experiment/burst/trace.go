@@ -49,13 +49,7 @@ func traceWorker(ctx context.Context, adminURL string, workload builtin.HashPayl
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.DatabaseTimeout)
-		defer cancel()
-		if dropErr := d.Drop(dropCtx); dropErr != nil && err == nil {
-			err = dropErr
-		}
-	}()
+	defer d.DropAtEnd(ctx, &err)
 
 	// The worker gets a pool of its own, as `relay work` does.
 	pool, err := pgxpool.New(ctx, d.URL)

@@ -307,13 +307,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.DatabaseTimeout)
-		defer cancel()
-		if dropErr := d.Drop(dropCtx); dropErr != nil && err == nil {
-			err = dropErr
-		}
-	}()
+	defer d.DropAtEnd(ctx, &err)
 
 	res := &Result{
 		Experiment:  "crash",

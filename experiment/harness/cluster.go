@@ -97,3 +97,14 @@ func serverInfoOf(ctx context.Context, url string) (ServerInfo, error) {
 	defer conn.Close(context.WithoutCancel(ctx))
 	return ReadServerInfo(ctx, labdb.New(conn))
 }
+
+// StopAtEnd stops and removes the cluster, for a run to defer once it has
+// started it: within ClusterTimeout, even after ctx is done, and with the
+// error put in *err unless the run already failed.
+func (c *Cluster) StopAtEnd(ctx context.Context, err *error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClusterTimeout)
+	defer cancel()
+	if stopErr := c.Stop(ctx); stopErr != nil && *err == nil {
+		*err = fmt.Errorf("remove the private cluster: %w", stopErr)
+	}
+}

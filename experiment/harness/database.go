@@ -116,6 +116,17 @@ func (d *Database) Drop(ctx context.Context) error {
 	return nil
 }
 
+// DropAtEnd drops the database, for a run to defer once it has created
+// it: within DatabaseTimeout, even after ctx is done, and with the drop's
+// error put in *err unless the run already failed.
+func (d *Database) DropAtEnd(ctx context.Context, err *error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DatabaseTimeout)
+	defer cancel()
+	if dropErr := d.Drop(ctx); dropErr != nil && *err == nil {
+		*err = dropErr
+	}
+}
+
 // Now reads the database clock (clock_timestamp()).
 func (d *Database) Now(ctx context.Context) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

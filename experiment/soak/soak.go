@@ -250,13 +250,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("soak: %w", err)
 		}
-		defer func() {
-			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.ClusterTimeout)
-			defer cancel()
-			if stopErr := cluster.Stop(stopCtx); stopErr != nil && err == nil {
-				err = fmt.Errorf("soak: remove the private cluster: %w", stopErr)
-			}
-		}()
+		defer cluster.StopAtEnd(ctx, &err)
 		admin, res.Server = cluster.URL(), "private cluster"
 	}
 	prog.Note("creating and migrating a database")
@@ -264,13 +258,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("soak: %w", err)
 	}
-	defer func() {
-		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), harness.DatabaseTimeout)
-		defer cancel()
-		if dropErr := d.Drop(dropCtx); dropErr != nil && err == nil {
-			err = dropErr
-		}
-	}()
+	defer d.DropAtEnd(ctx, &err)
 	res.Environment = harness.CollectEnvironment(ctx, d, cfg.RelayBin)
 
 	sys := cfg.NewSystem(d, logDir)
