@@ -28,8 +28,19 @@ WITH completed AS (
           unnest($3::jsonb[]) AS result) AS c
     WHERE j.id = c.id
       -- The fence: the same claim, still running, lease not yet expired.
-      AND j.lease_token = c.token
-      AND j.state = 'running'
+      --
+      -- Only a running job holds a lease (jobs_lease_iff_running), so the
+      -- lease says it runs; and the token given is never null, so "not
+      -- distinct from" it is "equal to" it. Neither the state nor an
+      -- equality on the token is written, so that the job can only be
+      -- looked up by id: either would let the planner read instead every
+      -- entry of an index over running jobs (jobs_state_idx,
+      -- jobs_lease_expires_at_idx), of which its statistics say there are
+      -- few, and while a long transaction holds back vacuum those indexes
+      -- keep an entry for every running version since (docs/experiments.md,
+      -- "Why a pinned horizon hurts Relay"). The fences below are written
+      -- the same way, for the same reason.
+      AND j.lease_token IS NOT DISTINCT FROM c.token
       AND j.lease_expires_at > now()
     RETURNING j.id
 ),
@@ -40,16 +51,42 @@ session AS (
     SELECT $4::integer IS NULL
         OR NOT pg_try_advisory_xact_lock_shared(1380273241, $4::integer) AS alive
 ),
+cursors AS (
+    SELECT DISTINCT ON (c.priority) c.priority, c.since
+    FROM (SELECT unnest($5::smallint[]) AS priority,
+          unnest($6::timestamptz[]) AS since) AS c
+    ORDER BY c.priority, c.since
+),
+segments AS (
+    SELECT c.priority::integer AS lo, c.priority::integer AS hi, c.since FROM cursors AS c
+    UNION ALL
+    SELECT g.lo, g.hi, '-infinity'::timestamptz
+    FROM (
+        SELECT COALESCE(lag(c.priority) OVER (ORDER BY c.priority) + 1, -32768) AS lo, c.priority - 1 AS hi
+        FROM cursors AS c
+        UNION ALL
+        SELECT COALESCE(max(c.priority) + 1, -32768), 32767 FROM cursors AS c
+    ) AS g
+    WHERE g.lo <= g.hi
+),
 ready AS (
-    SELECT r.id
-    FROM jobs AS r
-    WHERE r.state = 'available'
-      AND r.queue = $5
-      AND r.run_at <= now()
-      AND (SELECT s.alive FROM session AS s)
+    SELECT r.id, r.priority, r.run_at
+    FROM segments AS seg
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM jobs AS j
+        WHERE j.state = 'available'
+          AND j.queue = $7
+          AND (j.priority, j.run_at) >= (seg.lo, seg.since)
+          AND j.priority <= seg.hi
+          AND j.run_at <= now()
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT COALESCE(cardinality($8::uuid[]), 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS r
+    WHERE (SELECT s.alive FROM session AS s)
     ORDER BY r.priority, r.run_at, r.id
-    LIMIT COALESCE(cardinality($6::uuid[]), 0)
-    FOR UPDATE SKIP LOCKED
+    LIMIT COALESCE(cardinality($8::uuid[]), 0)
 ),
 numbered AS (
     SELECT ready.id, row_number() OVER () AS n FROM ready
@@ -60,12 +97,12 @@ claimed AS (
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
         lease_token      = t.token,
-        lease_expires_at = now() + interval '1 millisecond' * $7::bigint,
-        leased_by        = $8::text,
+        lease_expires_at = now() + interval '1 millisecond' * $9::bigint,
+        leased_by        = $10::text,
         lease_session    = $4::integer,
         started_at       = now()
     FROM numbered
-    JOIN unnest($6::uuid[]) WITH ORDINALITY AS t (token, n) ON t.n = numbered.n
+    JOIN unnest($8::uuid[]) WITH ORDINALITY AS t (token, n) ON t.n = numbered.n
     WHERE j.id = numbered.id
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
               j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
@@ -79,14 +116,16 @@ LEFT JOIN claimed ON true
 `
 
 type JobCompleteAndClaimParams struct {
-	CompleteIDs     []int64
-	CompleteTokens  []uuid.UUID
-	CompleteResults []json.RawMessage
-	SessionKey      *int32
-	Queue           string
-	ClaimTokens     []uuid.UUID
-	LeaseMs         int64
-	WorkerID        string
+	CompleteIDs      []int64
+	CompleteTokens   []uuid.UUID
+	CompleteResults  []json.RawMessage
+	SessionKey       *int32
+	CursorPriorities []int16
+	CursorSince      []time.Time
+	Queue            string
+	ClaimTokens      []uuid.UUID
+	LeaseMs          int64
+	WorkerID         string
 }
 
 type JobCompleteAndClaimRow struct {
@@ -113,7 +152,7 @@ type JobCompleteAndClaimRow struct {
 // empty.
 //
 // The claim takes ready jobs in the order of jobs_claim_idx (priority, then
-// run_at, then id), skipping rows other claimers hold locked, so concurrent
+// run_at, then id; see cursors below), skipping rows other claimers hold locked, so concurrent
 // workers never wait on each other nor claim the same job. Every claim
 // bumps attempt and fence and sets the lease expiry in database time. The
 // worker draws the lease tokens itself, fresh and random for every claim,
@@ -130,12 +169,27 @@ type JobCompleteAndClaimRow struct {
 // The statement always returns at least one row: completed_ids lists the
 // completions that passed the fence, and each claimed job fills the other
 // columns of one row (all null when nothing was claimed).
+// The claim scans the claim index from where the worker says each priority's
+// ready jobs begin (cursor_priorities, with cursor_since the run_at to start
+// at, one per priority, ascending), and every priority between those from
+// its head. With no cursor, one scan covers every priority from the head.
+// A cursor lets a claim step over what it cannot take: while a long
+// transaction holds back vacuum, the index keeps an entry for every job
+// claimed since it began, at the head of its priority, and a claim from the
+// head visits each (see docs/experiments.md, "Why a pinned horizon hurts
+// Relay"). A cursor only narrows where a claim looks; a job behind one (a
+// job released or taken back keeps its run_at, and so its place) is found
+// by the next claim from the head, which each worker makes every so often.
+// The cursors are kept per priority so that a more urgent job is never
+// waiting behind a less urgent one's cursor.
 func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndClaimParams) ([]JobCompleteAndClaimRow, error) {
 	rows, err := q.db.Query(ctx, jobCompleteAndClaim,
 		arg.CompleteIDs,
 		arg.CompleteTokens,
 		arg.CompleteResults,
 		arg.SessionKey,
+		arg.CursorPriorities,
+		arg.CursorSince,
 		arg.Queue,
 		arg.ClaimTokens,
 		arg.LeaseMs,
@@ -203,9 +257,8 @@ FROM (SELECT unnest($1::bigint[]) AS id,
           unnest($4::boolean[]) AS permanent,
           unnest($5::bigint[]) AS retry_in_ms) AS f
 WHERE j.id = f.id
-  -- The fence: the same claim, still running, lease not yet expired.
-  AND j.lease_token = f.token
-  AND j.state = 'running'
+  -- The fence, written as JobCompleteAndClaim's is.
+  AND j.lease_token IS NOT DISTINCT FROM f.token
   AND j.lease_expires_at > now()
 RETURNING j.id, j.state
 `
@@ -326,8 +379,8 @@ SET lease_expires_at = now() + interval '1 millisecond' * $1::bigint
 FROM (SELECT unnest($2::bigint[]) AS id,
           unnest($3::uuid[]) AS token) AS h
 WHERE j.id = h.id
-  AND j.lease_token = h.token
-  AND j.state = 'running'
+  -- The fence, written as JobCompleteAndClaim's is.
+  AND j.lease_token IS NOT DISTINCT FROM h.token
   AND j.lease_expires_at > now()
 RETURNING j.id, j.lease_expires_at, (j.cancel_requested_at IS NOT NULL)::boolean AS cancel_requested
 `
@@ -377,14 +430,16 @@ WITH ended_sessions AS MATERIALIZED (
 ),
 candidates AS (
     SELECT e.id FROM jobs AS e
-    WHERE e.state = 'running' AND e.lease_expires_at <= now()
+    WHERE e.lease_token IS NOT NULL
+      AND e.lease_expires_at <= now()
+      AND e.lease_expires_at > COALESCE(now() - interval '1 millisecond' * $1::bigint, '-infinity')
     UNION
     SELECT g.id
     FROM ended_sessions AS es
     CROSS JOIN LATERAL (
         SELECT r.id FROM jobs AS r
-        WHERE r.lease_session = es.session_key AND r.state = 'running'
-        LIMIT $1
+        WHERE r.lease_session = es.session_key
+        LIMIT $2
     ) AS g
 ),
 abandoned AS (
@@ -393,10 +448,13 @@ abandoned AS (
     WHERE a.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
       -- Checked again on the newest version of the row once locked, so a
       -- lease renewed, or a job claimed anew, after this statement began
-      -- is not taken.
-      AND a.state = 'running'
+      -- is not taken. Either condition says the job still runs, since
+      -- only a running job has a lease expiry or a session
+      -- (jobs_lease_iff_running, jobs_lease_session_only_running); naming
+      -- it would let the planner read every entry of an index over running
+      -- jobs instead of looking these up by id (see JobCompleteAndClaim).
       AND (a.lease_expires_at <= now() OR a.lease_session IN (SELECT es.session_key FROM ended_sessions AS es))
-    LIMIT $1
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE jobs AS j
@@ -420,6 +478,11 @@ FROM abandoned
 WHERE j.id = abandoned.id
 RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
 `
+
+type JobReclaimParams struct {
+	ExpiredWithinMs *int64
+	MaxJobs         int32
+}
 
 type JobReclaimRow struct {
 	ID        int64
@@ -449,9 +512,20 @@ type JobReclaimRow struct {
 // The jobs to look at, found by index: those whose lease expired, and
 // those of each ended session (the lateral lookup, with its limit, is
 // always made by index, however many jobs run), so that the statement
-// never scans every running job.
-func (q *Queries) JobReclaim(ctx context.Context, maxJobs int32) ([]JobReclaimRow, error) {
-	rows, err := q.db.Query(ctx, jobReclaim, maxJobs)
+// never scans every running job. The expired leases are read from the
+// lease times of the last expired_within_ms milliseconds only, when that
+// is given: a worker that reclaims every fraction of a second has taken
+// back the older ones already, and while a long transaction holds back
+// vacuum the index also holds an entry for the running version of every
+// job finished since it began, which a full pass has to step over (see
+// docs/experiments.md, "Why a pinned horizon hurts Relay"). Null reads
+// them all: the pass a worker makes at start, and every so often.
+//
+// A running job is recognised here by its lease or its session, never by
+// its state, so that each lookup can only read the index over those
+// columns (see migrations/00009).
+func (q *Queries) JobReclaim(ctx context.Context, arg JobReclaimParams) ([]JobReclaimRow, error) {
+	rows, err := q.db.Query(ctx, jobReclaim, arg.ExpiredWithinMs, arg.MaxJobs)
 	if err != nil {
 		return nil, err
 	}
@@ -494,8 +568,8 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
 FROM (SELECT unnest($2::bigint[]) AS id,
           unnest($3::uuid[]) AS token) AS r
 WHERE j.id = r.id
-  AND j.lease_token = r.token
-  AND j.state = 'running'
+  -- The fence, written as JobCompleteAndClaim's is.
+  AND j.lease_token IS NOT DISTINCT FROM r.token
   AND j.lease_expires_at > now()
 RETURNING j.id
 `

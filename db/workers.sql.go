@@ -130,6 +130,18 @@ func (q *Queries) WorkerListen(ctx context.Context) error {
 	return err
 }
 
+const workerListenReturned = `-- name: WorkerListenReturned :exec
+LISTEN relay_jobs_returned
+`
+
+// Subscribes the calling session to the notifications that the
+// jobs_notify_returned trigger sends when a job goes back to available
+// (taken back, released or retried), with the queue name as payload.
+func (q *Queries) WorkerListenReturned(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, workerListenReturned)
+	return err
+}
+
 const workerRegister = `-- name: WorkerRegister :one
 WITH fresh AS (
     SELECT nextval('worker_session_key_seq')::integer AS session_key

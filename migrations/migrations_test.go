@@ -188,3 +188,74 @@ func TestMigrations_IndexFinishedJobsOverAPopulatedDatabase(t *testing.T) {
 		t.Fatalf("up again: %v", err)
 	}
 }
+
+// TestMigrations_IndexLeasesByTheirColumnsOverAPopulatedDatabase carries
+// running jobs, with and without a session, and a history over 00008 and
+// 00009 and back: up replaces the reclaim's two indexes, partial over
+// running jobs, by indexes over the jobs that hold a lease or a session,
+// with an entry for each running job alone, and adds the trigger that
+// announces returned jobs; down restores the indexes and drops the
+// trigger; the jobs are the same throughout.
+func TestMigrations_IndexLeasesByTheirColumnsOverAPopulatedDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := dbtest.New(t)
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, 7); err != nil {
+		t.Fatalf("down to 7: %v", err)
+	}
+	exec(t, pool, `
+		INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host) VALUES (7, 'w1', 'default', 11, 'h');
+		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1',
+		       CASE WHEN i % 2 = 0 THEN 7 END, now()
+		FROM generate_series(1, 40) AS i;
+		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+		SELECT 'done', 'succeeded', 1, 1, now(), now() FROM generate_series(1, 1000);
+		ANALYZE jobs;`)
+	const jobs = `SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, lease_session), ',' ORDER BY id)) FROM jobs`
+	before := one(t, pool, jobs)
+	const indexes = `
+		SELECT coalesce(string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples), ',' ORDER BY c.relname), 'none')
+		FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+		WHERE c.relname LIKE 'jobs_lease%'`
+	const trigger = `SELECT count(*)::text FROM pg_trigger WHERE tgname = 'jobs_notify_returned'`
+	old := "jobs_lease_expiry_idx t 40,jobs_lease_session_idx t 40"
+	if diff := cmp.Diff(old, one(t, pool, indexes)); diff != "" {
+		t.Fatalf("indexes before 00009 (-want +got):\n%s", diff)
+	}
+
+	if _, err := m.UpTo(ctx, 9); err != nil {
+		t.Fatalf("up to 9: %v", err)
+	}
+	if diff := cmp.Diff("jobs_lease_expires_at_idx t 40,jobs_lease_session_key_idx t 20", one(t, pool, indexes)); diff != "" {
+		t.Errorf("indexes after 00009, valid and entries (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff("1", one(t, pool, trigger)); diff != "" {
+		t.Errorf("jobs_notify_returned triggers after 00008 (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
+		t.Errorf("jobs after 00009 (-want +got):\n%s", diff)
+	}
+
+	if _, err := m.DownTo(ctx, 7); err != nil {
+		t.Fatalf("down to 7: %v", err)
+	}
+	if diff := cmp.Diff(old, one(t, pool, indexes)); diff != "" {
+		t.Errorf("indexes after rolling 00009 back (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff("0", one(t, pool, trigger)); diff != "" {
+		t.Errorf("jobs_notify_returned triggers after rolling 00008 back (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
+		t.Errorf("jobs after rolling 00009 back (-want +got):\n%s", diff)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}

@@ -6,7 +6,7 @@
 -- empty.
 --
 -- The claim takes ready jobs in the order of jobs_claim_idx (priority, then
--- run_at, then id), skipping rows other claimers hold locked, so concurrent
+-- run_at, then id; see cursors below), skipping rows other claimers hold locked, so concurrent
 -- workers never wait on each other nor claim the same job. Every claim
 -- bumps attempt and fence and sets the lease expiry in database time. The
 -- worker draws the lease tokens itself, fresh and random for every claim,
@@ -37,8 +37,19 @@ WITH completed AS (
           unnest(@complete_results::jsonb[]) AS result) AS c
     WHERE j.id = c.id
       -- The fence: the same claim, still running, lease not yet expired.
-      AND j.lease_token = c.token
-      AND j.state = 'running'
+      --
+      -- Only a running job holds a lease (jobs_lease_iff_running), so the
+      -- lease says it runs; and the token given is never null, so "not
+      -- distinct from" it is "equal to" it. Neither the state nor an
+      -- equality on the token is written, so that the job can only be
+      -- looked up by id: either would let the planner read instead every
+      -- entry of an index over running jobs (jobs_state_idx,
+      -- jobs_lease_expires_at_idx), of which its statistics say there are
+      -- few, and while a long transaction holds back vacuum those indexes
+      -- keep an entry for every running version since (docs/experiments.md,
+      -- "Why a pinned horizon hurts Relay"). The fences below are written
+      -- the same way, for the same reason.
+      AND j.lease_token IS NOT DISTINCT FROM c.token
       AND j.lease_expires_at > now()
     RETURNING j.id
 ),
@@ -49,16 +60,55 @@ session AS (
     SELECT sqlc.narg(session_key)::integer IS NULL
         OR NOT pg_try_advisory_xact_lock_shared(1380273241, sqlc.narg(session_key)::integer) AS alive
 ),
+-- The claim scans the claim index from where the worker says each priority's
+-- ready jobs begin (cursor_priorities, with cursor_since the run_at to start
+-- at, one per priority, ascending), and every priority between those from
+-- its head. With no cursor, one scan covers every priority from the head.
+-- A cursor lets a claim step over what it cannot take: while a long
+-- transaction holds back vacuum, the index keeps an entry for every job
+-- claimed since it began, at the head of its priority, and a claim from the
+-- head visits each (see docs/experiments.md, "Why a pinned horizon hurts
+-- Relay"). A cursor only narrows where a claim looks; a job behind one (a
+-- job released or taken back keeps its run_at, and so its place) is found
+-- by the next claim from the head, which each worker makes every so often.
+-- The cursors are kept per priority so that a more urgent job is never
+-- waiting behind a less urgent one's cursor.
+cursors AS (
+    SELECT DISTINCT ON (c.priority) c.priority, c.since
+    FROM (SELECT unnest(@cursor_priorities::smallint[]) AS priority,
+          unnest(@cursor_since::timestamptz[]) AS since) AS c
+    ORDER BY c.priority, c.since
+),
+segments AS (
+    SELECT c.priority::integer AS lo, c.priority::integer AS hi, c.since FROM cursors AS c
+    UNION ALL
+    SELECT g.lo, g.hi, '-infinity'::timestamptz
+    FROM (
+        SELECT COALESCE(lag(c.priority) OVER (ORDER BY c.priority) + 1, -32768) AS lo, c.priority - 1 AS hi
+        FROM cursors AS c
+        UNION ALL
+        SELECT COALESCE(max(c.priority) + 1, -32768), 32767 FROM cursors AS c
+    ) AS g
+    WHERE g.lo <= g.hi
+),
 ready AS (
-    SELECT r.id
-    FROM jobs AS r
-    WHERE r.state = 'available'
-      AND r.queue = @queue
-      AND r.run_at <= now()
-      AND (SELECT s.alive FROM session AS s)
+    SELECT r.id, r.priority, r.run_at
+    FROM segments AS seg
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM jobs AS j
+        WHERE j.state = 'available'
+          AND j.queue = @queue
+          AND (j.priority, j.run_at) >= (seg.lo, seg.since)
+          AND j.priority <= seg.hi
+          AND j.run_at <= now()
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS r
+    WHERE (SELECT s.alive FROM session AS s)
     ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
-    FOR UPDATE SKIP LOCKED
 ),
 numbered AS (
     SELECT ready.id, row_number() OVER () AS n FROM ready
@@ -110,8 +160,8 @@ SET lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint
 FROM (SELECT unnest(@ids::bigint[]) AS id,
           unnest(@tokens::uuid[]) AS token) AS h
 WHERE j.id = h.id
-  AND j.lease_token = h.token
-  AND j.state = 'running'
+  -- The fence, written as JobCompleteAndClaim's is.
+  AND j.lease_token IS NOT DISTINCT FROM h.token
   AND j.lease_expires_at > now()
 RETURNING j.id, j.lease_expires_at, (j.cancel_requested_at IS NOT NULL)::boolean AS cancel_requested;
 
@@ -151,9 +201,8 @@ FROM (SELECT unnest(@ids::bigint[]) AS id,
           unnest(@permanent::boolean[]) AS permanent,
           unnest(@retry_in_ms::bigint[]) AS retry_in_ms) AS f
 WHERE j.id = f.id
-  -- The fence: the same claim, still running, lease not yet expired.
-  AND j.lease_token = f.token
-  AND j.state = 'running'
+  -- The fence, written as JobCompleteAndClaim's is.
+  AND j.lease_token IS NOT DISTINCT FROM f.token
   AND j.lease_expires_at > now()
 RETURNING j.id, j.state;
 
@@ -184,8 +233,8 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
 FROM (SELECT unnest(@ids::bigint[]) AS id,
           unnest(@tokens::uuid[]) AS token) AS r
 WHERE j.id = r.id
-  AND j.lease_token = r.token
-  AND j.state = 'running'
+  -- The fence, written as JobCompleteAndClaim's is.
+  AND j.lease_token IS NOT DISTINCT FROM r.token
   AND j.lease_expires_at > now()
 RETURNING j.id;
 
@@ -215,16 +264,29 @@ WITH ended_sessions AS MATERIALIZED (
 -- The jobs to look at, found by index: those whose lease expired, and
 -- those of each ended session (the lateral lookup, with its limit, is
 -- always made by index, however many jobs run), so that the statement
--- never scans every running job.
+-- never scans every running job. The expired leases are read from the
+-- lease times of the last expired_within_ms milliseconds only, when that
+-- is given: a worker that reclaims every fraction of a second has taken
+-- back the older ones already, and while a long transaction holds back
+-- vacuum the index also holds an entry for the running version of every
+-- job finished since it began, which a full pass has to step over (see
+-- docs/experiments.md, "Why a pinned horizon hurts Relay"). Null reads
+-- them all: the pass a worker makes at start, and every so often.
+--
+-- A running job is recognised here by its lease or its session, never by
+-- its state, so that each lookup can only read the index over those
+-- columns (see migrations/00009).
 candidates AS (
     SELECT e.id FROM jobs AS e
-    WHERE e.state = 'running' AND e.lease_expires_at <= now()
+    WHERE e.lease_token IS NOT NULL
+      AND e.lease_expires_at <= now()
+      AND e.lease_expires_at > COALESCE(now() - interval '1 millisecond' * sqlc.narg(expired_within_ms)::bigint, '-infinity')
     UNION
     SELECT g.id
     FROM ended_sessions AS es
     CROSS JOIN LATERAL (
         SELECT r.id FROM jobs AS r
-        WHERE r.lease_session = es.session_key AND r.state = 'running'
+        WHERE r.lease_session = es.session_key
         LIMIT @max_jobs
     ) AS g
 ),
@@ -234,8 +296,11 @@ abandoned AS (
     WHERE a.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
       -- Checked again on the newest version of the row once locked, so a
       -- lease renewed, or a job claimed anew, after this statement began
-      -- is not taken.
-      AND a.state = 'running'
+      -- is not taken. Either condition says the job still runs, since
+      -- only a running job has a lease expiry or a session
+      -- (jobs_lease_iff_running, jobs_lease_session_only_running); naming
+      -- it would let the planner read every entry of an index over running
+      -- jobs instead of looking these up by id (see JobCompleteAndClaim).
       AND (a.lease_expires_at <= now() OR a.lease_session IN (SELECT es.session_key FROM ended_sessions AS es))
     LIMIT @max_jobs
     FOR UPDATE SKIP LOCKED

@@ -123,3 +123,9 @@ ORDER BY w.id;
 -- Subscribes the calling session to the notifications that the
 -- jobs_notify_available trigger sends, with the queue name as payload.
 LISTEN relay_jobs_available;
+
+-- name: WorkerListenReturned :exec
+-- Subscribes the calling session to the notifications that the
+-- jobs_notify_returned trigger sends when a job goes back to available
+-- (taken back, released or retried), with the queue name as payload.
+LISTEN relay_jobs_returned;

@@ -91,7 +91,7 @@ func TestGetJob_ShowsTheNewest20ErrorsAndCountsThemAll(t *testing.T) {
 			record: func(t *testing.T, e *testEnv, id int64, round int) {
 				e.claimOne(t, id, time.Millisecond)
 				for {
-					rows, err := e.q.JobReclaim(context.Background(), 10)
+					rows, err := e.q.JobReclaim(context.Background(), db.JobReclaimParams{MaxJobs: 10})
 					if err != nil {
 						t.Fatalf("reclaim: %v", err)
 					}

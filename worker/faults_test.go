@@ -144,7 +144,7 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 	var rows []db.JobReclaimRow
 	for deadline := time.Now().Add(5 * time.Second); len(rows) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		var err error
-		if rows, err = b.q.JobReclaim(b.ctx, 10); err != nil {
+		if rows, err = b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {
 			t.Fatal(err)
 		}
 	}

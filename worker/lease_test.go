@@ -220,7 +220,7 @@ func TestAcknowledgement_FromStaleClaimIsRejectedAndNewerOutcomeStands(t *testin
 
 			_, oldToken := b.claimOne(t, "zombie", 300*time.Millisecond)
 			b.waitForLeaseExpiry(t, job.ID)
-			reclaimed, err := b.q.JobReclaim(b.ctx, 10)
+			reclaimed, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -399,7 +399,7 @@ func TestReclaim_ExpiredLeaseOnLastAttemptGoesDead(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 1)
 	b.claimOne(t, "crashy", 100*time.Millisecond)
 	b.waitForLeaseExpiry(t, job.ID)
-	rows, err := b.q.JobReclaim(b.ctx, 10)
+	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,12 +408,43 @@ func TestReclaim_ExpiredLeaseOnLastAttemptGoesDead(t *testing.T) {
 	}
 }
 
+func TestReclaim_WithinAWindowTakesOnlyTheLeasesThatExpiredInIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	long := b.enqueue(t, "noop", `{}`, 3)
+	recent := b.enqueue(t, "noop", `{}`, 3)
+	b.claim(t, "gone", 2, time.Minute)
+	// One lease expired an hour ago, the other a second ago.
+	if _, err := b.pool.Exec(b.ctx, `UPDATE jobs SET lease_expires_at = now() - CASE id WHEN $1 THEN interval '1 hour' ELSE interval '1 second' END`, long.ID); err != nil {
+		t.Fatal(err)
+	}
+	reclaimed := func(window *int64) []int64 {
+		t.Helper()
+		rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10, ExpiredWithinMs: window})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for _, r := range rows {
+			ids = append(ids, r.ID)
+		}
+		return ids
+	}
+	tenSeconds := int64(10_000)
+	if diff := cmp.Diff([]int64{recent.ID}, reclaimed(&tenSeconds)); diff != "" {
+		t.Errorf("reclaim within 10 s (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int64{long.ID}, reclaimed(nil)); diff != "" {
+		t.Errorf("reclaim of every expired lease (-want +got):\n%s", diff)
+	}
+}
+
 func TestReclaim_LeavesLiveLeasesAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.enqueue(t, "noop", `{}`, 1)
 	b.claimOne(t, "healthy", time.Minute)
-	rows, err := b.q.JobReclaim(b.ctx, 10)
+	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,7 +617,7 @@ func TestSchema_RejectsImpossibleStates(t *testing.T) {
 	}
 }
 
-func TestClaim_UsesItsIndexAndSortsNothing(t *testing.T) {
+func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const rows = 100_000
@@ -603,46 +634,83 @@ func TestClaim_UsesItsIndexAndSortsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Capture the exact statement the generated code sends, then explain it
-	// with the same arguments.
-	tx, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
+	const claim = 10
+	for _, tc := range []struct {
+		name       string
+		priorities []int16
+		since      []time.Time
+	}{
+		{name: "from the head"},
+		{name: "from cursors at two priorities", priorities: []int16{1, 3},
+			since: []time.Time{time.Now().Add(-time.Minute), time.Now().Add(-time.Hour)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Capture the exact statement the generated code sends, then
+			// explain it with the same arguments, in a transaction rolled
+			// back.
+			tx, err := b.pool.Begin(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(b.ctx)
+			var sql string
+			var args []any
+			capture := captureQuery(&sql, &args)
+			if _, err := db.New(capture(tx)).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+				CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+				CursorPriorities: tc.priorities, CursorSince: tc.since,
+				Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 30_000, WorkerID: "explain",
+			}); err != nil {
+				t.Fatal(err)
+			}
+			var out []byte
+			if err := tx.QueryRow(b.ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&out); err != nil {
+				t.Fatal(err)
+			}
+			var plans []struct{ Plan planNode }
+			if err := json.Unmarshal(out, &plans); err != nil {
+				t.Fatal(err)
+			}
+			// A scan per cursor and per range of priorities around them.
+			segments := 2*len(tc.priorities) + 1
+			var claimScans int
+			plans[0].Plan.walk(func(n planNode) {
+				switch {
+				case n.NodeType == "Seq Scan" && n.RelationName == "jobs":
+					t.Errorf("claim scans the whole table")
+				case n.IndexName == "jobs_claim_idx":
+					claimScans++
+					if !strings.Contains(n.IndexCond, "ROW(priority, run_at) >=") {
+						t.Errorf("the claim's scan does not start at its cursor: %s", n.IndexCond)
+					}
+				case n.NodeType == "Sort" && n.ActualRows*n.ActualLoops > float64(claim*segments):
+					t.Errorf("claim sorts %v rows, more than its %d scans return", n.ActualRows*n.ActualLoops, segments)
+				}
+			})
+			if claimScans == 0 {
+				t.Errorf("claim does not scan jobs_claim_idx:\n%s", out)
+			}
+		})
 	}
-	defer tx.Rollback(b.ctx)
-	var sql string
-	var args []any
-	capture := captureQuery(&sql, &args)
-	if _, err := db.New(capture(tx)).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: "default", ClaimTokens: leaseTokens(10), LeaseMs: 30_000, WorkerID: "explain",
-	}); err != nil {
-		t.Fatal(err)
-	}
-	lines, err := tx.Query(b.ctx, "EXPLAIN "+sql, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var planText strings.Builder
-	for lines.Next() {
-		var line string
-		if err := lines.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		planText.WriteString(line + "\n")
-	}
-	if err := lines.Err(); err != nil {
-		t.Fatal(err)
-	}
-	got := planText.String()
-	if !strings.Contains(got, "Index Scan using jobs_claim_idx") {
-		t.Errorf("claim does not scan jobs_claim_idx:\n%s", got)
-	}
-	if strings.Contains(got, "Sort") {
-		t.Errorf("claim sorts:\n%s", got)
-	}
-	if strings.Contains(got, "Seq Scan on jobs") {
-		t.Errorf("claim scans the whole table:\n%s", got)
+}
+
+// planNode is a node of EXPLAIN (FORMAT JSON)'s plan, with what the tests
+// look at.
+type planNode struct {
+	NodeType     string     `json:"Node Type"`
+	RelationName string     `json:"Relation Name"`
+	IndexName    string     `json:"Index Name"`
+	IndexCond    string     `json:"Index Cond"`
+	ActualRows   float64    `json:"Actual Rows"`
+	ActualLoops  float64    `json:"Actual Loops"`
+	Plans        []planNode `json:"Plans"`
+}
+
+// walk calls f for n and every node below it.
+func (n planNode) walk(f func(planNode)) {
+	f(n)
+	for _, c := range n.Plans {
+		c.walk(f)
 	}
 }
 
@@ -670,7 +738,7 @@ func TestReclaim_KeepsJobsPlaceAheadOfLaterJobs(t *testing.T) {
 	b.claimOne(t, "crashed", 100*time.Millisecond)
 	later := b.enqueue(t, "noop", `{}`, 5)
 	b.waitForLeaseExpiry(t, first.ID)
-	if _, err := b.q.JobReclaim(b.ctx, 10); err != nil {
+	if _, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {
 		t.Fatal(err)
 	}
 	if id, _ := b.claimOne(t, "successor", time.Minute); id != first.ID {

@@ -89,6 +89,9 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 		LeaseMs:         w.cfg.Lease.Milliseconds(),
 		WorkerID:        w.cfg.ID,
 	}
+	if claim > 0 {
+		params.CursorPriorities, params.CursorSince = w.cursors.params(time.Now())
+	}
 	for i, o := range done {
 		params.CompleteIDs[i] = o.exec.job.ID
 		params.CompleteTokens[i] = o.exec.token
@@ -120,6 +123,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 			claimed = append(claimed, row)
 		}
 	}
+	w.cursors.claimed(claimed)
 	return claimed, nil
 }
 
@@ -266,13 +270,19 @@ func (l leases) releaseMany(ctx context.Context, execs []*execution, note *strin
 }
 
 // reclaim takes back up to DefaultReclaimBatch jobs of dead workers and
-// expired leases (JobReclaim), wakes the dispatcher if it took any, and
-// returns how many it took.
-func (l leases) reclaim(ctx context.Context) (int, error) {
+// expired leases (JobReclaim), those whose lease expired within the window
+// given or, when it is zero, all of them; wakes the dispatcher if it took
+// any, and returns how many it took.
+func (l leases) reclaim(ctx context.Context, window time.Duration) (int, error) {
 	w := l.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	rows, err := w.q.JobReclaim(ctx, DefaultReclaimBatch)
+	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch}
+	if window > 0 {
+		ms := window.Milliseconds()
+		params.ExpiredWithinMs = &ms
+	}
+	rows, err := w.q.JobReclaim(ctx, params)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("reclaim failed", "err", err)
@@ -284,6 +294,8 @@ func (l leases) reclaim(ctx context.Context) (int, error) {
 			"from_worker", deref(r.LeasedBy), "attempt", r.Attempt, "now", r.State)
 	}
 	if len(rows) > 0 {
+		// They keep their run_at, behind the claim cursors.
+		w.cursors.fromHead()
 		notify(w.wake)
 	}
 	return len(rows), nil

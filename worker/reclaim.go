@@ -17,14 +17,20 @@ type reclaimer struct {
 func (r reclaimer) run(ctx context.Context) {
 	w := r.w
 	live := 1
+	var window reclaimWindow
 	for round := 0; ; round++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(jitter(reclaimInterval(w.cfg.ReclaimInterval, live))):
 		}
+		if round%fullReclaimEvery == 0 {
+			window.forget()
+		}
 		for {
-			n, err := w.leases.reclaim(ctx)
+			sent := time.Now()
+			n, err := w.leases.reclaim(ctx, window.at(sent))
+			window.record(sent, err == nil && n < DefaultReclaimBatch)
 			if err != nil || n < DefaultReclaimBatch {
 				break
 			}
@@ -41,6 +47,50 @@ func (r reclaimer) run(ctx context.Context) {
 		}
 	}
 }
+
+// fullReclaimEvery is how many reclaim rounds pass between two that read
+// every expired lease rather than a window of them (see reclaimWindow).
+const fullReclaimEvery = 40
+
+// reclaimWindowMargin is how far a reclaim's window of expired leases
+// reaches beyond the last reclaim that took every one it found: more than
+// the time a reclaim takes to reach the database.
+const reclaimWindowMargin = time.Second
+
+// reclaimWindow decides how far back in lease times a reclaim looks for
+// expired leases. Once a reclaim has taken every expired lease it found,
+// the next needs only those that expired since it began; a margin covers
+// the time it took to reach the database. Otherwise (at start, after a
+// failure, after a full batch, and every fullReclaimEvery rounds) it
+// looks at them all. Each worker keeps its own, so that what one worker
+// misses another's window cannot hide.
+type reclaimWindow struct {
+	// since is when the last reclaim that took every expired lease it
+	// found was sent; zero: none since the last full pass was due.
+	since time.Time
+}
+
+// at returns the window for a reclaim sent at now; zero means every
+// expired lease.
+func (r *reclaimWindow) at(now time.Time) time.Duration {
+	if r.since.IsZero() {
+		return 0
+	}
+	return now.Sub(r.since) + reclaimWindowMargin
+}
+
+// record notes a reclaim sent at sent: complete if it succeeded and took
+// every expired lease it found.
+func (r *reclaimWindow) record(sent time.Time, complete bool) {
+	if complete {
+		r.since = sent
+	} else {
+		r.since = time.Time{}
+	}
+}
+
+// forget makes the next reclaim a full pass.
+func (r *reclaimWindow) forget() { r.since = time.Time{} }
 
 // forgetEndedEvery is how many reclaim rounds pass between two
 // WorkerForgetEnded, which forget the sessions that ended.

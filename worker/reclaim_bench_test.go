@@ -47,7 +47,7 @@ func BenchmarkReclaim_RegisteredWorkers(b *testing.B) {
 			q := db.New(pool)
 			b.ResetTimer()
 			for b.Loop() {
-				rows, err := q.JobReclaim(ctx, 1000)
+				rows, err := q.JobReclaim(ctx, db.JobReclaimParams{MaxJobs: 1000})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -152,6 +152,9 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 	if err := q.WorkerListen(connectCtx); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	if err := q.WorkerListenReturned(connectCtx); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
 	done = true
 	registered(nil)
 	// Jobs may have become ready while no one was listening.
@@ -168,9 +171,14 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 		case ctx.Err() != nil:
 			return nil
 		case err == nil:
-			if n.Payload == w.cfg.Queue {
-				notify(w.wake)
+			if n.Payload != w.cfg.Queue {
+				break
 			}
+			if n.Channel == returnedChannel {
+				// It may wait behind this worker's claim cursors.
+				w.cursors.fromHead()
+			}
+			notify(w.wake)
 		case waitCtx.Err() != nil && !conn.PgConn().IsClosed():
 			// A ping that is merely slow is no reason to end the session:
 			// that would drop its lock and have every job it holds taken
@@ -191,6 +199,10 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 		}
 	}
 }
+
+// returnedChannel is the channel of the notifications that a job went back
+// to available (migrations/00008_notify_returned_jobs.sql).
+const returnedChannel = "relay_jobs_returned"
 
 // register registers a new session on conn and returns its key, or 0 when
 // conn goes through a connection pooler that cannot hold a session: the

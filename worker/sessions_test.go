@@ -35,7 +35,7 @@ func TestReclaim_TakesJobsOfAnEndedSessionAtOnceButNotOfALiveOne(t *testing.T) {
 	}
 
 	doomed.end(t, b)
-	rows, err := b.q.JobReclaim(b.ctx, 10)
+	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestReclaim_JudgesEachJobByTheSessionItWasClaimedUnder(t *testing.T) {
 	restarted := b.register(t, "pod-0", 0)
 	b.claimUnder(t, "pod-0", &restarted.key, 1, time.Hour)
 
-	rows, err := b.q.JobReclaim(b.ctx, 10)
+	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 		// hands the job back and claims it again under that session.
 		reclaimed := make(chan []db.JobReclaimRow, 1)
 		go func() {
-			rows, err := b.q.JobReclaim(b.ctx, 10)
+			rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
 			if err != nil {
 				t.Error(err)
 			}
@@ -133,7 +133,7 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 			b.complete(t, job.ID, deref(got.LeaseToken), `{}`)
 		}
 		s2.end(t, b)
-		if _, err := b.q.JobReclaim(b.ctx, 10); err != nil {
+		if _, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := b.pool.Exec(b.ctx, "UPDATE jobs SET state = 'cancelled', finished_at = now() WHERE id = $1 AND state = 'available'", job.ID); err != nil {
@@ -236,7 +236,7 @@ func TestUnregister_KeepsTheSessionOfJobsThatStillRun(t *testing.T) {
 		t.Errorf("unregister: %+v, want the id released and the session kept", res)
 	}
 	s.end(t, b)
-	rows, err := b.q.JobReclaim(b.ctx, 10)
+	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestReclaim_LooksOnlyAtExpiredLeasesAndEndedSessionsByIndex(t *testing.T) {
 	var sql string
 	var args []any
 	capture := captureQuery(&sql, &args)
-	if _, err := db.New(capture(tx)).JobReclaim(b.ctx, 1000); err != nil {
+	if _, err := db.New(capture(tx)).JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000}); err != nil {
 		t.Fatal(err)
 	}
 	lines, err := tx.Query(b.ctx, "EXPLAIN "+sql, args...)
@@ -319,7 +319,7 @@ func TestReclaim_LooksOnlyAtExpiredLeasesAndEndedSessionsByIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Join(plan, "\n")
-	for _, want := range []string{"jobs_lease_expiry_idx", "jobs_lease_session_idx", "jobs_pkey"} {
+	for _, want := range []string{"jobs_lease_expires_at_idx", "jobs_lease_session_key_idx", "jobs_pkey"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the reclaim's plan does not use %s:\n%s", want, got)
 		}

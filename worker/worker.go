@@ -40,6 +40,8 @@ type Worker struct {
 	log  *slog.Logger
 	// leases drives the statements of queries/leases.sql.
 	leases leases
+	// cursors are where this worker's claims start, per priority.
+	cursors claimCursors
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler

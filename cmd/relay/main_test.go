@@ -296,7 +296,9 @@ VERSION  STATE    MIGRATION
 4        pending  00004_cap_job_errors.sql
 5        pending  00005_create_job_summaries.sql
 6        pending  00006_index_job_lists.sql
-7        pending  00007_index_finished_jobs.sql`},
+7        pending  00007_index_finished_jobs.sql
+8        pending  00008_notify_returned_jobs.sql
+9        pending  00009_index_leases_by_their_columns.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
@@ -304,7 +306,9 @@ applied migration 3 00003_create_worker_sessions.sql
 applied migration 4 00004_cap_job_errors.sql
 applied migration 5 00005_create_job_summaries.sql
 applied migration 6 00006_index_job_lists.sql
-applied migration 7 00007_index_finished_jobs.sql`},
+applied migration 7 00007_index_finished_jobs.sql
+applied migration 8 00008_notify_returned_jobs.sql
+applied migration 9 00009_index_leases_by_their_columns.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -315,7 +319,13 @@ VERSION  STATE    MIGRATION
 4        applied  00004_cap_job_errors.sql
 5        applied  00005_create_job_summaries.sql
 6        applied  00006_index_job_lists.sql
-7        applied  00007_index_finished_jobs.sql`},
+7        applied  00007_index_finished_jobs.sql
+8        applied  00008_notify_returned_jobs.sql
+9        applied  00009_index_leases_by_their_columns.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 9 00009_index_leases_by_their_columns.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 8 00008_notify_returned_jobs.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 7 00007_index_finished_jobs.sql`},
 		{[]string{"migrate", "status"}, `
@@ -326,7 +336,9 @@ VERSION  STATE    MIGRATION
 4        applied  00004_cap_job_errors.sql
 5        applied  00005_create_job_summaries.sql
 6        applied  00006_index_job_lists.sql
-7        pending  00007_index_finished_jobs.sql`},
+7        pending  00007_index_finished_jobs.sql
+8        pending  00008_notify_returned_jobs.sql
+9        pending  00009_index_leases_by_their_columns.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "down"}, `
@@ -348,7 +360,9 @@ applied migration 3 00003_create_worker_sessions.sql
 applied migration 4 00004_cap_job_errors.sql
 applied migration 5 00005_create_job_summaries.sql
 applied migration 6 00006_index_job_lists.sql
-applied migration 7 00007_index_finished_jobs.sql`},
+applied migration 7 00007_index_finished_jobs.sql
+applied migration 8 00008_notify_returned_jobs.sql
+applied migration 9 00009_index_leases_by_their_columns.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)

@@ -226,7 +226,7 @@ func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
 				return err
 			}
 		case r < 4:
-			rows, err := q.JobReclaim(ctx, 100)
+			rows, err := q.JobReclaim(ctx, db.JobReclaimParams{MaxJobs: 100})
 			if err != nil {
 				return fmt.Errorf("%s: reclaim: %w", w.id, err)
 			}
@@ -455,7 +455,7 @@ func (c *Concurrent) drain(ctx context.Context) error {
 	q := db.New(c.pool)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		rows, err := q.JobReclaim(ctx, 1000)
+		rows, err := q.JobReclaim(ctx, db.JobReclaimParams{MaxJobs: 1000})
 		if err != nil {
 			return fmt.Errorf("drain: reclaim: %w", err)
 		}

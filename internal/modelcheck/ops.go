@@ -636,7 +636,7 @@ func (d *Driver) reclaim(ctx context.Context) error {
 	var rows []db.JobReclaimRow
 	now, err := d.inTx(ctx, func(q *db.Queries, _ time.Time) error {
 		var err error
-		rows, err = q.JobReclaim(ctx, limit)
+		rows, err = q.JobReclaim(ctx, db.JobReclaimParams{MaxJobs: limit})
 		return err
 	})
 	if err != nil {

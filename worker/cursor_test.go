@@ -1,0 +1,190 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/worker"
+)
+
+func TestClaim_FromCursorsTakesWhatLiesAheadOfThemInPriorityOrder(t *testing.T) {
+	t.Parallel()
+	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	at := func(s int) time.Time { return base.Add(time.Duration(s) * time.Second) }
+	// The jobs of every case: (priority, run_at in seconds after base).
+	type job struct {
+		priority int16
+		at       int
+	}
+	jobs := []job{
+		{-32768, 0}, {-1, 0}, {0, 0}, {0, 10}, {0, 20}, {1, 0}, {1, 10}, {32767, 0}, {32767, 10},
+	}
+	for _, tc := range []struct {
+		name       string
+		priorities []int16
+		since      []time.Time
+		want       []job // in the order claimed, one at a time
+	}{
+		{name: "no cursor takes everything from the head",
+			want: jobs},
+		{name: "a cursor skips its priority's jobs behind it, and only those",
+			priorities: []int16{0}, since: []time.Time{at(10)},
+			want: []job{{-32768, 0}, {-1, 0}, {0, 10}, {0, 20}, {1, 0}, {1, 10}, {32767, 0}, {32767, 10}}},
+		{name: "a job at the cursor's run_at is taken",
+			priorities: []int16{1}, since: []time.Time{at(10)},
+			want: []job{{-32768, 0}, {-1, 0}, {0, 0}, {0, 10}, {0, 20}, {1, 10}, {32767, 0}, {32767, 10}}},
+		{name: "cursors at the ends of the range of priorities",
+			priorities: []int16{-32768, 32767}, since: []time.Time{at(5), at(5)},
+			want: []job{{-1, 0}, {0, 0}, {0, 10}, {0, 20}, {1, 0}, {1, 10}, {32767, 10}}},
+		{name: "cursors past everything of their priorities leave the others in order",
+			priorities: []int16{-1, 1}, since: []time.Time{at(60), at(60)},
+			want: []job{{-32768, 0}, {0, 0}, {0, 10}, {0, 20}, {32767, 0}, {32767, 10}}},
+		{name: "a priority given twice starts at the earlier cursor",
+			priorities: []int16{0, 0}, since: []time.Time{at(20), at(10)},
+			want: []job{{-32768, 0}, {-1, 0}, {0, 10}, {0, 20}, {1, 0}, {1, 10}, {32767, 0}, {32767, 10}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ids := make(map[int64]job)
+			for _, j := range jobs {
+				runAt := at(j.at)
+				row, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+					Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), Priority: j.priority, MaxAttempts: 1, RunAt: &runAt,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids[row.ID] = j
+			}
+			var got []job
+			for range len(jobs) + 1 {
+				rows, err := b.q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+					CursorPriorities: tc.priorities, CursorSince: tc.since,
+					Queue: "default", ClaimTokens: leaseTokens(1), LeaseMs: time.Minute.Milliseconds(), WorkerID: "w",
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range rows {
+					if r.ID != nil {
+						got = append(got, ids[*r.ID])
+					}
+				}
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(job{})); diff != "" {
+				t.Errorf("claimed (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestWorker_FindsAJobThatBecameReadyBehindItsCursor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	done := make(chan int64, 8)
+	b.startWorker(t, worker.Config{Slots: 2}, func(w *worker.Worker) {
+		w.HandleFunc("noop", func(ctx context.Context, j *worker.Job) (any, error) {
+			done <- j.ID
+			return nil, nil
+		})
+	})
+	// The worker claims a job ready now, and moves its cursor there.
+	first := b.enqueue(t, "noop", `{}`, 1)
+	waitDone(t, done, first.ID)
+	// A job of the same priority whose run_at is an hour behind: a job
+	// inserted by a transaction that began long ago looks like this.
+	past := time.Now().Add(-time.Hour)
+	behind, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+		Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1, RunAt: &past,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, done, behind.ID)
+}
+
+// waitDone waits for the job id among the handled ones, for up to 10 s.
+func waitDone(t *testing.T, done <-chan int64, id int64) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-done:
+			if got == id {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("job %d was not run within 10 s", id)
+		}
+	}
+}
+
+func TestReturnedJobs_AreAnnouncedToTheirQueueOnTheirOwnChannel(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		do        func(t *testing.T, b *bundle)
+		announced bool
+	}{
+		{name: "a job enqueued", announced: false, do: func(t *testing.T, b *bundle) {
+			b.enqueue(t, "noop", `{}`, 3)
+		}},
+		{name: "a job released", announced: true, do: func(t *testing.T, b *bundle) {
+			b.enqueue(t, "noop", `{}`, 3)
+			id, token := b.claimOne(t, "w", time.Minute)
+			if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []uuid.UUID{token}}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "a job taken back", announced: true, do: func(t *testing.T, b *bundle) {
+			job := b.enqueue(t, "noop", `{}`, 3)
+			b.claimOne(t, "w", 50*time.Millisecond)
+			b.waitForLeaseExpiry(t, job.ID)
+			if rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil || len(rows) != 1 {
+				t.Fatalf("reclaim: %v, %v", rows, err)
+			}
+		}},
+		{name: "a failure retried later", announced: false, do: func(t *testing.T, b *bundle) {
+			b.enqueue(t, "noop", `{}`, 3)
+			id, token := b.claimOne(t, "w", time.Minute)
+			if _, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+				IDs: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"}, Permanent: []bool{false}, RetryInMs: []int64{60_000},
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			listener, err := pgx.Connect(b.ctx, b.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer listener.Close(context.Background())
+			if err := db.New(listener).WorkerListenReturned(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			tc.do(t, b)
+			ctx, cancel := context.WithTimeout(b.ctx, time.Second)
+			defer cancel()
+			n, err := listener.WaitForNotification(ctx)
+			switch {
+			case tc.announced && err != nil:
+				t.Fatalf("no notification on relay_jobs_returned: %v", err)
+			case tc.announced && n.Payload != "default":
+				t.Errorf("notification %q on %s, want the queue, default", n.Payload, n.Channel)
+			case !tc.announced && err == nil:
+				t.Errorf("notification %q on %s, want none", n.Payload, n.Channel)
+			}
+		})
+	}
+}

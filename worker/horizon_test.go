@@ -1,0 +1,221 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+)
+
+// The tests of this file hold a REPEATABLE READ snapshot open while
+// thousands of jobs run, as a report, a pg_dump or a session idle in a
+// transaction would: no row version those jobs leave can be removed, nor
+// can their index entries be marked dead. Each statement of a job's life
+// must then read no more than it does on a clean table.
+
+// pinnedHistory runs n jobs, their run_at 10 ms apart, through claim and
+// completion while a snapshot taken before is held open until the test
+// ends, then refreshes the statistics, as autovacuum's analyze would, to
+// show few running jobs. Each claim's lease lasts lease, so the running
+// versions left behind expire that long after their claim. It returns the
+// newest run_at claimed.
+func pinnedHistory(t *testing.T, b *bundle, n int, lease time.Duration) time.Time {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO jobs (queue, kind, run_at)
+		SELECT 'default', 'noop', now() - interval '1 hour' + i * interval '10 milliseconds'
+		FROM generate_series(1, $1) AS i`, n); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := pgx.Connect(b.ctx, b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Close(context.Background()) })
+	pin, err := reader.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen int
+	if err := pin.QueryRow(b.ctx, "SELECT count(*) FROM jobs").Scan(&seen); err != nil {
+		t.Fatal(err)
+	}
+	var newest time.Time
+	for done := 0; done < n; {
+		rows := b.claim(t, "w", 500, lease)
+		if len(rows) == 0 {
+			t.Fatalf("claimed %d jobs, want %d", done, n)
+		}
+		p := db.JobCompleteAndClaimParams{Queue: "default", LeaseMs: lease.Milliseconds(), WorkerID: "w"}
+		for _, r := range rows {
+			if r.RunAt.After(newest) {
+				newest = *r.RunAt
+			}
+			p.CompleteIDs = append(p.CompleteIDs, *r.ID)
+			p.CompleteTokens = append(p.CompleteTokens, *r.LeaseToken)
+			p.CompleteResults = append(p.CompleteResults, nil)
+		}
+		got, err := b.q.JobCompleteAndClaim(b.ctx, p)
+		if err != nil || len(got[0].CompletedIDs) != len(rows) {
+			t.Fatalf("complete %d jobs: %v, %v", len(rows), got, err)
+		}
+		done += len(rows)
+	}
+	if _, err := b.pool.Exec(b.ctx, "ANALYZE jobs"); err != nil {
+		t.Fatal(err)
+	}
+	return newest
+}
+
+// explained is what EXPLAIN ANALYZE says of one statement.
+type explained struct {
+	buffers int
+	plan    string
+}
+
+// explain runs call, which sends one statement through the queries given,
+// and explains that statement with its arguments, in a transaction rolled
+// back; check, if not nil, then runs in that transaction.
+func explain(t *testing.T, b *bundle, call func(q *db.Queries) error, check func(tx pgx.Tx)) explained {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	var sql string
+	var args []any
+	if err := call(db.New(captureQuery(&sql, &args)(tx))); err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	if err := tx.QueryRow(b.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct {
+		Plan struct {
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
+		}
+	}
+	if err := json.Unmarshal(out, &plans); err != nil {
+		t.Fatal(err)
+	}
+	if check != nil {
+		check(tx)
+	}
+	return explained{buffers: plans[0].Plan.Hit + plans[0].Plan.Read, plan: string(out)}
+}
+
+func TestClaim_FromACursorStepsOverTheJobsClaimedUnderAPinnedHorizon(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	newest := pinnedHistory(t, b, 5000, time.Hour)
+	fresh := b.enqueue(t, "noop", `{}`, 1)
+	claim := func(priorities []int16, since []time.Time) explained {
+		return explain(t, b, func(q *db.Queries) error {
+			_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+				CursorPriorities: priorities, CursorSince: since,
+				Queue: "default", ClaimTokens: leaseTokens(1), LeaseMs: 30_000, WorkerID: "explain",
+			})
+			return err
+		}, func(tx pgx.Tx) {
+			var id int64
+			if err := tx.QueryRow(b.ctx, "SELECT id FROM jobs WHERE leased_by = 'explain'").Scan(&id); err != nil || id != fresh.ID {
+				t.Fatalf("the claim took %d (%v), want the fresh job %d", id, err, fresh.ID)
+			}
+		})
+	}
+	fromHead := claim(nil, nil).buffers
+	// A worker's cursor: a second behind the newest job it claimed.
+	fromCursor := claim([]int16{0}, []time.Time{newest.Add(-time.Second)}).buffers
+	t.Logf("buffers read by a claim: %d from the head, %d from the cursor", fromHead, fromCursor)
+	if fromHead < 100 {
+		t.Fatalf("a claim from the head read %d buffers: the fixture did not pin the claim index's entries", fromHead)
+	}
+	if fromCursor*4 > fromHead {
+		t.Errorf("a claim from its cursor read %d buffers, not much fewer than the %d from the head", fromCursor, fromHead)
+	}
+}
+
+func TestAcknowledgements_UnderAPinnedHorizonLookTheirJobsUpByID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pinnedHistory(t, b, 5000, time.Hour)
+	b.enqueue(t, "noop", `{}`, 3)
+	id, token := b.claimOne(t, "w", time.Hour)
+	ids, tokens := []int64{id}, []uuid.UUID{token}
+	for _, tc := range []struct {
+		name string
+		call func(q *db.Queries) error
+	}{
+		{"complete", func(q *db.Queries) error {
+			_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+				CompleteIDs: ids, CompleteTokens: tokens, CompleteResults: []json.RawMessage{nil},
+				Queue: "default", LeaseMs: 30_000, WorkerID: "w",
+			})
+			return err
+		}},
+		{"heartbeat", func(q *db.Queries) error {
+			_, err := q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{IDs: ids, Tokens: tokens, LeaseMs: 30_000})
+			return err
+		}},
+		{"fail", func(q *db.Queries) error {
+			_, err := q.JobFailMany(b.ctx, db.JobFailManyParams{
+				IDs: ids, Tokens: tokens, Errors: []string{"boom"}, Permanent: []bool{false}, RetryInMs: []int64{1000},
+			})
+			return err
+		}},
+		{"release", func(q *db.Queries) error {
+			_, err := q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: ids, Tokens: tokens})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := explain(t, b, tc.call, nil)
+			t.Logf("%s read %d buffers", tc.name, got.buffers)
+			if got.buffers > 40 {
+				t.Errorf("%s of one job read %d buffers, want at most 40; plan:\n%s", tc.name, got.buffers, got.plan)
+			}
+			if strings.Contains(got.plan, "jobs_state_idx") {
+				t.Errorf("%s reads jobs_state_idx:\n%s", tc.name, got.plan)
+			}
+		})
+	}
+}
+
+func TestReclaim_UnderAPinnedHorizonReadsOnlyItsWindowOfLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Every running version the history leaves expired a little after its
+	// claim; a full pass steps over each.
+	pinnedHistory(t, b, 5000, 200*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	reclaim := func(window *int64) explained {
+		return explain(t, b, func(q *db.Queries) error {
+			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: window})
+			return err
+		}, nil)
+	}
+	full := reclaim(nil)
+	tenMs := int64(10)
+	windowed := reclaim(&tenMs)
+	t.Logf("buffers read by a reclaim: %d in a full pass, %d within a window of 10 ms", full.buffers, windowed.buffers)
+	if full.buffers < 50 {
+		t.Fatalf("a full pass read %d buffers: the fixture did not pin the lease index's entries", full.buffers)
+	}
+	if windowed.buffers*4 > full.buffers {
+		t.Errorf("a reclaim within its window read %d buffers, not much fewer than a full pass's %d; plan:\n%s", windowed.buffers, full.buffers, windowed.plan)
+	}
+	for _, r := range []explained{full, windowed} {
+		if strings.Contains(r.plan, "jobs_state_idx") {
+			t.Errorf("the reclaim reads jobs_state_idx:\n%s", r.plan)
+		}
+	}
+}
