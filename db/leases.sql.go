@@ -434,13 +434,9 @@ candidates AS (
       AND e.lease_expires_at <= now()
       AND e.lease_expires_at > COALESCE(now() - interval '1 millisecond' * $1::bigint, '-infinity')
     UNION
-    SELECT g.id
-    FROM ended_sessions AS es
-    CROSS JOIN LATERAL (
-        SELECT r.id FROM jobs AS r
-        WHERE r.lease_session = es.session_key
-        LIMIT $2
-    ) AS g
+    (SELECT r.id FROM jobs AS r
+     WHERE r.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es))
+     LIMIT $2)
 ),
 abandoned AS (
     SELECT a.id
@@ -510,9 +506,13 @@ type JobReclaimRow struct {
 // alone, so nothing another session of the same worker id does, before or
 // during this statement, can make a live claim look abandoned.
 // The jobs to look at, found by index: those whose lease expired, and
-// those of each ended session (the lateral lookup, with its limit, is
-// always made by index, however many jobs run), so that the statement
-// never scans every running job. The expired leases are read from the
+// those of the ended sessions (one lookup of jobs_lease_session_key_idx
+// for all of them, with its limit), so that the statement never scans
+// every running job. The sessions are looked up together rather than one
+// by one: the planner's estimate for a lookup per session, times the
+// sessions it expects of a table it may not have analyzed, once made the
+// plan cost enough for PostgreSQL to compile it (JIT) at every reclaim,
+// half a second each. The expired leases are read from the
 // lease times of the last expired_within_ms milliseconds only, when that
 // is given: a worker that reclaims every fraction of a second has taken
 // back the older ones already, and while a long transaction holds back

@@ -262,9 +262,13 @@ WITH ended_sessions AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT 1 FROM worker_sessions_live AS l WHERE l.session_key = s.session_key)
 ),
 -- The jobs to look at, found by index: those whose lease expired, and
--- those of each ended session (the lateral lookup, with its limit, is
--- always made by index, however many jobs run), so that the statement
--- never scans every running job. The expired leases are read from the
+-- those of the ended sessions (one lookup of jobs_lease_session_key_idx
+-- for all of them, with its limit), so that the statement never scans
+-- every running job. The sessions are looked up together rather than one
+-- by one: the planner's estimate for a lookup per session, times the
+-- sessions it expects of a table it may not have analyzed, once made the
+-- plan cost enough for PostgreSQL to compile it (JIT) at every reclaim,
+-- half a second each. The expired leases are read from the
 -- lease times of the last expired_within_ms milliseconds only, when that
 -- is given: a worker that reclaims every fraction of a second has taken
 -- back the older ones already, and while a long transaction holds back
@@ -282,13 +286,9 @@ candidates AS (
       AND e.lease_expires_at <= now()
       AND e.lease_expires_at > COALESCE(now() - interval '1 millisecond' * sqlc.narg(expired_within_ms)::bigint, '-infinity')
     UNION
-    SELECT g.id
-    FROM ended_sessions AS es
-    CROSS JOIN LATERAL (
-        SELECT r.id FROM jobs AS r
-        WHERE r.lease_session = es.session_key
-        LIMIT @max_jobs
-    ) AS g
+    (SELECT r.id FROM jobs AS r
+     WHERE r.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es))
+     LIMIT @max_jobs)
 ),
 abandoned AS (
     SELECT a.id
