@@ -73,9 +73,11 @@ func pinnedHistory(t *testing.T, b *bundle, n int, lease time.Duration) time.Tim
 	return newest
 }
 
-// explained is what EXPLAIN ANALYZE says of one statement.
+// explained is what EXPLAIN ANALYZE says of one statement: the buffers it
+// read, its plan, and the plan as JSON.
 type explained struct {
 	buffers int
+	root    planNode
 	plan    string
 }
 
@@ -98,19 +100,15 @@ func explain(t *testing.T, b *bundle, call func(q *db.Queries) error, check func
 	if err := tx.QueryRow(b.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&out); err != nil {
 		t.Fatal(err)
 	}
-	var plans []struct {
-		Plan struct {
-			Hit  int `json:"Shared Hit Blocks"`
-			Read int `json:"Shared Read Blocks"`
-		}
-	}
+	var plans []struct{ Plan planNode }
 	if err := json.Unmarshal(out, &plans); err != nil {
 		t.Fatal(err)
 	}
 	if check != nil {
 		check(tx)
 	}
-	return explained{buffers: plans[0].Plan.Hit + plans[0].Plan.Read, plan: string(out)}
+	root := plans[0].Plan
+	return explained{buffers: root.SharedHit + root.SharedRead, root: root, plan: string(out)}
 }
 
 func TestClaim_FromACursorStepsOverTheJobsClaimedUnderAPinnedHorizon(t *testing.T) {

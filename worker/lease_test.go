@@ -645,36 +645,18 @@ func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) 
 			since: []time.Time{time.Now().Add(-time.Minute), time.Now().Add(-time.Hour)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// Capture the exact statement the generated code sends, then
-			// explain it with the same arguments, in a transaction rolled
-			// back.
-			tx, err := b.pool.Begin(b.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(b.ctx)
-			var sql string
-			var args []any
-			capture := captureQuery(&sql, &args)
-			if _, err := db.New(capture(tx)).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-				CursorPriorities: tc.priorities, CursorSince: tc.since,
-				Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 30_000, WorkerID: "explain",
-			}); err != nil {
-				t.Fatal(err)
-			}
-			var out []byte
-			if err := tx.QueryRow(b.ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&out); err != nil {
-				t.Fatal(err)
-			}
-			var plans []struct{ Plan planNode }
-			if err := json.Unmarshal(out, &plans); err != nil {
-				t.Fatal(err)
-			}
+			got := explain(t, b, func(q *db.Queries) error {
+				_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+					CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+					CursorPriorities: tc.priorities, CursorSince: tc.since,
+					Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 30_000, WorkerID: "explain",
+				})
+				return err
+			}, nil)
 			// A scan per cursor and per range of priorities around them.
 			segments := 2*len(tc.priorities) + 1
 			var claimScans int
-			plans[0].Plan.walk(func(n planNode) {
+			got.root.walk(func(n planNode) {
 				switch {
 				case n.NodeType == "Seq Scan" && n.RelationName == "jobs":
 					t.Errorf("claim scans the whole table")
@@ -688,7 +670,7 @@ func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) 
 				}
 			})
 			if claimScans == 0 {
-				t.Errorf("claim does not scan jobs_claim_idx:\n%s", out)
+				t.Errorf("claim does not scan jobs_claim_idx:\n%s", got.plan)
 			}
 		})
 	}
@@ -703,6 +685,8 @@ type planNode struct {
 	IndexCond    string     `json:"Index Cond"`
 	ActualRows   float64    `json:"Actual Rows"`
 	ActualLoops  float64    `json:"Actual Loops"`
+	SharedHit    int        `json:"Shared Hit Blocks"`
+	SharedRead   int        `json:"Shared Read Blocks"`
 	Plans        []planNode `json:"Plans"`
 }
 
