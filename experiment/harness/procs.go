@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +35,10 @@ type ProcSpec struct {
 	// LogDir receives the process's stderr, where relay logs, and its
 	// stdout, both in LogDir/Name.log.
 	LogDir string
+	// Piped gives the process a standard input and output of pipes to the
+	// caller, Proc.Stdin and Proc.Stdout, instead of none and the log: a
+	// process that takes requests on its input and answers on its output.
+	Piped bool
 }
 
 // Proc is a relay process started by StartProc. Its methods are safe for
@@ -44,6 +49,10 @@ type Proc struct {
 	Name string
 	// LogPath is the file holding the process's stderr and stdout.
 	LogPath string
+	// Stdin and Stdout are the process's standard input and output when
+	// it was started Piped; nil otherwise. Close Stdin to end its input.
+	Stdin  io.WriteCloser
+	Stdout io.ReadCloser
 
 	cmd     *exec.Cmd
 	logFile *os.File
@@ -81,11 +90,43 @@ func StartProc(ctx context.Context, spec ProcSpec) (*Proc, error) {
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	// The pipes are the child's files, not exec's: Wait, which runs at
+	// once below, then never closes them under a reader.
+	var childEnds []*os.File
+	var stdin, stdout *os.File
+	if spec.Piped {
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			logFile.Close()
+			return nil, fmt.Errorf("start %s: pipe: %w", spec.Name, err)
+		}
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			logFile.Close()
+			inR.Close()
+			inW.Close()
+			return nil, fmt.Errorf("start %s: pipe: %w", spec.Name, err)
+		}
+		cmd.Stdin, cmd.Stdout = inR, outW
+		childEnds = []*os.File{inR, outW}
+		stdin, stdout = inW, outR
+	}
+	err = cmd.Start()
+	for _, f := range childEnds {
+		f.Close()
+	}
+	if err != nil {
 		logFile.Close()
+		if spec.Piped {
+			stdin.Close()
+			stdout.Close()
+		}
 		return nil, fmt.Errorf("start %s: %w", spec.Name, err)
 	}
 	p := &Proc{Name: spec.Name, LogPath: logPath, cmd: cmd, logFile: logFile, done: make(chan struct{})}
+	if spec.Piped {
+		p.Stdin, p.Stdout = stdin, stdout
+	}
 	go func() {
 		err := cmd.Wait()
 		p.waitErr = err

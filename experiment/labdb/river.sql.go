@@ -78,3 +78,112 @@ func (q *Queries) ExperimentRiverQueueProgress(ctx context.Context, queue string
 	err := row.Scan(&i.Finished, &i.Total)
 	return i, err
 }
+
+const soakRiverBacklog = `-- name: SoakRiverBacklog :one
+SELECT count(*) FILTER (WHERE j.state = 'available' AND j.scheduled_at <= now())::bigint AS ready,
+       count(*) FILTER (WHERE j.state = 'running')::bigint                              AS running,
+       COALESCE(extract(epoch FROM now() - min(greatest(j.scheduled_at, j.created_at))
+                  FILTER (WHERE j.state = 'available' AND j.scheduled_at <= now())) * 1000,
+                0)::float8                                                             AS oldest_ready_ms
+FROM river_job AS j
+WHERE j.queue = $1::text
+  AND j.state IN ('available', 'running')
+`
+
+type SoakRiverBacklogRow struct {
+	Ready         int64
+	Running       int64
+	OldestReadyMs float64
+}
+
+// River's jobs of a queue waiting now, as SoakBacklog reads Relay's: ready
+// (available, scheduled_at reached) and how long the oldest has waited,
+// and running.
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) SoakRiverBacklog(ctx context.Context, queue string) (SoakRiverBacklogRow, error) {
+	row := q.db.QueryRow(ctx, soakRiverBacklog, queue)
+	var i SoakRiverBacklogRow
+	err := row.Scan(&i.Ready, &i.Running, &i.OldestReadyMs)
+	return i, err
+}
+
+const soakRiverJobWindow = `-- name: SoakRiverJobWindow :one
+SELECT count(*) FILTER (WHERE j.created_at > $1::timestamptz
+                          AND j.created_at <= $2::timestamptz)::bigint AS enqueued,
+       count(*) FILTER (WHERE j.attempted_at > $1::timestamptz
+                          AND j.attempted_at <= $2::timestamptz)::bigint AS claimed,
+       count(*) FILTER (WHERE j.finalized_at > $1::timestamptz
+                          AND j.finalized_at <= $2::timestamptz)::bigint AS finished,
+       count(*) FILTER (WHERE j.state = 'completed'
+                          AND j.finalized_at > $1::timestamptz
+                          AND j.finalized_at <= $2::timestamptz)::bigint AS succeeded,
+       COALESCE(array_agg((extract(epoch FROM j.attempted_at - greatest(j.scheduled_at, j.created_at)) * 1000)::float8)
+                  FILTER (WHERE j.attempted_at > $1::timestamptz
+                            AND j.attempted_at <= $2::timestamptz),
+                '{}')::float8[] AS pickup_ms,
+       COALESCE(min(j.id) FILTER (WHERE j.finalized_at IS NULL OR j.finalized_at > $2::timestamptz),
+                max(j.id) + 1,
+                $3::bigint)::bigint AS next_from_id
+FROM river_job AS j
+WHERE j.queue = $4::text
+  AND j.id >= $3::bigint
+`
+
+type SoakRiverJobWindowParams struct {
+	Since  time.Time
+	Until  time.Time
+	FromID int64
+	Queue  string
+}
+
+type SoakRiverJobWindowRow struct {
+	Enqueued   int64
+	Claimed    int64
+	Finished   int64
+	Succeeded  int64
+	PickupMs   []float64
+	NextFromID int64
+}
+
+// River's jobs of a queue over one sampling window (since, until], as
+// SoakJobWindow reads Relay's: enqueued (created_at), claimed
+// (attempted_at, set by the fetching statement), finished (finalized_at,
+// written by River's completer from its client's clock, the database
+// host's in the lab) and succeeded (completed) in it; the pickup latency
+// of each job claimed in it, from the later of scheduled_at and
+// created_at; and next_from_id, the lowest id of a job not finalized by
+// until, which bounds the next window's rows by the primary key.
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) SoakRiverJobWindow(ctx context.Context, arg SoakRiverJobWindowParams) (SoakRiverJobWindowRow, error) {
+	row := q.db.QueryRow(ctx, soakRiverJobWindow,
+		arg.Since,
+		arg.Until,
+		arg.FromID,
+		arg.Queue,
+	)
+	var i SoakRiverJobWindowRow
+	err := row.Scan(
+		&i.Enqueued,
+		&i.Claimed,
+		&i.Finished,
+		&i.Succeeded,
+		&i.PickupMs,
+		&i.NextFromID,
+	)
+	return i, err
+}
+
+const soakRiverReaderCount = `-- name: SoakRiverReaderCount :one
+SELECT count(*)::bigint AS jobs
+FROM river_job
+`
+
+// What each REPEATABLE READ reader of the soak's readers phase runs over
+// River's job table, as SoakReaderCount does over Relay's.
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) SoakRiverReaderCount(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, soakRiverReaderCount)
+	var jobs int64
+	err := row.Scan(&jobs)
+	return jobs, err
+}

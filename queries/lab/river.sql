@@ -31,3 +31,54 @@ SELECT count(*) FILTER (WHERE j.state IN ('completed', 'discarded', 'cancelled')
        count(*)::bigint                                                                   AS total
 FROM river_job AS j
 WHERE j.queue = @queue;
+
+-- name: SoakRiverJobWindow :one
+-- River's jobs of a queue over one sampling window (since, until], as
+-- SoakJobWindow reads Relay's: enqueued (created_at), claimed
+-- (attempted_at, set by the fetching statement), finished (finalized_at,
+-- written by River's completer from its client's clock, the database
+-- host's in the lab) and succeeded (completed) in it; the pickup latency
+-- of each job claimed in it, from the later of scheduled_at and
+-- created_at; and next_from_id, the lowest id of a job not finalized by
+-- until, which bounds the next window's rows by the primary key.
+-- @sqlc-vet-disable sqlc/db-prepare
+SELECT count(*) FILTER (WHERE j.created_at > sqlc.arg(since)::timestamptz
+                          AND j.created_at <= sqlc.arg(until)::timestamptz)::bigint AS enqueued,
+       count(*) FILTER (WHERE j.attempted_at > sqlc.arg(since)::timestamptz
+                          AND j.attempted_at <= sqlc.arg(until)::timestamptz)::bigint AS claimed,
+       count(*) FILTER (WHERE j.finalized_at > sqlc.arg(since)::timestamptz
+                          AND j.finalized_at <= sqlc.arg(until)::timestamptz)::bigint AS finished,
+       count(*) FILTER (WHERE j.state = 'completed'
+                          AND j.finalized_at > sqlc.arg(since)::timestamptz
+                          AND j.finalized_at <= sqlc.arg(until)::timestamptz)::bigint AS succeeded,
+       COALESCE(array_agg((extract(epoch FROM j.attempted_at - greatest(j.scheduled_at, j.created_at)) * 1000)::float8)
+                  FILTER (WHERE j.attempted_at > sqlc.arg(since)::timestamptz
+                            AND j.attempted_at <= sqlc.arg(until)::timestamptz),
+                '{}')::float8[] AS pickup_ms,
+       COALESCE(min(j.id) FILTER (WHERE j.finalized_at IS NULL OR j.finalized_at > sqlc.arg(until)::timestamptz),
+                max(j.id) + 1,
+                sqlc.arg(from_id)::bigint)::bigint AS next_from_id
+FROM river_job AS j
+WHERE j.queue = sqlc.arg(queue)::text
+  AND j.id >= sqlc.arg(from_id)::bigint;
+
+-- name: SoakRiverBacklog :one
+-- River's jobs of a queue waiting now, as SoakBacklog reads Relay's: ready
+-- (available, scheduled_at reached) and how long the oldest has waited,
+-- and running.
+-- @sqlc-vet-disable sqlc/db-prepare
+SELECT count(*) FILTER (WHERE j.state = 'available' AND j.scheduled_at <= now())::bigint AS ready,
+       count(*) FILTER (WHERE j.state = 'running')::bigint                              AS running,
+       COALESCE(extract(epoch FROM now() - min(greatest(j.scheduled_at, j.created_at))
+                  FILTER (WHERE j.state = 'available' AND j.scheduled_at <= now())) * 1000,
+                0)::float8                                                             AS oldest_ready_ms
+FROM river_job AS j
+WHERE j.queue = sqlc.arg(queue)::text
+  AND j.state IN ('available', 'running');
+
+-- name: SoakRiverReaderCount :one
+-- What each REPEATABLE READ reader of the soak's readers phase runs over
+-- River's job table, as SoakReaderCount does over Relay's.
+-- @sqlc-vet-disable sqlc/db-prepare
+SELECT count(*)::bigint AS jobs
+FROM river_job;

@@ -139,6 +139,41 @@ func runInsert(ctx context.Context, args []string, getenv func(string) string, s
 	return nil
 }
 
+func runFeed(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	var (
+		c       common
+		kind    string
+		sleepMs int
+		queue   string
+	)
+	fs := cli.NewFlagSet("feed", "relaylab-river feed [flags]",
+		`Reads numbers of jobs from standard input, a line each, inserts each
+number of jobs of --kind on --queue at once through River's
+InsertManyFast, and answers "ok N" on standard output after each, or
+"error: ..." before it stops. Ends when standard input does.`)
+	c.register(fs)
+	fs.StringVar(&kind, "kind", adapter.KindSleep, "kind of job: "+adapter.KindNoop+" or "+adapter.KindSleep)
+	fs.IntVar(&sleepMs, "sleep-ms", 1, "how long each "+adapter.KindSleep+" job sleeps")
+	fs.StringVar(&queue, "queue", "default", "queue to insert on")
+	url, logger, err := c.parse(fs, args, getenv, stderr)
+	if err != nil {
+		return cli.Helped(err)
+	}
+	jobArgs, err := adapter.ArgsOf(kind, sleepMs)
+	if err != nil {
+		return cli.Usagef("feed: %v", err)
+	}
+	if queue == "" {
+		return cli.Usagef("feed: want a --queue")
+	}
+	pool, err := connect(ctx, url, 0)
+	if err != nil {
+		return fmt.Errorf("feed: %w", err)
+	}
+	defer pool.Close()
+	return adapter.Feed(ctx, pool, logger, jobArgs, queue, stdin, stdout)
+}
+
 func runWork(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	var (
 		c        common

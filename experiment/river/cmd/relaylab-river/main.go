@@ -4,7 +4,7 @@
 // as separate processes, each as its users run it. It is built from the
 // module experiment/river, the only one that requires River.
 //
-//	relaylab-river migrate|insert|work [flags]
+//	relaylab-river migrate|insert|feed|work [flags]
 package main
 
 import (
@@ -29,13 +29,16 @@ func main() {
 }
 
 // usage is the help of relaylab-river.
-const usage = `Usage: relaylab-river migrate|insert|work [flags]
+const usage = `Usage: relaylab-river migrate|insert|feed|work [flags]
 
 The lab's River, on the database of --database-url (default $DATABASE_URL).
 
   migrate  applies River's migrations that the database lacks.
   insert   inserts --jobs jobs of --kind (noop, or sleep of --sleep-ms) on
            --queue, available at once.
+  feed     inserts, for each line of standard input, that many jobs of
+           --kind on --queue, and answers "ok N" on standard output: a
+           steady load paced by the caller.
   work     works --queue with --workers workers until SIGINT or SIGTERM,
            with River's fetch settings tuned for throughput by default.
 
@@ -47,7 +50,7 @@ Run "relaylab-river NAME -h" for the flags of each.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	if len(args) < 2 {
 		fmt.Fprint(stderr, usage)
-		return cli.Usagef("name a command: migrate, insert or work")
+		return cli.Usagef("name a command: migrate, insert, feed or work")
 	}
 	switch args[1] {
 	case "-h", "-help", "--help", "help":
@@ -57,9 +60,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return runMigrate(ctx, args[2:], getenv, stderr)
 	case "insert":
 		return runInsert(ctx, args[2:], getenv, stderr)
+	case "feed":
+		return runFeed(ctx, args[2:], getenv, os.Stdin, os.Stdout, stderr)
 	case "work":
 		return runWork(ctx, args[2:], getenv, stderr)
 	default:
-		return cli.Usagef("unknown command %q: want migrate, insert or work", args[1])
+		return cli.Usagef("unknown command %q: want migrate, insert, feed or work", args[1])
 	}
 }

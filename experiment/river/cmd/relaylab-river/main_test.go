@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/dbtest"
 )
@@ -95,4 +97,36 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+func TestRunFeed_InsertsEachLinesJobsAndAnswersItThenStopsAtABadLine(t *testing.T) {
+	url := dbtest.NewURL(t)
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return url
+		}
+		return ""
+	}
+	var logs bytes.Buffer
+	if err := run(t.Context(), []string{"relaylab-river", "migrate"}, getenv, &logs); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, logs.String())
+	}
+	var out bytes.Buffer
+	err := runFeed(t.Context(), []string{"--queue", "q", "--sleep-ms", "1"}, getenv, strings.NewReader("3\n2\nlots\n4\n"), &out, &logs)
+	if err == nil {
+		t.Fatalf("feed accepted a line that is not a number")
+	}
+	want := "ok 3\nok 2\nerror: want a number of jobs of at least 1, got \"lots\"\n"
+	if out.String() != want {
+		t.Errorf("feed answered %q, want %q", out.String(), want)
+	}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM river_job WHERE queue = 'q' AND kind = 'sleep'").Scan(&n); err != nil || n != 5 {
+		t.Errorf("river_job holds %d sleep jobs of q (%v), want 5", n, err)
+	}
 }
