@@ -47,10 +47,10 @@ type ReaderStats struct {
 }
 
 // runReaders runs n readers until ctx ends, each in a REPEATABLE READ,
-// read-only transaction of its own, counting the jobs table every
-// interval (at once again when a count took longer). ready is closed once
-// every reader holds its snapshot.
-func runReaders(ctx context.Context, pool *pgxpool.Pool, n int, interval time.Duration, ready chan<- struct{}) (ReaderStats, error) {
+// read-only transaction of its own, counting the system's job table
+// (System.CountJobs) every interval (at once again when a count took
+// longer). ready is closed once every reader holds its snapshot.
+func runReaders(ctx context.Context, pool *pgxpool.Pool, sys System, n int, interval time.Duration, ready chan<- struct{}) (ReaderStats, error) {
 	var (
 		mu    sync.Mutex
 		times []float64
@@ -77,7 +77,7 @@ func runReaders(ctx context.Context, pool *pgxpool.Pool, n int, interval time.Du
 			defer tick.Stop()
 			for {
 				t0 := time.Now()
-				c, err := q.SoakReaderCount(ctx)
+				c, err := sys.CountJobs(ctx, q)
 				if err != nil {
 					if ctx.Err() == nil {
 						errs[i] = fmt.Errorf("reader %d: count the jobs: %w", i+1, err)

@@ -233,7 +233,11 @@ func (r *Result) rel(t time.Time) float64 { return harness.Round3(t.Sub(r.start)
 
 // write writes the JSON result and the chart under outDir.
 func (r *Result) write(outDir string) error {
-	base, err := harness.ResultBase(outDir, "soak", r.Environment.Date)
+	name := "soak"
+	if r.System != "relay" {
+		name += "-" + r.System
+	}
+	base, err := harness.ResultBase(outDir, name, r.Environment.Date)
 	if err != nil {
 		return err
 	}

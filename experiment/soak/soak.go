@@ -396,7 +396,7 @@ func runPhase(ctx context.Context, cfg Config, kind PhaseKind, dur time.Duration
 		}
 	case PhaseRepeatableRead:
 		go func() {
-			rs, err := runReaders(pinCtx, pinPool, cfg.Readers, cfg.ReaderInterval, pinned)
+			rs, err := runReaders(pinCtx, pinPool, sys, cfg.Readers, cfg.ReaderInterval, pinned)
 			readers = &rs
 			pinDone <- err
 		}()

@@ -126,3 +126,40 @@ func outDir(t *testing.T) string {
 	}
 	return t.TempDir()
 }
+
+// TestRun_RiverIsSoakedTheSameWay runs a short clean phase and a readers
+// phase on River, the reference system: River's workers claim and finish
+// its jobs, which its own client inserted; the readers count River's job
+// table; and the results are named for River.
+func TestRun_RiverIsSoakedTheSameWay(t *testing.T) {
+	cfg := shortConfig(t)
+	for _, k := range Kinds {
+		if k != PhaseClean && k != PhaseRepeatableRead {
+			cfg.Phases[k] = -1
+		}
+	}
+	bin := relaybin.BuildIn(t, "relaylab-river", "../river", "github.com/relayq/relay/experiment/river/cmd/relaylab-river")
+	cfg.NewSystem = func(d *harness.Database, logDir string) System {
+		return NewRiver(RiverConfig{Bin: bin, Database: d, LogDir: logDir, Workers: cfg.Workers, JobMs: 1})
+	}
+	res, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.System != "river" || len(res.Phases) != 2 {
+		t.Fatalf("soaked %q through %d phases, want river through 2", res.System, len(res.Phases))
+	}
+	clean := res.Phases[0]
+	if clean.Pickup.N == 0 || clean.KeptUp < 0.8 || clean.SucceededPerSec < 0.8*clean.RatePerSec {
+		t.Errorf("clean phase on River: %d claims, %.0f jobs/s succeeded of %.0f offered, kept up %.3f; want at least 0.8",
+			clean.Pickup.N, clean.SucceededPerSec, clean.RatePerSec, clean.KeptUp)
+	}
+	if r := res.Phases[1].Readers; r == nil || r.Counts < 4 || r.Rows == 0 {
+		t.Errorf("readers on River: %+v; want counts of River's jobs", r)
+	}
+	for _, f := range res.Files {
+		if !strings.Contains(f, "soak-river-") {
+			t.Errorf("result file %s is not named for River", f)
+		}
+	}
+}

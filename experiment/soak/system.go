@@ -30,6 +30,10 @@ type System interface {
 	Window(ctx context.Context, since, until time.Time) (Window, error)
 	// Backlog reads the jobs waiting now.
 	Backlog(ctx context.Context) (Backlog, error)
+	// CountJobs counts every row of the system's job table through q, as
+	// each REPEATABLE READ reader of the readers phase does, in its own
+	// transaction: a report over the whole table.
+	CountJobs(ctx context.Context, q *labdb.Queries) (int64, error)
 	// CheckRunning returns an error once a worker has died.
 	CheckRunning() error
 	// Stop stops the workers.
@@ -139,6 +143,10 @@ func (s *relaySystem) Backlog(ctx context.Context) (Backlog, error) {
 		return Backlog{}, fmt.Errorf("read the backlog: %w", err)
 	}
 	return Backlog{Ready: row.Ready, Running: row.Running, OldestReadyMs: harness.Round3(row.OldestReadyMs)}, nil
+}
+
+func (s *relaySystem) CountJobs(ctx context.Context, q *labdb.Queries) (int64, error) {
+	return q.SoakReaderCount(ctx)
 }
 
 func (s *relaySystem) CheckRunning() error {

@@ -16,15 +16,18 @@ import (
 // "soak".
 func runExperimentSoak(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var (
-		common  experimentCommon
-		cfg     soak.Config
-		workers string
-		phase   time.Duration
-		phases  = map[soak.PhaseKind]*time.Duration{}
+		common   experimentCommon
+		cfg      soak.Config
+		workers  string
+		system   string
+		riverBin string
+		phase    time.Duration
+		phases   = map[soak.PhaseKind]*time.Duration{}
 	)
 	fs := cli.NewFlagSet("experiment soak", "relay experiment soak [flags]",
 		`Offers a steady load of --job-ms sleep jobs at --rate jobs/s to relay work
-processes (--workers PROCSxSLOTS) through five phases: clean; a session idle
+processes (--workers PROCSxSLOTS), or with --system river to River's
+workers through relaylab-river, through five phases: clean; a session idle
 in a transaction that holds a transaction id; --readers REPEATABLE READ
 readers counting the jobs table every --reader-interval, each in one
 transaction for the phase; --overload times the load; recovery. Every
@@ -49,6 +52,8 @@ names a server ($DATABASE_URL is not used).`)
 	fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "how often the soak samples")
 	fs.StringVar(&workers, "workers", soak.DefaultWorkers.String(), "relay work processes and their slots, PROCSxSLOTS")
 	fs.Int64Var(&cfg.JobMs, "job-ms", soak.DefaultJobMs, "how long each sleep job runs, in milliseconds")
+	fs.StringVar(&system, "system", "relay", "the queue under test: relay, or river (River, the reference, through relaylab-river)")
+	fs.StringVar(&riverBin, "river-bin", "", "relaylab-river binary that runs River (default: relaylab-river beside this binary, else on PATH)")
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
 	}
@@ -93,6 +98,23 @@ names a server ($DATABASE_URL is not used).`)
 		return cli.Usagef("experiment soak: --job-ms must not be negative, got %d", cfg.JobMs)
 	}
 	cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.relayBin, common.out, common.logDir
+	switch system {
+	case "relay":
+	case "river":
+		if riverBin == "" {
+			if riverBin, err = labBinary("relaylab-river", "--river-bin"); err != nil {
+				return err
+			}
+		}
+		river := soak.RiverConfig{Bin: riverBin, Workers: cfg.Workers, JobMs: cfg.JobMs}
+		cfg.NewSystem = func(d *harness.Database, logDir string) soak.System {
+			c := river
+			c.Database, c.LogDir = d, logDir
+			return soak.NewRiver(c)
+		}
+	default:
+		return cli.Usagef("experiment soak: --system: want relay or river, got %q", system)
+	}
 	cfg.Progress = stderr
 
 	res, err := soak.Run(ctx, cfg)
