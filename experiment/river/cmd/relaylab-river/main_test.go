@@ -37,12 +37,7 @@ func TestRun_RejectsAMistakenCommandLineAsUsage(t *testing.T) {
 // cancel, ends.
 func TestRun_MigrateInsertWork(t *testing.T) {
 	url := dbtest.NewURL(t)
-	getenv := func(k string) string {
-		if k == "DATABASE_URL" {
-			return url
-		}
-		return ""
-	}
+	getenv := databaseEnv(url)
 	var logs bytes.Buffer
 	for _, args := range [][]string{
 		{"migrate"},
@@ -101,12 +96,7 @@ func (b *syncBuffer) String() string {
 
 func TestRunFeed_InsertsEachLinesJobsAndAnswersItThenStopsAtABadLine(t *testing.T) {
 	url := dbtest.NewURL(t)
-	getenv := func(k string) string {
-		if k == "DATABASE_URL" {
-			return url
-		}
-		return ""
-	}
+	getenv := databaseEnv(url)
 	var logs bytes.Buffer
 	if err := run(t.Context(), []string{"relaylab-river", "migrate"}, getenv, &logs); err != nil {
 		t.Fatalf("migrate: %v\n%s", err, logs.String())
@@ -128,5 +118,15 @@ func TestRunFeed_InsertsEachLinesJobsAndAnswersItThenStopsAtABadLine(t *testing.
 	var n int
 	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM river_job WHERE queue = 'q' AND kind = 'sleep'").Scan(&n); err != nil || n != 5 {
 		t.Errorf("river_job holds %d sleep jobs of q (%v), want 5", n, err)
+	}
+}
+
+// databaseEnv is an environment that holds DATABASE_URL=url alone.
+func databaseEnv(url string) func(string) string {
+	return func(k string) string {
+		if k == "DATABASE_URL" {
+			return url
+		}
+		return ""
 	}
 }
