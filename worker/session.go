@@ -153,11 +153,13 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 		return fmt.Errorf("listen: %w", err)
 	}
 	if err := q.WorkerListenReturned(connectCtx); err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return fmt.Errorf("listen for returned jobs: %w", err)
 	}
 	done = true
 	registered(nil)
-	// Jobs may have become ready while no one was listening.
+	// Jobs may have become ready, or gone back behind the claim cursors,
+	// while no one was listening.
+	w.cursors.fromHead()
 	notify(w.wake)
 	notify(w.heartbeatNow)
 
