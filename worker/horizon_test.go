@@ -193,8 +193,8 @@ func TestReclaim_UnderAPinnedHorizonReadsOnlyItsWindowOfLeases(t *testing.T) {
 	b := setup(t)
 	// Every running version the history leaves expired a little after its
 	// claim; a full pass steps over each.
-	pinnedHistory(t, b, 5000, 200*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	pinnedHistory(t, b, 5000, 2*time.Second)
+	time.Sleep(2100 * time.Millisecond)
 	reclaim := func(window *int64) explained {
 		return explain(t, b, func(q *db.Queries) error {
 			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: window})
