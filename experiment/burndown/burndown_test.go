@@ -60,6 +60,11 @@ func TestRun_Short(t *testing.T) {
 			if run.UpdatesPerJob < 2 || run.WALBytesPerJob <= 0 || run.WALRecordsPerJob <= 0 || run.CommitsPerJob <= 0 || run.Indexes < 1 {
 				t.Errorf("counters did not move as a burn-down moves them: %+v", run)
 			}
+			// The progress counts' session, at least, is the harness's
+			// own, and left out of the backends' CPU.
+			if run.HarnessBackends < 1 {
+				t.Errorf("found %d of the harness's own sessions to leave out of the backends' CPU, want at least 1", run.HarnessBackends)
+			}
 			if run.HOTUpdatesPerJob > run.UpdatesPerJob {
 				t.Errorf("%v HOT updates per job, more than the %v updates", run.HOTUpdatesPerJob, run.UpdatesPerJob)
 			}

@@ -26,11 +26,15 @@ func TestStartCluster_RunsWithPostgreSQLDefaultsAndStopRemovesIt(t *testing.T) {
 	settings := map[string]string{
 		"fsync": info.Fsync, "full_page_writes": info.FullPageWrites,
 		"synchronous_commit": info.SynchronousCommit, "autovacuum": info.Autovacuum, "track_counts": info.TrackCounts,
+		"jit": info.JIT,
 	}
 	for name, got := range settings {
 		if got != "on" {
 			t.Errorf("%s = %q, want on", name, got)
 		}
+	}
+	if info.SharedPreloadLibraries != "" {
+		t.Errorf("shared_preload_libraries = %q, want none, as PostgreSQL's defaults have it", info.SharedPreloadLibraries)
 	}
 	if info.SharedBuffers != "128MB" {
 		t.Errorf("shared_buffers = %q, want PostgreSQL's default 128MB", info.SharedBuffers)

@@ -72,6 +72,11 @@ type ServerInfo struct {
 	AutovacuumVacuumCostDelay   string `json:"autovacuum_vacuum_cost_delay,omitempty"`
 	AutovacuumVacuumCostLimit   string `json:"autovacuum_vacuum_cost_limit,omitempty"`
 	TrackCounts                 string `json:"track_counts,omitempty"`
+	// JIT compiles the plans whose cost passes jit_above_cost.
+	JIT string `json:"jit,omitempty"`
+	// SharedPreloadLibraries names the libraries loaded into every
+	// backend, such as pg_stat_statements or auto_explain.
+	SharedPreloadLibraries string `json:"shared_preload_libraries"`
 }
 
 // ReadServerInfo reads the server's version and settings through q.
@@ -99,6 +104,8 @@ func ReadServerInfo(ctx context.Context, q *labdb.Queries) (ServerInfo, error) {
 		AutovacuumVacuumCostDelay:   info.AutovacuumVacuumCostDelay,
 		AutovacuumVacuumCostLimit:   info.AutovacuumVacuumCostLimit,
 		TrackCounts:                 info.TrackCounts,
+		JIT:                         info.Jit,
+		SharedPreloadLibraries:      info.SharedPreloadLibraries,
 	}, nil
 }
 

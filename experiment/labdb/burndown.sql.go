@@ -88,6 +88,37 @@ func (q *Queries) BurndownOtherSessions(ctx context.Context, ownApplicationName 
 	return sessions, err
 }
 
+const burndownOwnBackends = `-- name: BurndownOwnBackends :many
+SELECT a.pid::integer AS pid
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.application_name = $1::text
+`
+
+// The process ids of the harness's own sessions on this database (whose
+// application_name is given): their CPU time, such as the progress counts'
+// while the workers drain the queue, is the harness's and not the queue's.
+func (q *Queries) BurndownOwnBackends(ctx context.Context, ownApplicationName string) ([]int32, error) {
+	rows, err := q.db.Query(ctx, burndownOwnBackends, ownApplicationName)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int32{}
+	for rows.Next() {
+		var pid int32
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		items = append(items, pid)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const burndownSpan = `-- name: BurndownSpan :one
 SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint AS succeeded,
        count(*) FILTER (WHERE j.attempt <> 1)::bigint        AS retried,

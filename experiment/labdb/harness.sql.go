@@ -194,7 +194,9 @@ SELECT current_setting('server_version')                  AS server_version,
        current_setting('autovacuum_vacuum_threshold')     AS autovacuum_vacuum_threshold,
        current_setting('autovacuum_vacuum_cost_delay')    AS autovacuum_vacuum_cost_delay,
        current_setting('autovacuum_vacuum_cost_limit')    AS autovacuum_vacuum_cost_limit,
-       current_setting('track_counts')                    AS track_counts
+       current_setting('track_counts')                    AS track_counts,
+       current_setting('jit')                             AS jit,
+       current_setting('shared_preload_libraries')        AS shared_preload_libraries
 `
 
 type ExperimentServerInfoRow struct {
@@ -216,11 +218,16 @@ type ExperimentServerInfoRow struct {
 	AutovacuumVacuumCostDelay   string
 	AutovacuumVacuumCostLimit   string
 	TrackCounts                 string
+	Jit                         string
+	SharedPreloadLibraries      string
 }
 
 // The server settings that bear on the experiments' figures: durability,
 // memory, and vacuum, which decides whether dead row versions are ever
-// reclaimed (the shared server of these machines runs without it).
+// reclaimed (the shared server of these machines runs without it); JIT,
+// which can turn a costly plan's every run into a compilation; and the
+// preloaded libraries, such as pg_stat_statements, that add to every
+// statement's cost.
 func (q *Queries) ExperimentServerInfo(ctx context.Context) (ExperimentServerInfoRow, error) {
 	row := q.db.QueryRow(ctx, experimentServerInfo)
 	var i ExperimentServerInfoRow
@@ -243,6 +250,8 @@ func (q *Queries) ExperimentServerInfo(ctx context.Context) (ExperimentServerInf
 		&i.AutovacuumVacuumCostDelay,
 		&i.AutovacuumVacuumCostLimit,
 		&i.TrackCounts,
+		&i.Jit,
+		&i.SharedPreloadLibraries,
 	)
 	return i, err
 }

@@ -49,3 +49,13 @@ FROM pg_catalog.pg_stat_activity AS a
 WHERE a.datname = current_database()
   AND a.backend_type = 'client backend'
   AND a.application_name <> @own_application_name::text;
+
+-- name: BurndownOwnBackends :many
+-- The process ids of the harness's own sessions on this database (whose
+-- application_name is given): their CPU time, such as the progress counts'
+-- while the workers drain the queue, is the harness's and not the queue's.
+SELECT a.pid::integer AS pid
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.application_name = @own_application_name::text;

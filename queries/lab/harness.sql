@@ -11,7 +11,10 @@ SELECT clock_timestamp()::timestamptz AS now;
 -- name: ExperimentServerInfo :one
 -- The server settings that bear on the experiments' figures: durability,
 -- memory, and vacuum, which decides whether dead row versions are ever
--- reclaimed (the shared server of these machines runs without it).
+-- reclaimed (the shared server of these machines runs without it); JIT,
+-- which can turn a costly plan's every run into a compilation; and the
+-- preloaded libraries, such as pg_stat_statements, that add to every
+-- statement's cost.
 SELECT current_setting('server_version')                  AS server_version,
        current_setting('synchronous_commit')              AS synchronous_commit,
        current_setting('fsync')                           AS fsync,
@@ -29,7 +32,9 @@ SELECT current_setting('server_version')                  AS server_version,
        current_setting('autovacuum_vacuum_threshold')     AS autovacuum_vacuum_threshold,
        current_setting('autovacuum_vacuum_cost_delay')    AS autovacuum_vacuum_cost_delay,
        current_setting('autovacuum_vacuum_cost_limit')    AS autovacuum_vacuum_cost_limit,
-       current_setting('track_counts')                    AS track_counts;
+       current_setting('track_counts')                    AS track_counts,
+       current_setting('jit')                             AS jit,
+       current_setting('shared_preload_libraries')        AS shared_preload_libraries;
 
 -- name: ExperimentJobTimes :many
 -- Every job of a queue with the timestamps and the facts the burst
