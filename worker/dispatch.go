@@ -68,17 +68,21 @@ func (d *dispatcher) aheadLimit() int {
 // come back.
 func (d *dispatcher) dispatch(ctx context.Context) {
 	w := d.w
-	// roundOut is whether a round is in flight. There is never more than
-	// one: the outcomes that arrive while a round's statement commits are
-	// then sent together in the next one, and on a small host the
-	// database's CPU per statement, not the wait for it, is what limits
-	// throughput (relay experiment burst at 3x4 slots, before workers
-	// claimed ahead: 750 jobs/s with one round in flight, 690-700 with two,
-	// which sent 1.1 jobs per statement against 1.25). With jobs claimed
-	// ahead, a slot seldom waits for a round at all. The dispatcher still
-	// collects outcomes while a round is out.
-	roundOut := false
-	rounds := make(chan *round, 1)
+	// roundsOut counts the rounds in flight, and claimsOut the jobs they
+	// claim. A second round starts only beside a first, once enough
+	// outcomes have gathered behind it (see sendBeside): one statement at
+	// a time keeps a backend, and so one of the server's cores, busy at
+	// most, and that is what bounds one worker of many slots with short
+	// jobs. With few slots, the outcomes that arrive while a round's
+	// statement commits are sent together in the next one, since on a
+	// small host the database's CPU per statement, not the wait for it,
+	// is what limits throughput (relay experiment burst at 3x4 slots,
+	// before workers claimed ahead: 750 jobs/s with one round in flight,
+	// 690-700 with two for every outcome, which sent 1.1 jobs per
+	// statement against 1.25). The dispatcher still collects outcomes
+	// while rounds are out.
+	roundsOut, claimsOut := 0, 0
+	rounds := make(chan *round, maxRoundsOut)
 	wantClaim := true
 	poll := time.NewTimer(w.cfg.PollInterval)
 	defer poll.Stop()
@@ -94,14 +98,19 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		// No round starts once ctx is done, though select may still pick
 		// other ready cases before ctx.Done ends the loop: the jobs such a
 		// round claimed would only be released.
-		if retry == nil && !roundOut && ctx.Err() == nil {
+		if retry == nil && roundsOut < maxRoundsOut && ctx.Err() == nil {
 			claim := 0
 			if _, ok := w.session.claimSession(); wantClaim && ok {
-				claim = max(w.cfg.Slots+d.aheadLimit()-held, 0)
+				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut, 0)
 			}
-			if d.sendNow(claim, waiting) {
+			send := d.sendNow(claim, waiting)
+			if roundsOut > 0 {
+				send = d.sendBeside()
+			}
+			if send {
 				r := d.newRound(claim)
-				roundOut = true
+				roundsOut++
+				claimsOut += claim
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
 					wantClaim = false
@@ -121,7 +130,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			holdC = hold.C
 		}
 		var lingerC <-chan time.Time
-		if d.outcomes() > 0 && !roundOut && retry == nil {
+		if d.outcomes() > 0 && roundsOut == 0 && retry == nil {
 			linger.Reset(time.Until(d.pendingSince.Add(d.linger())))
 			lingerC = linger.C
 		}
@@ -129,7 +138,8 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		select {
 		case <-lingerC:
 		case r := <-rounds:
-			roundOut = false
+			roundsOut--
+			claimsOut -= r.claim
 			d.finish(r)
 			switch {
 			case r.err != nil:
@@ -162,7 +172,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			w.mu.Lock()
 			w.stopping = true
 			w.mu.Unlock()
-			if roundOut {
+			for ; roundsOut > 0; roundsOut-- {
 				d.finish(<-rounds)
 			}
 			return
@@ -206,6 +216,21 @@ func (d *dispatcher) sendNow(claim, waiting int) bool {
 	return waiting == 0 ||
 		n >= max(1, (d.w.cfg.Slots+limit)/4) ||
 		time.Since(d.pendingSince) >= d.linger()
+}
+
+// maxRoundsOut bounds the rounds in flight at once.
+const maxRoundsOut = 2
+
+// minBeside is the fewest outcomes a round sent beside another carries.
+const minBeside = 32
+
+// sendBeside decides whether to send a round while another is in flight:
+// only for a share of outcomes, a quarter of the jobs the worker may hold
+// and at least minBeside, worth a statement and a backend of its own.
+// Fewer wait for the round in flight to come back, and go in the next one.
+func (d *dispatcher) sendBeside() bool {
+	return len(d.lostClaims) == 0 &&
+		d.outcomes() >= max(minBeside, (d.w.cfg.Slots+d.aheadLimit())/4)
 }
 
 // collect files o, and every other outcome already waiting, for the next

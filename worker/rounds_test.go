@@ -1,0 +1,135 @@
+package worker_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/worker"
+)
+
+// These tests specify how many acknowledgement rounds a worker keeps in
+// flight: a worker of many slots sends a second round, with the outcomes
+// that gathered behind a first whose statement is slow, so that its
+// statements can run on two of the server's cores; a worker of few slots
+// sends one at a time, so that each carries as many outcomes as it can.
+
+// roundsWatch samples, until stop is called, how many JobCompleteAndClaim
+// statements run at once in the test's database, and reports the most it
+// saw.
+func (b *bundle) roundsWatch(t *testing.T) (stop func() int) {
+	t.Helper()
+	var most atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			var n int64
+			err := b.pool.QueryRow(b.ctx, `
+				SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND state = 'active'
+				  AND query LIKE '-- name: JobCompleteAndClaim %'`).Scan(&n)
+			if err != nil {
+				t.Errorf("count the statements in flight: %v", err)
+				return
+			}
+			if n > most.Load() {
+				most.Store(n)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	})
+	return func() int {
+		close(done)
+		wg.Wait()
+		return int(most.Load())
+	}
+}
+
+func TestWorker_SendsASecondRoundBesideASlowOneOnlyWithManySlots(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		slots    int
+		jobs     int
+		wantMost int
+	}{
+		{"64 slots: a second round beside the first", 64, 600, 2},
+		{"4 slots: one round at a time", 4, 400, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			// The completion of a job of kind "slow" takes half a second,
+			// so that the round that records it is still in flight while
+			// the other slots finish their jobs.
+			if _, err := b.pool.Exec(b.ctx, `
+				CREATE FUNCTION slow_completion() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+					IF NEW.kind = 'slow' AND NEW.state = 'succeeded' THEN PERFORM pg_sleep(0.5); END IF;
+					RETURN NEW;
+				END $$;
+				CREATE TRIGGER slow_completion BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_completion()`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.pool.Exec(b.ctx, `
+				INSERT INTO jobs (queue, kind)
+				SELECT 'default', CASE WHEN i % 200 = 0 THEN 'slow' ELSE 'work' END
+				FROM generate_series(1, $1::integer) AS i`, tt.jobs); err != nil {
+				t.Fatal(err)
+			}
+			var c concurrency
+			w, _ := b.startWorker(t, worker.Config{Slots: tt.slots}, func(w *worker.Worker) {
+				work := func(ctx context.Context, j *worker.Job) (any, error) {
+					c.enter()
+					defer c.leave()
+					time.Sleep(2 * time.Millisecond)
+					return nil, nil
+				}
+				w.HandleFunc("work", work)
+				w.HandleFunc("slow", work)
+			})
+			stopRounds := b.roundsWatch(t)
+			stopHeld := b.heldWatch(t, w.ID())
+			deadline := time.Now().Add(time.Minute)
+			for {
+				var left int
+				if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM jobs WHERE state <> 'succeeded'").Scan(&left); err != nil {
+					t.Fatal(err)
+				}
+				if left == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d jobs not succeeded after a minute", left, tt.jobs)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			most, held := stopRounds(), stopHeld()
+			if most != tt.wantMost {
+				t.Errorf("most rounds in flight at once: %d, want %d", most, tt.wantMost)
+			}
+			cfg := w.Config()
+			if held > cfg.Slots+cfg.Prefetch {
+				t.Errorf("held %d jobs at once, more than %d slots and %d ahead", held, cfg.Slots, cfg.Prefetch)
+			}
+			if n := c.most.Load(); n > int64(cfg.Slots) {
+				t.Errorf("%d handlers ran at once on %d slots", n, cfg.Slots)
+			}
+			var again int
+			if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM jobs WHERE attempt <> 1 OR fence <> 1").Scan(&again); err != nil {
+				t.Fatal(err)
+			}
+			if again > 0 {
+				t.Errorf("%d jobs claimed more than once", again)
+			}
+		})
+	}
+}
