@@ -20,9 +20,11 @@
 -- never ran. A worker without a session (session_key null) claims under
 -- its leases alone.
 --
--- The statement always returns at least one row: completed_ids lists the
--- completions that passed the fence, and each claimed job fills the other
--- columns of one row (all null when nothing was claimed).
+-- The statement always returns at least one row. Each claimed job fills the
+-- columns of one row, in the order of the claim (all null when nothing was
+-- claimed). completed_ids lists the completions that passed the fence, on
+-- the first row only: the others carry null, since a list repeated on
+-- every row of a round of 200 completions and 200 claims sends 40,000 ids.
 WITH completed AS (
     UPDATE jobs AS j
     SET state            = 'succeeded',
@@ -126,15 +128,17 @@ claimed AS (
     FROM numbered
     JOIN unnest(@claim_tokens::uuid[]) WITH ORDINALITY AS t (token, n) ON t.n = numbered.n
     WHERE j.id = numbered.id
-    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
+    RETURNING numbered.n,
+              j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
               j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
 )
-SELECT done.completed_ids::bigint[] AS completed_ids,
+SELECT (CASE WHEN claimed.n IS NULL OR claimed.n = 1 THEN done.completed_ids END)::bigint[] AS completed_ids,
        claimed.id, claimed.queue, claimed.kind, claimed.payload, claimed.priority,
        claimed.attempt, claimed.max_attempts, claimed.fence, claimed.lease_token,
        claimed.lease_expires_at, claimed.created_at, claimed.run_at, claimed.started_at
 FROM (SELECT COALESCE(array_agg(completed.id), '{}') AS completed_ids FROM completed) AS done
-LEFT JOIN claimed ON true;
+LEFT JOIN claimed ON true
+ORDER BY claimed.n;
 
 -- name: JobGetClaimed :many
 -- Finds the jobs a claim took under the lease tokens given, that are still

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -134,6 +135,70 @@ func TestClaim_TakesJobsByPriorityThenRunAtThenID(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("claim order (-want +got):\n%s", diff)
+	}
+}
+
+func TestCompleteAndClaim_ListsTheCompletionsOnItsFirstRowAndTheClaimsInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var ids []int64
+	for _, priority := range []int16{3, 2, 1, 0, 0, 1} {
+		job, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+			Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), Priority: priority, MaxAttempts: 1,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, job.ID)
+	}
+	first := b.claim(t, "w", 2, time.Minute)
+	if len(first) != 2 {
+		t.Fatalf("claimed %d jobs, want 2", len(first))
+	}
+	completeAndClaim := func(done []db.JobCompleteAndClaimRow, claim int) []db.JobCompleteAndClaimRow {
+		t.Helper()
+		params := db.JobCompleteAndClaimParams{Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 60_000, WorkerID: "w"}
+		for _, r := range done {
+			params.CompleteIDs = append(params.CompleteIDs, *r.ID)
+			params.CompleteTokens = append(params.CompleteTokens, *r.LeaseToken)
+			params.CompleteResults = append(params.CompleteResults, json.RawMessage(`{}`))
+		}
+		rows, err := b.q.JobCompleteAndClaim(b.ctx, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	idsOf := func(rows []db.JobCompleteAndClaimRow) []int64 {
+		var out []int64
+		for _, r := range rows {
+			out = append(out, *r.ID)
+		}
+		return out
+	}
+
+	// Two completions and three claims: the completions once, on the
+	// first row; the claims by priority, then run_at, then id.
+	second := completeAndClaim(first, 3)
+	if diff := cmp.Diff([]int64{ids[2], ids[5], ids[1]}, idsOf(second)); diff != "" {
+		t.Errorf("claimed (-want +got):\n%s", diff)
+	}
+	if got, want := slices.Sorted(slices.Values(second[0].CompletedIDs)), idsOf(first); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+		t.Errorf("first row lists completions %v, want %v", got, want)
+	}
+	for i, r := range second[1:] {
+		if r.CompletedIDs != nil {
+			t.Errorf("row %d lists completions %v, want none: only the first row lists them", i+2, r.CompletedIDs)
+		}
+	}
+
+	// Completions and no claim: one row that lists them, and no job.
+	last := completeAndClaim(second, 0)
+	if len(last) != 1 || last[0].ID != nil {
+		t.Fatalf("rows %+v, want one without a job", last)
+	}
+	if got, want := slices.Sorted(slices.Values(last[0].CompletedIDs)), slices.Sorted(slices.Values(idsOf(second))); !slices.Equal(got, want) {
+		t.Errorf("lists completions %v, want %v", got, want)
 	}
 }
 

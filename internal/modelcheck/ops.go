@@ -355,9 +355,12 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 
 	completed := slices.Clone(rows[0].CompletedIDs)
 	slices.Sort(completed)
-	for _, r := range rows[1:] {
-		if !slices.Equal(slices.Sorted(slices.Values(r.CompletedIDs)), completed) {
-			return fmt.Errorf("JobCompleteAndClaim's rows disagree on the completions: %v and %v", rows[0].CompletedIDs, r.CompletedIDs)
+	if rows[0].CompletedIDs == nil {
+		return fmt.Errorf("JobCompleteAndClaim's first row lists no completions, not even none")
+	}
+	for i, r := range rows[1:] {
+		if r.CompletedIDs != nil {
+			return fmt.Errorf("JobCompleteAndClaim's row %d lists completions %v: only the first row does", i+2, r.CompletedIDs)
 		}
 	}
 	wantDone := d.model.Complete(now, done, results)
