@@ -112,21 +112,22 @@ ready AS (
     ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
 ),
+-- Each job claimed takes the next lease token, by its place in the claim.
 numbered AS (
-    SELECT ready.id, row_number() OVER () AS n FROM ready
+    SELECT r.id, r.n, (@claim_tokens::uuid[])[r.n] AS token
+    FROM (SELECT ready.id, row_number() OVER () AS n FROM ready) AS r
 ),
 claimed AS (
     UPDATE jobs AS j
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        lease_token      = t.token,
+        lease_token      = numbered.token,
         lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint,
         leased_by        = @worker_id::text,
         lease_session    = sqlc.narg(session_key)::integer,
         started_at       = now()
     FROM numbered
-    JOIN unnest(@claim_tokens::uuid[]) WITH ORDINALITY AS t (token, n) ON t.n = numbered.n
     WHERE j.id = numbered.id
     RETURNING numbered.n,
               j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
