@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgplan"
 )
 
 // listPlanCases are the filters of a listing, each with the index its
@@ -95,7 +95,7 @@ func checkListPlans(t *testing.T, queue, kind string) {
 				t.Run(name, func(t *testing.T) {
 					plan := explainList(t, ctx, conn, mode, tt.query)
 					scans := 0
-					plan.walk(func(n planNode) {
+					plan.Walk(func(n pgplan.Node) {
 						switch n.NodeType {
 						case "Index Scan", "Index Only Scan":
 							scans++
@@ -110,7 +110,7 @@ func checkListPlans(t *testing.T, queue, kind string) {
 					if scans == 0 {
 						t.Errorf("reads no index")
 					}
-					got := plan.SharedHitBlocks + plan.SharedReadBlocks
+					got := plan.Buffers()
 					t.Logf("%d index scans, %d rows, %d buffers", scans, int(plan.ActualRows), got)
 					defer func() {
 						if t.Failed() {
@@ -178,36 +178,16 @@ func addFinished(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int, q
 	}
 }
 
-// planNode is a node of EXPLAIN (FORMAT JSON).
-type planNode struct {
-	NodeType         string     `json:"Node Type"`
-	IndexName        string     `json:"Index Name"`
-	ActualRows       float64    `json:"Actual Rows"`
-	ActualLoops      float64    `json:"Actual Loops"`
-	SharedHitBlocks  int64      `json:"Shared Hit Blocks"`
-	SharedReadBlocks int64      `json:"Shared Read Blocks"`
-	Plans            []planNode `json:"Plans"`
-}
-
-func (n planNode) walk(fn func(planNode)) {
-	fn(n)
-	for _, c := range n.Plans {
-		c.walk(fn)
-	}
-}
-
 // explainList runs EXPLAIN (ANALYZE, BUFFERS) on the statement that
 // listJobs sends for the listing query, with its arguments, prepared on conn
 // and planned as plan_cache_mode says.
-func explainList(t *testing.T, ctx context.Context, conn *pgx.Conn, mode, query string) planNode {
+func explainList(t *testing.T, ctx context.Context, conn *pgx.Conn, mode, query string) pgplan.Node {
 	t.Helper()
-	var out []struct {
-		Plan planNode `json:"Plan"`
+	plan, err := pgplan.Parse([]byte(explain(t, ctx, conn, mode, query, "ANALYZE, BUFFERS, FORMAT JSON")))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := json.Unmarshal([]byte(explain(t, ctx, conn, mode, query, "ANALYZE, BUFFERS, FORMAT JSON")), &out); err != nil || len(out) != 1 {
-		t.Fatalf("plan: %v", err)
-	}
-	return out[0].Plan
+	return plan
 }
 
 func explainText(t *testing.T, ctx context.Context, conn *pgx.Conn, mode, query string) string {

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgplan"
 )
 
 // TestListQueues_CostsTheSameHoweverLongTheHistory explains the statement
@@ -46,19 +46,16 @@ func TestListQueues_CostsTheSameHoweverLongTheHistory(t *testing.T) {
 		if _, err := e.pool.Exec(ctx, `ANALYZE jobs`); err != nil {
 			t.Fatal(err)
 		}
-		var out []struct {
-			Plan planNode `json:"Plan"`
-		}
-		var text string
+		var text []byte
 		if err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql).Scan(&text); err != nil {
 			t.Fatal(err)
 		}
-		if err := json.Unmarshal([]byte(text), &out); err != nil || len(out) != 1 {
-			t.Fatalf("plan: %v", err)
+		plan, err := pgplan.Parse(text)
+		if err != nil {
+			t.Fatal(err)
 		}
-		plan := out[0].Plan
 		descents := int64(0)
-		plan.walk(func(n planNode) {
+		plan.Walk(func(n pgplan.Node) {
 			switch {
 			case strings.Contains(n.NodeType, "Index"):
 				descents += int64(n.ActualLoops)
@@ -66,7 +63,7 @@ func TestListQueues_CostsTheSameHoweverLongTheHistory(t *testing.T) {
 				t.Errorf("over %d finished jobs: scans the table", history)
 			}
 		})
-		got := plan.SharedHitBlocks + plan.SharedReadBlocks
+		got := plan.Buffers()
 		t.Logf("over %d finished jobs: %d index descents, %d buffers", history, descents, got)
 		switch {
 		case before == 0:

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgplan"
 )
 
 // The tests of this file hold a REPEATABLE READ snapshot open while
@@ -76,8 +77,8 @@ func pinnedHistory(t *testing.T, b *bundle, n int, lease time.Duration) time.Tim
 // explained is what EXPLAIN ANALYZE says of one statement: the buffers it
 // read, its plan, and the plan as JSON.
 type explained struct {
-	buffers int
-	root    planNode
+	buffers int64
+	root    pgplan.Node
 	plan    string
 }
 
@@ -100,15 +101,14 @@ func explain(t *testing.T, b *bundle, call func(q *db.Queries) error, check func
 	if err := tx.QueryRow(b.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&out); err != nil {
 		t.Fatal(err)
 	}
-	var plans []struct{ Plan planNode }
-	if err := json.Unmarshal(out, &plans); err != nil {
+	root, err := pgplan.Parse(out)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if check != nil {
 		check(tx)
 	}
-	root := plans[0].Plan
-	return explained{buffers: root.SharedHit + root.SharedRead, root: root, plan: string(out)}
+	return explained{buffers: root.Buffers(), root: root, plan: string(out)}
 }
 
 func TestClaim_FromACursorStepsOverTheJobsClaimedUnderAPinnedHorizon(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgplan"
 )
 
 // These tests specify the statements of queries/ directly: the state
@@ -721,7 +722,7 @@ func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) 
 			// A scan per cursor and per range of priorities around them.
 			segments := 2*len(tc.priorities) + 1
 			var claimScans int
-			got.root.walk(func(n planNode) {
+			got.root.Walk(func(n pgplan.Node) {
 				switch {
 				case n.NodeType == "Seq Scan" && n.RelationName == "jobs":
 					t.Errorf("claim scans the whole table")
@@ -738,28 +739,6 @@ func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) 
 				t.Errorf("claim does not scan jobs_claim_idx:\n%s", got.plan)
 			}
 		})
-	}
-}
-
-// planNode is a node of EXPLAIN (FORMAT JSON)'s plan, with what the tests
-// look at.
-type planNode struct {
-	NodeType     string     `json:"Node Type"`
-	RelationName string     `json:"Relation Name"`
-	IndexName    string     `json:"Index Name"`
-	IndexCond    string     `json:"Index Cond"`
-	ActualRows   float64    `json:"Actual Rows"`
-	ActualLoops  float64    `json:"Actual Loops"`
-	SharedHit    int        `json:"Shared Hit Blocks"`
-	SharedRead   int        `json:"Shared Read Blocks"`
-	Plans        []planNode `json:"Plans"`
-}
-
-// walk calls f for n and every node below it.
-func (n planNode) walk(f func(planNode)) {
-	f(n)
-	for _, c := range n.Plans {
-		c.walk(f)
 	}
 }
 
