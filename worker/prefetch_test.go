@@ -20,15 +20,21 @@ import (
 // as running under a worker's lease, and reports the most it saw.
 func (b *bundle) heldWatch(t *testing.T, workerID string) (stop func() int) {
 	t.Helper()
+	return b.mostWatch(t, "held jobs", "SELECT count(*) FROM jobs WHERE state = 'running' AND leased_by = $1", workerID)
+}
+
+// mostWatch runs count, a statement that counts something, every
+// millisecond until stop is called, and reports the most it counted.
+func (b *bundle) mostWatch(t *testing.T, what, count string, args ...any) (stop func() int) {
+	t.Helper()
 	var most atomic.Int64
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
 			var n int64
-			err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM jobs WHERE state = 'running' AND leased_by = $1", workerID).Scan(&n)
-			if err != nil {
-				t.Errorf("count held jobs: %v", err)
+			if err := b.pool.QueryRow(b.ctx, count, args...).Scan(&n); err != nil {
+				t.Errorf("count %s: %v", what, err)
 				return
 			}
 			if n > most.Load() {

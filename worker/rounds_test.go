@@ -2,8 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,35 +19,10 @@ import (
 // saw.
 func (b *bundle) roundsWatch(t *testing.T) (stop func() int) {
 	t.Helper()
-	var most atomic.Int64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			var n int64
-			err := b.pool.QueryRow(b.ctx, `
-				SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND state = 'active'
-				  AND query LIKE '-- name: JobCompleteAndClaim %'`).Scan(&n)
-			if err != nil {
-				t.Errorf("count the statements in flight: %v", err)
-				return
-			}
-			if n > most.Load() {
-				most.Store(n)
-			}
-			select {
-			case <-done:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	})
-	return func() int {
-		close(done)
-		wg.Wait()
-		return int(most.Load())
-	}
+	return b.mostWatch(t, "the statements in flight", `
+		SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state = 'active'
+		  AND query LIKE '-- name: JobCompleteAndClaim %'`)
 }
 
 func TestWorker_SendsASecondRoundBesideASlowOneOnlyWithManySlots(t *testing.T) {
