@@ -89,15 +89,15 @@ ready AS (
     LIMIT COALESCE(cardinality($8::uuid[]), 0)
 ),
 numbered AS (
-    SELECT r.id, r.n, ($8::uuid[])[r.n] AS token
-    FROM (SELECT ready.id, row_number() OVER () AS n FROM ready) AS r
+    SELECT ready.id, row_number() OVER () AS n FROM ready
 ),
 claimed AS (
     UPDATE jobs AS j
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        lease_token      = numbered.token,
+        -- Each job claimed takes the lease token at its place in the claim.
+        lease_token      = ($8::uuid[])[numbered.n],
         lease_expires_at = now() + interval '1 millisecond' * $9::bigint,
         leased_by        = $10::text,
         lease_session    = $4::integer,
@@ -186,7 +186,6 @@ type JobCompleteAndClaimRow struct {
 // by the next claim from the head, which each worker makes every so often.
 // The cursors are kept per priority so that a more urgent job is never
 // waiting behind a less urgent one's cursor.
-// Each job claimed takes the next lease token, by its place in the claim.
 func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndClaimParams) ([]JobCompleteAndClaimRow, error) {
 	rows, err := q.db.Query(ctx, jobCompleteAndClaim,
 		arg.CompleteIDs,

@@ -112,17 +112,16 @@ ready AS (
     ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
 ),
--- Each job claimed takes the next lease token, by its place in the claim.
 numbered AS (
-    SELECT r.id, r.n, (@claim_tokens::uuid[])[r.n] AS token
-    FROM (SELECT ready.id, row_number() OVER () AS n FROM ready) AS r
+    SELECT ready.id, row_number() OVER () AS n FROM ready
 ),
 claimed AS (
     UPDATE jobs AS j
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        lease_token      = numbered.token,
+        -- Each job claimed takes the lease token at its place in the claim.
+        lease_token      = (@claim_tokens::uuid[])[numbered.n],
         lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint,
         leased_by        = @worker_id::text,
         lease_session    = sqlc.narg(session_key)::integer,
