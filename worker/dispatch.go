@@ -103,8 +103,10 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			if _, ok := w.session.claimSession(); wantClaim && ok {
 				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut, 0)
 			}
-			send := d.sendNow(claim, waiting)
-			if roundsOut > 0 {
+			var send bool
+			if roundsOut == 0 {
+				send = d.sendNow(claim, waiting)
+			} else {
 				send = d.sendBeside()
 			}
 			if send {
