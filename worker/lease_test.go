@@ -158,13 +158,7 @@ func TestCompleteAndClaim_ListsTheCompletionsOnItsFirstRowAndTheClaimsInOrder(t 
 	}
 	completeAndClaim := func(done []db.JobCompleteAndClaimRow, claim int) []db.JobCompleteAndClaimRow {
 		t.Helper()
-		params := db.JobCompleteAndClaimParams{Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 60_000, WorkerID: "w"}
-		for _, r := range done {
-			params.CompleteIDs = append(params.CompleteIDs, *r.ID)
-			params.CompleteTokens = append(params.CompleteTokens, *r.LeaseToken)
-			params.CompleteResults = append(params.CompleteResults, json.RawMessage(`{}`))
-		}
-		rows, err := b.q.JobCompleteAndClaim(b.ctx, params)
+		rows, err := b.q.JobCompleteAndClaim(b.ctx, nextRound("w", done, claim))
 		if err != nil {
 			t.Fatal(err)
 		}

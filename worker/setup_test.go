@@ -323,6 +323,19 @@ func (b *bundle) runWorker(t *testing.T, pool *pgxpool.Pool, cfg worker.Config, 
 }
 
 // leaseTokens draws n fresh lease tokens, for a claim of n jobs.
+// nextRound is the JobCompleteAndClaim of a worker's round for worker:
+// it completes, with an empty result, the jobs held (rows an earlier claim
+// returned, each with a job) and claims up to claim more.
+func nextRound(worker string, held []db.JobCompleteAndClaimRow, claim int) db.JobCompleteAndClaimParams {
+	params := db.JobCompleteAndClaimParams{Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 60_000, WorkerID: worker}
+	for _, r := range held {
+		params.CompleteIDs = append(params.CompleteIDs, *r.ID)
+		params.CompleteTokens = append(params.CompleteTokens, *r.LeaseToken)
+		params.CompleteResults = append(params.CompleteResults, json.RawMessage(`{}`))
+	}
+	return params
+}
+
 func leaseTokens(n int) []uuid.UUID {
 	tokens := make([]uuid.UUID, n)
 	for i := range tokens {
