@@ -43,9 +43,7 @@ func TestListQueues_CostsTheSameHoweverLongTheHistory(t *testing.T) {
 	var before int64
 	for _, history := range []int{10_000, 200_000} {
 		addFinished(t, ctx, e.pool, history, "'q' || i % 5", "'k'")
-		if _, err := e.pool.Exec(ctx, `ANALYZE jobs`); err != nil {
-			t.Fatal(err)
-		}
+		analyzeWhole(t, ctx, e.pool)
 		var text []byte
 		if err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql).Scan(&text); err != nil {
 			t.Fatal(err)
