@@ -440,12 +440,22 @@ candidates AS (
     UNION
     (SELECT r.id FROM jobs AS r
      WHERE r.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es))
+       -- With no session ended the lookup does not run (see abandoned).
+       AND EXISTS (SELECT FROM ended_sessions)
      LIMIT $2)
 ),
 abandoned AS (
     SELECT a.id
     FROM jobs AS a
     WHERE a.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
+      -- Evaluated once, before the lookup: with nothing to take back, as
+      -- at nearly every reclaim, the lookup does not run at all, whatever
+      -- plan PostgreSQL keeps for it. The plan a worker's connection
+      -- caches for this statement is made once; made while the table was
+      -- nearly empty, it reads the whole table instead of looking jobs up
+      -- by id, and keeps doing so as the table grows, until statistics are
+      -- gathered again, which on a server without autovacuum is never.
+      AND EXISTS (SELECT FROM candidates)
       -- Checked again on the newest version of the row once locked, so a
       -- lease renewed, or a job claimed anew, after this statement began
       -- is not taken. Either condition says the job still runs, since
