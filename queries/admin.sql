@@ -19,3 +19,39 @@ SELECT now()::timestamptz AS now;
 -- Whether the server runs autovacuum, which reuses the space of the jobs
 -- that pruning deletes and of the versions every transition leaves behind.
 SELECT current_setting('autovacuum')::boolean AS autovacuum;
+
+-- name: JobStatisticsDue :one
+-- Whether the planner's statistics of the jobs table are out of date while
+-- autovacuum, off on the server or for the table, will not gather them:
+-- more rows were inserted, updated or deleted since the last ANALYZE than
+-- autovacuum's own rule allows (autovacuum_analyze_threshold, plus
+-- autovacuum_analyze_scale_factor of the rows). When they are, it takes a
+-- lock for the caller's transaction, so that of many workers asking at
+-- once one analyzes, and the others find the lock taken and answer false.
+--
+-- Statistics matter beyond the choice of one plan: a worker's connection
+-- keeps the plan PostgreSQL chose for each of its statements, and makes it
+-- anew only when the statistics of a table it reads change. A plan made
+-- while the table was nearly empty reads the whole table where it should
+-- look a job up by id, and without ANALYZE it is kept as the table grows.
+SELECT CASE
+    WHEN (NOT current_setting('autovacuum')::boolean
+          OR EXISTS (SELECT FROM pg_catalog.pg_options_to_table(c.reloptions) AS o
+                     WHERE o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean))
+     AND s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float8
+                               + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0)
+     -- ANALYZE skips, with a warning, a table its role does not own.
+     AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
+    -- Relay's advisory keys: 1380273241 ("RELY") and a session key is a
+    -- worker's session; this one key ("RELYSTAT") is this lock.
+    THEN pg_try_advisory_xact_lock(5928228431036957012)
+    ELSE false
+END AS due
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = 'jobs'::regclass;
+
+-- name: JobAnalyze :exec
+-- Gathers the planner's statistics of the jobs table (see
+-- JobStatisticsDue).
+ANALYZE jobs;

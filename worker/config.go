@@ -136,7 +136,9 @@ type Config struct {
 	RetainDead      time.Duration
 	RetainCancelled time.Duration
 	// PruneInterval is how often this worker deletes the finished jobs
-	// whose retention has passed. Default: DefaultPruneInterval.
+	// whose retention has passed, and, where autovacuum is off, looks
+	// whether the planner's statistics of the jobs table are due to be
+	// gathered again. Default: DefaultPruneInterval.
 	PruneInterval time.Duration
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled. Negative means release at once.

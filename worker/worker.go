@@ -165,6 +165,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		heartbeater{w: w}.run,
 		reclaimer{w: w}.run,
 		pruner{w: w}.run,
+		statistician{w: w}.run,
 	} {
 		wg.Add(1)
 		go func() {
