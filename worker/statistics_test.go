@@ -6,10 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/internal/pgplan"
 	"github.com/relayq/relay/worker"
 )
 
@@ -80,47 +77,12 @@ func TestStatistics_GatheredByAWorkerMakeACachedPlanAnew(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	offForJobs(t, b)
-	conn, err := pgx.Connect(b.ctx, b.pool.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(b.ctx)
-	var sql string
-	var args []any
-	if _, err := db.New(captureQuery(&sql, &args)(conn)).JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 30_000}); err != nil {
-		t.Fatal(err)
-	}
-	const execute = `EXECUTE heartbeat(30000, '{1,2}', '{00000000-0000-0000-0000-000000000001,00000000-0000-0000-0000-000000000002}')`
-	for _, stmt := range []string{
-		`SET plan_cache_mode = force_generic_plan`,
-		`PREPARE heartbeat AS ` + sql,
-		// The first execution makes the plan that is kept.
-		execute,
-	} {
-		if _, err := conn.Exec(b.ctx, stmt); err != nil {
-			t.Fatalf("%.40s: %v", stmt, err)
-		}
-	}
-	execReported(t, b, `
-		INSERT INTO jobs (kind, state, attempt, fence, leased_by, started_at, finished_at)
-		SELECT 'noop', 'succeeded', 1, 1, 'w', now(), now() FROM generate_series(1, 20000)`)
-	scans := func(t *testing.T) (bool, int64, string) {
-		t.Helper()
-		var out []byte
-		if err := conn.QueryRow(b.ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+execute).Scan(&out); err != nil {
-			t.Fatal(err)
-		}
-		root, err := pgplan.Parse(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		scanned := false
-		root.Walk(func(n pgplan.Node) {
-			scanned = scanned || (n.NodeType == "Seq Scan" && n.RelationName == "jobs" && n.ActualLoops > 0)
-		})
-		return scanned, root.Buffers(), string(out)
-	}
-	if scanned, buffers, _ := scans(t); !scanned {
+	heartbeat := keepPlan(t, b, "heartbeat", func(q *db.Queries) error {
+		_, err := q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 30_000})
+		return err
+	}, `EXECUTE heartbeat(30000, '{1,2}', '{00000000-0000-0000-0000-000000000001,00000000-0000-0000-0000-000000000002}')`)
+	addFinishedJobs(t, b, 20_000)
+	if scanned, buffers, _ := heartbeat.explain(t, b); !scanned {
 		t.Fatalf("the plan made over the empty table does not scan the jobs table (%d buffers): the test no longer shows the cached plan it is about", buffers)
 	}
 
@@ -133,7 +95,7 @@ func TestStatistics_GatheredByAWorkerMakeACachedPlanAnew(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if scanned, buffers, plan := scans(t); scanned || buffers > 10 {
+	if scanned, buffers, plan := heartbeat.explain(t, b); scanned || buffers > 10 {
 		t.Errorf("after the worker analyzed jobs, the heartbeat read %d buffers (scans the table: %v):\n%s", buffers, scanned, plan)
 	}
 }
