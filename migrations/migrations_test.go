@@ -259,3 +259,64 @@ func TestMigrations_IndexLeasesByTheirColumnsOverAPopulatedDatabase(t *testing.T
 		t.Fatalf("up again: %v", err)
 	}
 }
+
+// TestMigrations_IndexReadyJobsByTheirColumnsOverAPopulatedDatabase
+// carries available, running and finished jobs over 00010 and back: up
+// replaces the claim index, partial over available jobs, by one over the
+// jobs with neither a lease nor a finish, under the same name and with
+// an entry for each available job alone; down restores the old predicate;
+// the jobs are the same throughout.
+func TestMigrations_IndexReadyJobsByTheirColumnsOverAPopulatedDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := dbtest.New(t)
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, 9); err != nil {
+		t.Fatalf("down to 9: %v", err)
+	}
+	exec(t, pool, `
+		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
+		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now()
+		FROM generate_series(1, 40);
+		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+		SELECT 'done', 'succeeded', 1, 1, now(), now() FROM generate_series(1, 1000);
+		ANALYZE jobs;`)
+	const jobs = `SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`
+	before := one(t, pool, jobs)
+	const index = `
+		SELECT coalesce(string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ','), 'none')
+		FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+		WHERE c.relname IN ('jobs_claim_idx', 'jobs_ready_idx', 'jobs_available_idx')`
+	old := "jobs_claim_idx t 100 (state = 'available'::job_state)"
+	if diff := cmp.Diff(old, one(t, pool, index)); diff != "" {
+		t.Fatalf("claim index before 00010 (-want +got):\n%s", diff)
+	}
+
+	if _, err := m.UpTo(ctx, 10); err != nil {
+		t.Fatalf("up to 10: %v", err)
+	}
+	if diff := cmp.Diff("jobs_claim_idx t 100 ((lease_token IS NULL) AND (finished_at IS NULL))", one(t, pool, index)); diff != "" {
+		t.Errorf("claim index after 00010, valid, entries and predicate (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
+		t.Errorf("jobs after 00010 (-want +got):\n%s", diff)
+	}
+
+	if _, err := m.DownTo(ctx, 9); err != nil {
+		t.Fatalf("down to 9: %v", err)
+	}
+	if diff := cmp.Diff(old, one(t, pool, index)); diff != "" {
+		t.Errorf("claim index after rolling 00010 back (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
+		t.Errorf("jobs after rolling 00010 back (-want +got):\n%s", diff)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}

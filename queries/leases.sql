@@ -99,7 +99,10 @@ ready AS (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM jobs AS j
-        WHERE j.state = 'available'
+        -- Available: neither leased nor finished. Named by the columns of
+        -- jobs_claim_idx's predicate, not by the state, so that no other
+        -- index can serve the claim (see migrations/00010).
+        WHERE j.lease_token IS NULL AND j.finished_at IS NULL
           AND j.queue = @queue
           AND (j.priority, j.run_at) >= (seg.lo, seg.since)
           AND j.priority <= seg.hi

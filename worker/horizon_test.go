@@ -217,3 +217,38 @@ func TestReclaim_UnderAPinnedHorizonReadsOnlyItsWindowOfLeases(t *testing.T) {
 		}
 	}
 }
+
+// TestClaim_UnderAPinnedHorizonKeepsToTheClaimIndexWhenFewJobsAreAvailable
+// analyzes the table as autovacuum would during a pin: 10,000 jobs claimed
+// and completed since the snapshot, 5 waiting. The statistics then say
+// that almost no job is available, and the planner may read the queue's
+// available entries of another index, which keeps an entry for every
+// version claimed since the pin, instead of starting at the claim's
+// cursor in jobs_claim_idx.
+func TestClaim_UnderAPinnedHorizonKeepsToTheClaimIndexWhenFewJobsAreAvailable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	newest := pinnedHistory(t, b, 10_000, time.Hour)
+	for range 5 {
+		b.enqueue(t, "noop", `{}`, 1)
+	}
+	if _, err := b.pool.Exec(b.ctx, "ANALYZE jobs"); err != nil {
+		t.Fatal(err)
+	}
+	got := explain(t, b, func(q *db.Queries) error {
+		_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+			CursorPriorities: []int16{0}, CursorSince: []time.Time{newest.Add(-time.Second)},
+			Queue: "default", ClaimTokens: leaseTokens(10), LeaseMs: 30_000, WorkerID: "explain",
+		})
+		return err
+	}, nil)
+	got.root.Walk(func(n pgplan.Node) {
+		scan := strings.HasSuffix(n.NodeType, "Scan")
+		if scan && n.RelationName == "jobs" && n.IndexName != "jobs_claim_idx" && n.IndexName != "jobs_pkey" && n.ActualLoops > 0 {
+			t.Errorf("the claim reads jobs through %s (%s):\n%s", n.IndexName, n.NodeType, got.plan)
+		}
+	})
+	if got.buffers > 100 {
+		t.Errorf("the claim read %d buffers, want at most 100:\n%s", got.buffers, got.plan)
+	}
+}

@@ -298,7 +298,8 @@ VERSION  STATE    MIGRATION
 6        pending  00006_index_job_lists.sql
 7        pending  00007_index_finished_jobs.sql
 8        pending  00008_notify_returned_jobs.sql
-9        pending  00009_index_leases_by_their_columns.sql`},
+9        pending  00009_index_leases_by_their_columns.sql
+10       pending  00010_index_ready_jobs_by_their_columns.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
@@ -308,7 +309,8 @@ applied migration 5 00005_create_job_summaries.sql
 applied migration 6 00006_index_job_lists.sql
 applied migration 7 00007_index_finished_jobs.sql
 applied migration 8 00008_notify_returned_jobs.sql
-applied migration 9 00009_index_leases_by_their_columns.sql`},
+applied migration 9 00009_index_leases_by_their_columns.sql
+applied migration 10 00010_index_ready_jobs_by_their_columns.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -321,7 +323,10 @@ VERSION  STATE    MIGRATION
 6        applied  00006_index_job_lists.sql
 7        applied  00007_index_finished_jobs.sql
 8        applied  00008_notify_returned_jobs.sql
-9        applied  00009_index_leases_by_their_columns.sql`},
+9        applied  00009_index_leases_by_their_columns.sql
+10       applied  00010_index_ready_jobs_by_their_columns.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 10 00010_index_ready_jobs_by_their_columns.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 9 00009_index_leases_by_their_columns.sql`},
 		{[]string{"migrate", "down"}, `
@@ -338,7 +343,8 @@ VERSION  STATE    MIGRATION
 6        applied  00006_index_job_lists.sql
 7        pending  00007_index_finished_jobs.sql
 8        pending  00008_notify_returned_jobs.sql
-9        pending  00009_index_leases_by_their_columns.sql`},
+9        pending  00009_index_leases_by_their_columns.sql
+10       pending  00010_index_ready_jobs_by_their_columns.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "down"}, `
@@ -362,7 +368,8 @@ applied migration 5 00005_create_job_summaries.sql
 applied migration 6 00006_index_job_lists.sql
 applied migration 7 00007_index_finished_jobs.sql
 applied migration 8 00008_notify_returned_jobs.sql
-applied migration 9 00009_index_leases_by_their_columns.sql`},
+applied migration 9 00009_index_leases_by_their_columns.sql
+applied migration 10 00010_index_ready_jobs_by_their_columns.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
