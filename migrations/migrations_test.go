@@ -136,11 +136,21 @@ func one(t *testing.T, pool *pgxpool.Pool, sql string) string {
 	return s
 }
 
-// TestMigrations_IndexFinishedJobsOverAPopulatedDatabase carries a history
-// of jobs in every state over 00007 and back: up builds the index that
-// pruning reads, over the finished jobs alone; down drops it; the jobs are
-// the same throughout.
-func TestMigrations_IndexFinishedJobsOverAPopulatedDatabase(t *testing.T) {
+// carriedOver is what a query answers below a span of migrations, above
+// it, and below it again once rolled back.
+type carriedOver struct {
+	what          string
+	query         string
+	before, after string
+}
+
+// carryOver migrates a fresh database down to version from, fills it
+// with fixture, and carries it up to version to and back down. Each
+// query of checks must answer its before below the span and its after
+// above it, and the jobs, as jobs reads them, must stay the same
+// throughout. It migrates up again at the end.
+func carryOver(t *testing.T, from, to int64, fixture, jobs string, checks ...carriedOver) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := dbtest.New(t)
@@ -149,44 +159,57 @@ func TestMigrations_IndexFinishedJobsOverAPopulatedDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	if _, err := m.DownTo(ctx, 6); err != nil {
-		t.Fatalf("down to 6: %v", err)
+	if _, err := m.DownTo(ctx, from); err != nil {
+		t.Fatalf("down to %d: %v", from, err)
 	}
-	exec(t, pool, `
+	exec(t, pool, fixture)
+	before := one(t, pool, jobs)
+	look := func(when string, below bool) {
+		t.Helper()
+		for _, c := range checks {
+			want := c.after
+			if below {
+				want = c.before
+			}
+			if diff := cmp.Diff(want, one(t, pool, c.query)); diff != "" {
+				t.Errorf("%s %s (-want +got):\n%s", c.what, when, diff)
+			}
+		}
+		if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
+			t.Errorf("jobs %s (-want +got):\n%s", when, diff)
+		}
+	}
+	look(fmt.Sprintf("at %d", from), true)
+	if _, err := m.UpTo(ctx, to); err != nil {
+		t.Fatalf("up to %d: %v", to, err)
+	}
+	look(fmt.Sprintf("after migrating up to %d", to), false)
+	if _, err := m.DownTo(ctx, from); err != nil {
+		t.Fatalf("down to %d: %v", from, err)
+	}
+	look(fmt.Sprintf("after rolling back to %d", from), true)
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}
+
+// TestMigrations_IndexFinishedJobsOverAPopulatedDatabase carries a history
+// of jobs in every state over 00007 and back: up builds the index that
+// pruning reads, over the finished jobs alone; down drops it; the jobs are
+// the same throughout.
+func TestMigrations_IndexFinishedJobsOverAPopulatedDatabase(t *testing.T) {
+	carryOver(t, 6, 7, `
 		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
 		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
 		SELECT 'done', (ARRAY['succeeded', 'dead', 'cancelled'])[1 + i % 3]::job_state, 1, 1,
 		       now() - i * interval '1 minute', now() - i * interval '1 minute'
-		FROM generate_series(1, 3000) AS i;`)
-	const jobs = `SELECT md5(string_agg(concat_ws(' ', id, kind, state, finished_at), ',' ORDER BY id)) FROM jobs`
-	before := one(t, pool, jobs)
-	const index = `
-		SELECT coalesce((SELECT concat_ws(' ', i.indisvalid, c.reltuples)
-		                 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-		                 WHERE c.relname = 'jobs_finished_idx'), 'none')`
-
-	if _, err := m.UpTo(ctx, 7); err != nil {
-		t.Fatalf("up to 7: %v", err)
-	}
-	if diff := cmp.Diff("t 3000", one(t, pool, index)); diff != "" {
-		t.Errorf("jobs_finished_idx after 00007, valid and entries (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
-		t.Errorf("jobs after 00007 (-want +got):\n%s", diff)
-	}
-
-	if _, err := m.DownTo(ctx, 6); err != nil {
-		t.Fatalf("down to 6: %v", err)
-	}
-	if diff := cmp.Diff("none", one(t, pool, index)); diff != "" {
-		t.Errorf("jobs_finished_idx after rolling 00007 back (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
-		t.Errorf("jobs after rolling 00007 back (-want +got):\n%s", diff)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatalf("up again: %v", err)
-	}
+		FROM generate_series(1, 3000) AS i;`,
+		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, finished_at), ',' ORDER BY id)) FROM jobs`,
+		carriedOver{what: "jobs_finished_idx, valid and entries", query: `
+			SELECT coalesce((SELECT concat_ws(' ', i.indisvalid, c.reltuples)
+			                 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+			                 WHERE c.relname = 'jobs_finished_idx'), 'none')`,
+			before: "none", after: "t 3000"})
 }
 
 // TestMigrations_IndexLeasesByTheirColumnsOverAPopulatedDatabase carries
@@ -197,18 +220,7 @@ func TestMigrations_IndexFinishedJobsOverAPopulatedDatabase(t *testing.T) {
 // announces returned jobs; down restores the indexes and drops the
 // trigger; the jobs are the same throughout.
 func TestMigrations_IndexLeasesByTheirColumnsOverAPopulatedDatabase(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool := dbtest.New(t)
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if _, err := m.DownTo(ctx, 7); err != nil {
-		t.Fatalf("down to 7: %v", err)
-	}
-	exec(t, pool, `
+	carryOver(t, 7, 9, `
 		INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host) VALUES (7, 'w1', 'default', 11, 'h');
 		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
 		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
@@ -217,47 +229,17 @@ func TestMigrations_IndexLeasesByTheirColumnsOverAPopulatedDatabase(t *testing.T
 		FROM generate_series(1, 40) AS i;
 		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
 		SELECT 'done', 'succeeded', 1, 1, now(), now() FROM generate_series(1, 1000);
-		ANALYZE jobs;`)
-	const jobs = `SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, lease_session), ',' ORDER BY id)) FROM jobs`
-	before := one(t, pool, jobs)
-	const indexes = `
-		SELECT coalesce(string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples), ',' ORDER BY c.relname), 'none')
-		FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-		WHERE c.relname LIKE 'jobs_lease%'`
-	const trigger = `SELECT count(*)::text FROM pg_trigger WHERE tgname = 'jobs_notify_returned'`
-	old := "jobs_lease_expiry_idx t 40,jobs_lease_session_idx t 40"
-	if diff := cmp.Diff(old, one(t, pool, indexes)); diff != "" {
-		t.Fatalf("indexes before 00009 (-want +got):\n%s", diff)
-	}
-
-	if _, err := m.UpTo(ctx, 9); err != nil {
-		t.Fatalf("up to 9: %v", err)
-	}
-	if diff := cmp.Diff("jobs_lease_expires_at_idx t 40,jobs_lease_session_key_idx t 20", one(t, pool, indexes)); diff != "" {
-		t.Errorf("indexes after 00009, valid and entries (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff("1", one(t, pool, trigger)); diff != "" {
-		t.Errorf("jobs_notify_returned triggers after 00008 (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
-		t.Errorf("jobs after 00009 (-want +got):\n%s", diff)
-	}
-
-	if _, err := m.DownTo(ctx, 7); err != nil {
-		t.Fatalf("down to 7: %v", err)
-	}
-	if diff := cmp.Diff(old, one(t, pool, indexes)); diff != "" {
-		t.Errorf("indexes after rolling 00009 back (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff("0", one(t, pool, trigger)); diff != "" {
-		t.Errorf("jobs_notify_returned triggers after rolling 00008 back (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
-		t.Errorf("jobs after rolling 00009 back (-want +got):\n%s", diff)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatalf("up again: %v", err)
-	}
+		ANALYZE jobs;`,
+		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, lease_session), ',' ORDER BY id)) FROM jobs`,
+		carriedOver{what: "the reclaim's indexes, valid and entries", query: `
+			SELECT coalesce(string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples), ',' ORDER BY c.relname), 'none')
+			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+			WHERE c.relname LIKE 'jobs_lease%'`,
+			before: "jobs_lease_expiry_idx t 40,jobs_lease_session_idx t 40",
+			after:  "jobs_lease_expires_at_idx t 40,jobs_lease_session_key_idx t 20"},
+		carriedOver{what: "jobs_notify_returned triggers",
+			query:  `SELECT count(*)::text FROM pg_trigger WHERE tgname = 'jobs_notify_returned'`,
+			before: "0", after: "1"})
 }
 
 // TestMigrations_IndexReadyJobsByTheirColumnsOverAPopulatedDatabase
@@ -267,56 +249,19 @@ func TestMigrations_IndexLeasesByTheirColumnsOverAPopulatedDatabase(t *testing.T
 // an entry for each available job alone; down restores the old predicate;
 // the jobs are the same throughout.
 func TestMigrations_IndexReadyJobsByTheirColumnsOverAPopulatedDatabase(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool := dbtest.New(t)
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if _, err := m.DownTo(ctx, 9); err != nil {
-		t.Fatalf("down to 9: %v", err)
-	}
-	exec(t, pool, `
+	carryOver(t, 9, 10, `
 		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
 		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
 		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now()
 		FROM generate_series(1, 40);
 		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
 		SELECT 'done', 'succeeded', 1, 1, now(), now() FROM generate_series(1, 1000);
-		ANALYZE jobs;`)
-	const jobs = `SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`
-	before := one(t, pool, jobs)
-	const index = `
-		SELECT coalesce(string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ','), 'none')
-		FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-		WHERE c.relname IN ('jobs_claim_idx', 'jobs_ready_idx', 'jobs_available_idx')`
-	old := "jobs_claim_idx t 100 (state = 'available'::job_state)"
-	if diff := cmp.Diff(old, one(t, pool, index)); diff != "" {
-		t.Fatalf("claim index before 00010 (-want +got):\n%s", diff)
-	}
-
-	if _, err := m.UpTo(ctx, 10); err != nil {
-		t.Fatalf("up to 10: %v", err)
-	}
-	if diff := cmp.Diff("jobs_claim_idx t 100 ((lease_token IS NULL) AND (finished_at IS NULL))", one(t, pool, index)); diff != "" {
-		t.Errorf("claim index after 00010, valid, entries and predicate (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
-		t.Errorf("jobs after 00010 (-want +got):\n%s", diff)
-	}
-
-	if _, err := m.DownTo(ctx, 9); err != nil {
-		t.Fatalf("down to 9: %v", err)
-	}
-	if diff := cmp.Diff(old, one(t, pool, index)); diff != "" {
-		t.Errorf("claim index after rolling 00010 back (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff(before, one(t, pool, jobs)); diff != "" {
-		t.Errorf("jobs after rolling 00010 back (-want +got):\n%s", diff)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatalf("up again: %v", err)
-	}
+		ANALYZE jobs;`,
+		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
+		carriedOver{what: "the claim index, valid, entries and predicate", query: `
+			SELECT coalesce(string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ','), 'none')
+			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+			WHERE c.relname IN ('jobs_claim_idx', 'jobs_ready_idx', 'jobs_available_idx')`,
+			before: "jobs_claim_idx t 100 (state = 'available'::job_state)",
+			after:  "jobs_claim_idx t 100 ((lease_token IS NULL) AND (finished_at IS NULL))"})
 }
