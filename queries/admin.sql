@@ -42,8 +42,9 @@ SELECT CASE
                                + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0)
      -- ANALYZE skips, with a warning, a table its role does not own.
      AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
-    -- Relay's advisory keys: 1380273241 ("RELY") and a session key is a
-    -- worker's session; this one key ("RELYSTAT") is this lock.
+    -- Relay's advisory locks: a worker's session holds the pair
+    -- (1380273241, its session key); this single key ("RELYSTAT", as
+    -- bytes) is the lock of the one worker that analyzes.
     THEN pg_try_advisory_xact_lock(5928228431036957012)
     ELSE false
 END AS due
