@@ -81,7 +81,12 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	// 690-700 with two for every outcome, which sent 1.1 jobs per
 	// statement against 1.25). The dispatcher still collects outcomes
 	// while rounds are out.
-	roundsOut, claimsOut := 0, 0
+	//
+	// finishedOut counts the outcomes the rounds in flight carry: their
+	// jobs stay leased to this worker until their round commits, so a
+	// claim sent beside a round that claims nothing still keeps the
+	// worker's leases within its slots and what it may claim ahead.
+	roundsOut, claimsOut, finishedOut := 0, 0, 0
 	rounds := make(chan *round, maxRoundsOut)
 	wantClaim := true
 	poll := time.NewTimer(w.cfg.PollInterval)
@@ -101,7 +106,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		if retry == nil && roundsOut < maxRoundsOut && ctx.Err() == nil {
 			claim := 0
 			if _, ok := w.session.claimSession(); wantClaim && ok {
-				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut, 0)
+				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut-finishedOut, 0)
 			}
 			var send bool
 			if roundsOut == 0 {
@@ -113,6 +118,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				r := d.newRound(claim)
 				roundsOut++
 				claimsOut += claim
+				finishedOut += r.batch.finished()
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
 					wantClaim = false
@@ -142,6 +148,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		case r := <-rounds:
 			roundsOut--
 			claimsOut -= r.claim
+			finishedOut -= r.batch.finished()
 			d.finish(r)
 			switch {
 			case r.err != nil:
@@ -183,7 +190,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 }
 
 // outcomes counts the outcomes waiting to be acknowledged.
-func (d *dispatcher) outcomes() int { return len(d.p.done) + len(d.p.failed) }
+func (d *dispatcher) outcomes() int { return d.p.finished() }
 
 // linger is how long an outcome may wait for others to share its
 // acknowledgement while the worker claims ahead: half a handler's mean run

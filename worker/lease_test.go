@@ -232,6 +232,46 @@ func TestClaim_MarksJobRunningUnderFreshLease(t *testing.T) {
 	}
 }
 
+func TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt(t *testing.T) {
+	t.Parallel()
+	completions := []struct {
+		name     string
+		complete func(b *bundle, t *testing.T, id int64, token uuid.UUID, result string) bool
+	}{
+		{"JobCompleteAndClaim", (*bundle).complete},
+		{"JobCompleteMany", (*bundle).completeAlone},
+	}
+	b := setup(t)
+	var ended []db.Job
+	for _, c := range completions {
+		job := b.enqueue(t, "noop", `{}`, 3)
+		id, token := b.claimOne(t, "w1", time.Minute)
+		if id != job.ID {
+			t.Fatalf("claimed job %d, want %d", id, job.ID)
+		}
+		if !c.complete(b, t, id, token, `{"sum": 42}`) {
+			t.Fatalf("%s refused the completion of a job under its lease", c.name)
+		}
+		got := b.get(t, id)
+		if got.State != db.JobStateSucceeded || string(got.Result) != `{"sum": 42}` || got.FinishedAt == nil ||
+			got.LeaseToken != nil || got.LeaseExpiresAt != nil || got.LeaseSession != nil || got.Attempt != 1 || got.Fence != 1 {
+			t.Errorf("%s left state %s result %s finished %v lease %v/%v/%v attempt %d fence %d; "+
+				"want succeeded with its result, finished, no lease, attempt 1, fence 1",
+				c.name, got.State, got.Result, got.FinishedAt, got.LeaseToken, got.LeaseExpiresAt, got.LeaseSession, got.Attempt, got.Fence)
+		}
+		ended = append(ended, got)
+	}
+	// Apart from what differs between any two jobs, the two rows agree
+	// column for column.
+	unlike := func(j db.Job) db.Job {
+		j.ID, j.CreatedAt, j.RunAt, j.StartedAt, j.FinishedAt = 0, time.Time{}, time.Time{}, nil, nil
+		return j
+	}
+	if diff := cmp.Diff(unlike(ended[0]), unlike(ended[1])); diff != "" {
+		t.Errorf("the two completions ended their jobs differently (-%s +%s):\n%s", completions[0].name, completions[1].name, diff)
+	}
+}
+
 // ack is one kind of acknowledgement a worker can make under a lease.
 type ack struct {
 	name string
@@ -242,6 +282,9 @@ type ack struct {
 var acks = []ack{
 	{"complete", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
 		return b.complete(t, id, token, `{"by": "stale"}`)
+	}},
+	{"complete without a claim", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+		return b.completeAlone(t, id, token, `{"by": "stale"}`)
 	}},
 	{"fail", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
 		rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{

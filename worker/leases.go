@@ -23,7 +23,8 @@ type leases struct {
 }
 
 // completeAndClaim records the round's completions and makes its claim, in
-// one statement (JobCompleteAndClaim). If the database refuses the result
+// one statement (JobCompleteAndClaim; JobCompleteMany for a round that
+// claims nothing). If the database refuses the result
 // of a completion, the completions are sent again apart from the claim,
 // isolating the refused ones, which move to the round's failures; the
 // claim is then made on its own.
@@ -69,7 +70,8 @@ func (l leases) completeAndClaim(ctx context.Context, r *round) error {
 }
 
 // sendCompleteAndClaim runs JobCompleteAndClaim for done and a claim of up
-// to claim jobs under the worker's session, marks in r.completed the
+// to claim jobs under the worker's session (JobCompleteMany, through
+// completeMany, when it claims none), marks in r.completed the
 // completions the database accepted, and returns the jobs claimed. The
 // claim's lease tokens are drawn here; if the answer is lost, they are left
 // in r.lostClaim, for the next round to find the jobs they hold.
@@ -78,6 +80,9 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	session, ok := w.session.claimSession()
 	if !ok {
 		claim = 0
+	}
+	if claim == 0 {
+		return nil, l.completeMany(ctx, r, done)
 	}
 	params := db.JobCompleteAndClaimParams{
 		CompleteIDs:     make([]int64, len(done)),
@@ -89,9 +94,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 		LeaseMs:         w.cfg.Lease.Milliseconds(),
 		WorkerID:        w.cfg.ID,
 	}
-	if claim > 0 {
-		params.CursorPriorities, params.CursorSince = w.cursors.params(time.Now())
-	}
+	params.CursorPriorities, params.CursorSince = w.cursors.params(time.Now())
 	for i, o := range done {
 		params.CompleteIDs[i] = o.exec.job.ID
 		params.CompleteTokens[i] = o.exec.token
@@ -107,7 +110,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	r.sentAt = time.Now()
 	rows, err := w.q.JobCompleteAndClaim(ctx, params)
 	if err != nil {
-		if claim > 0 && answerLost(err) {
+		if answerLost(err) {
 			r.lostClaim = params.ClaimTokens
 		}
 		return nil, err
@@ -125,6 +128,35 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	}
 	w.cursors.claimed(claimed)
 	return claimed, nil
+}
+
+// completeMany records done, the completions of a round that claims
+// nothing, in a statement without a claim (JobCompleteMany), and marks in
+// r.completed those the database accepted. With nothing to complete it
+// sends nothing.
+func (l leases) completeMany(ctx context.Context, r *round, done []outcome) error {
+	if len(done) == 0 {
+		return nil
+	}
+	params := db.JobCompleteManyParams{
+		IDs:     make([]int64, len(done)),
+		Tokens:  make([]uuid.UUID, len(done)),
+		Results: make([]json.RawMessage, len(done)),
+	}
+	for i, o := range done {
+		params.IDs[i] = o.exec.job.ID
+		params.Tokens[i] = o.exec.token
+		params.Results[i] = o.result
+	}
+	r.sentAt = time.Now()
+	ids, err := l.w.q.JobCompleteMany(ctx, params)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		r.completed[id] = true
+	}
+	return nil
 }
 
 // answerLost reports whether err leaves it unknown whether the statement

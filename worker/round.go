@@ -21,6 +21,10 @@ func (p *pending) empty() bool {
 	return len(p.done) == 0 && len(p.failed) == 0 && len(p.toRelease) == 0
 }
 
+// finished counts the outcomes of finished handlers: the jobs whose
+// completion or failure waits to be recorded.
+func (p *pending) finished() int { return len(p.done) + len(p.failed) }
+
 // take moves everything pending into a new batch.
 func (p *pending) take() pending {
 	b := *p

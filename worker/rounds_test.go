@@ -14,15 +14,16 @@ import (
 // statements can run on two of the server's cores; a worker of few slots
 // sends one at a time, so that each carries as many outcomes as it can.
 
-// roundsWatch samples, until stop is called, how many JobCompleteAndClaim
-// statements run at once in the test's database, and reports the most it
+// roundsWatch samples, until stop is called, how many rounds' statements
+// (JobCompleteAndClaim, and JobCompleteMany for a round that claims
+// nothing) run at once in the test's database, and reports the most it
 // saw.
 func (b *bundle) roundsWatch(t *testing.T) (stop func() int) {
 	t.Helper()
 	return b.mostWatch(t, "the statements in flight", `
 		SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND state = 'active'
-		  AND query LIKE '-- name: JobCompleteAndClaim %'`)
+		  AND (query LIKE '-- name: JobCompleteAndClaim %' OR query LIKE '-- name: JobCompleteMany %')`)
 }
 
 func TestWorker_SendsASecondRoundBesideASlowOneOnlyWithManySlots(t *testing.T) {

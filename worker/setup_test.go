@@ -193,6 +193,20 @@ func (b *bundle) complete(t *testing.T, id int64, token uuid.UUID, result string
 	return len(rows) == 1 && len(rows[0].CompletedIDs) == 1 && rows[0].CompletedIDs[0] == id
 }
 
+// completeAlone completes the job id under token with result in a
+// statement without a claim (JobCompleteMany), and reports whether the
+// completion was accepted.
+func (b *bundle) completeAlone(t *testing.T, id int64, token uuid.UUID, result string) bool {
+	t.Helper()
+	ids, err := b.q.JobCompleteMany(b.ctx, db.JobCompleteManyParams{
+		IDs: []int64{id}, Tokens: []uuid.UUID{token}, Results: []json.RawMessage{json.RawMessage(result)},
+	})
+	if err != nil {
+		t.Fatalf("complete without a claim: %v", err)
+	}
+	return len(ids) == 1 && ids[0] == id
+}
+
 func (b *bundle) get(t *testing.T, id int64) db.Job {
 	t.Helper()
 	job, err := b.q.JobGet(b.ctx, id)

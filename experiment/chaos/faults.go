@@ -280,8 +280,9 @@ func (r *scenarioRun) partitionWorkers(ctx context.Context, start time.Time) err
 }
 
 // cutAtCommits arms w's proxy, one cut at a time, to cut its connection
-// just after a JobCompleteAndClaim that completes jobs commits, until
-// CommitCuts cuts were made or the window closes.
+// just after a statement that completes jobs commits (JobCompleteAndClaim,
+// or JobCompleteMany for a round that claims nothing: both names begin
+// "JobComplete"), until CommitCuts cuts were made or the window closes.
 func (r *scenarioRun) cutAtCommits(ctx context.Context, w *workerProc, from, until time.Time) {
 	if !sleepUntil(ctx, from) {
 		return
@@ -289,7 +290,7 @@ func (r *scenarioRun) cutAtCommits(ctx context.Context, w *workerProc, from, unt
 	for done := 0; done < r.cfg.CommitCuts && time.Now().Before(until); {
 		fired := make(chan faultproxy.CutEvent, 1)
 		w.proxy.CutAfterCommit(faultproxy.CommitCut{
-			Statement:          "JobCompleteAndClaim",
+			Statement:          "-- name: JobComplete",
 			NonEmptyFirstArray: true,
 			Times:              1,
 			OnCut:              func(ev faultproxy.CutEvent) { fired <- ev },

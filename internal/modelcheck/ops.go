@@ -283,9 +283,64 @@ func (d *Driver) claim(ctx context.Context) error {
 	return d.completeAndClaim(ctx, w, acksOf(done), tokens, lease, lost)
 }
 
+// complete sends, as a worker's round that claims nothing does, a
+// JobCompleteMany for some of the jobs a worker holds.
 func (d *Driver) complete(ctx context.Context) error {
 	w := d.pickHolder()
-	return d.completeAndClaim(ctx, w, acksOf(d.takeHeld(w, 1+d.choose(2))), nil, d.lease(), false)
+	done := acksOf(d.takeHeld(w, 1+d.choose(2)))
+	params := db.JobCompleteManyParams{
+		IDs:     make([]int64, len(done)),
+		Tokens:  make([]uuid.UUID, len(done)),
+		Results: make([]json.RawMessage, len(done)),
+	}
+	results, err := d.results(w, done)
+	if err != nil {
+		return err
+	}
+	for i, a := range done {
+		params.IDs[i], params.Tokens[i], params.Results[i] = a.ID, a.Token, json.RawMessage(results[i])
+	}
+	var completed []int64
+	now, err := d.inTx(ctx, func(q *db.Queries, _ time.Time) error {
+		var err error
+		completed, err = q.JobCompleteMany(ctx, params)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("JobCompleteMany: %w", err)
+	}
+	d.bury(done)
+	slices.Sort(completed)
+	d.logf("%s complete %s without a claim, now %s: completed %v", w.id, ids(done), stamp(now), completed)
+	return d.checkCompletions(now, done, results, completed)
+}
+
+// results draws the result each completion of done by w records.
+func (d *Driver) results(w *simWorker, done []Ack) ([]string, error) {
+	results := make([]string, len(done))
+	for i := range done {
+		raw, err := json.Marshal(map[string]any{"by": w.id, "step": d.step})
+		if err != nil {
+			return nil, err
+		}
+		results[i] = string(raw)
+	}
+	return results, nil
+}
+
+// checkCompletions checks the completions the database accepted (sorted)
+// of done, with their results, against the model's, at now.
+func (d *Driver) checkCompletions(now time.Time, done []Ack, results []string, completed []int64) error {
+	wantDone := d.model.Complete(now, done, results)
+	if err := diffOrNil("completions accepted", wantDone, emptyNil(completed)); err != nil {
+		return err
+	}
+	if err := d.checkAccepted(now, "completion", completed, done, true, nil); err != nil {
+		return err
+	}
+	d.countN("complete/accepted", len(completed))
+	d.countN("complete/rejected", len(done)-len(completed))
+	return nil
 }
 
 // claimView is what a claim, and a lookup of claims, returns of a job.
@@ -328,16 +383,14 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 	if !w.leaseOnly {
 		params.SessionKey = clone(w.session)
 	}
-	results := make([]string, len(done))
+	results, err := d.results(w, done)
+	if err != nil {
+		return err
+	}
 	for i, a := range done {
 		params.CompleteIDs[i] = a.ID
 		params.CompleteTokens[i] = a.Token
-		raw, err := json.Marshal(map[string]any{"by": w.id, "step": d.step})
-		if err != nil {
-			return err
-		}
-		params.CompleteResults[i] = raw
-		results[i] = string(raw)
+		params.CompleteResults[i] = json.RawMessage(results[i])
 	}
 	var rows []db.JobCompleteAndClaimRow
 	now, err := d.inTx(ctx, func(q *db.Queries, _ time.Time) error {
@@ -363,15 +416,9 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 			return fmt.Errorf("JobCompleteAndClaim's row %d lists completions %v: only the first row does", i+2, r.CompletedIDs)
 		}
 	}
-	wantDone := d.model.Complete(now, done, results)
-	if err := diffOrNil("completions accepted", wantDone, emptyNil(completed)); err != nil {
+	if err := d.checkCompletions(now, done, results, completed); err != nil {
 		return err
 	}
-	if err := d.checkAccepted(now, "completion", completed, done, true, nil); err != nil {
-		return err
-	}
-	d.countN("complete/accepted", len(completed))
-	d.countN("complete/rejected", len(done)-len(completed))
 
 	claim := Claim{Queue: w.queue, WorkerID: w.id, Session: params.SessionKey, Tokens: tokens, Lease: lease}
 	alive := claim.Session == nil || d.model.Alive(*claim.Session)
