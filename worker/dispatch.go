@@ -165,7 +165,14 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			}
 		case o := <-w.outcomes:
 			d.collect(o)
-			wantClaim = true
+			// A slot is free, but the queue is known to hold more only
+			// after a full claim, a notification or a poll, each of which
+			// sets wantClaim. A worker that is not told of new jobs looks
+			// with every completion, as it would otherwise look only at
+			// its next poll.
+			if !w.session.told() {
+				wantClaim = true
+			}
 		case <-holdC:
 			d.releaseStale()
 		case <-w.wake:

@@ -97,6 +97,33 @@ func TestWorker_ThroughATransactionPoolerWithoutASessionRunsOnLeasesAloneAndSays
 	}
 }
 
+func TestWorker_ThroughATransactionPoolerWithoutASessionLooksForJobsWithEveryCompletion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pooled := newPool(t, b.throughPooler(t))
+	// Enqueued before the worker starts, so that its first claim finds it.
+	held := b.enqueue(t, "held", `{}`, 1)
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	// Its first claim asks for two jobs and finds one, so the queue is
+	// empty as far as the worker knows; with no claims ahead and no poll
+	// in the test's time, nothing but a completion can make it look for
+	// the second job.
+	b.runWorker(t, pooled, worker.Config{Slots: 2, Prefetch: -1, PollInterval: time.Hour}, func(w *worker.Worker) {
+		w.HandleFunc("held", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- struct{}{}
+			<-release
+			return nil, nil
+		})
+		w.HandleFunc("quick", func(ctx context.Context, j *worker.Job) (any, error) { return nil, nil })
+	})
+	<-started
+	quick := b.enqueue(t, "quick", `{}`, 1)
+	close(release)
+	b.waitForState(t, held.ID, db.JobStateSucceeded, 10*time.Second)
+	b.waitForState(t, quick.ID, db.JobStateSucceeded, 10*time.Second)
+}
+
 func TestWorker_ThroughATransactionPoolerWithADirectSessionIsJudgedByItsSession(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -2,9 +2,15 @@ package worker_test
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/worker"
 )
 
@@ -13,6 +19,75 @@ import (
 // that gathered behind a first whose statement is slow, so that its
 // statements can run on two of the server's cores; a worker of few slots
 // sends one at a time, so that each carries as many outcomes as it can.
+
+// statementCounter counts the statements sent on a pool's connections, by
+// the name sqlc gives each at the head of its text ("-- name: JobGet :one").
+type statementCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if rest, ok := strings.CutPrefix(data.SQL, "-- name: "); ok {
+		name, _, _ := strings.Cut(rest, " ")
+		c.mu.Lock()
+		c.n[name]++
+		c.mu.Unlock()
+	}
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// count returns how many statements of the name given were sent.
+func (c *statementCounter) count(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[name]
+}
+
+// countedPool opens a pool on the test's database whose statements c
+// counts, closed when the test ends.
+func (b *bundle) countedPool(t *testing.T) (*pgxpool.Pool, *statementCounter) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &statementCounter{n: make(map[string]int)}
+	cfg.ConnConfig.Tracer = c
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, c
+}
+
+func TestWorker_ToldOfNewJobsClaimsWhenToldNotWithEveryCompletion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, counted := b.countedPool(t)
+	// No poll in the test's time: only notifications announce jobs.
+	b.runWorker(t, pool, worker.Config{Slots: 2, PollInterval: time.Hour}, func(w *worker.Worker) {
+		w.HandleFunc("quick", func(ctx context.Context, j *worker.Job) (any, error) { return nil, nil })
+	})
+	// One job at a time, each announced by its insert: a claim for each
+	// is all the worker needs, besides the claims it makes as it starts.
+	const jobs = 30
+	for range jobs {
+		job := b.enqueue(t, "quick", `{}`, 1)
+		b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	}
+	claims, alone := counted.count("JobCompleteAndClaim"), counted.count("JobCompleteMany")
+	t.Logf("%d jobs: %d claims, %d completions without a claim", jobs, claims, alone)
+	if claims > jobs+3 {
+		t.Errorf("%d claims for %d jobs, each announced: the worker claims with its completions, not only when told", claims, jobs)
+	}
+	if alone < jobs/2 {
+		t.Errorf("%d of %d completions sent without a claim, want at least half", alone, jobs)
+	}
+}
 
 // roundsWatch samples, until stop is called, how many rounds' statements
 // (JobCompleteAndClaim, and JobCompleteMany for a round that claims

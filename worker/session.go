@@ -37,7 +37,16 @@ type session struct {
 	// that cannot keep a session: the worker then claims without one, and
 	// only leases govern its jobs.
 	leaseOnly atomic.Bool
+	// listening is set while a live session listens for jobs that become
+	// available: the worker is then told of every job it could claim,
+	// except those that become ready with time (see Config.PollInterval).
+	listening atomic.Bool
 }
+
+// told reports whether the worker is told of jobs that become available,
+// by a live session listening for them. Through a pooler that cannot keep
+// a session, LISTEN hears nothing.
+func (s *session) told() bool { return s.listening.Load() }
 
 // claimSession returns the session to claim under, and whether the worker
 // may claim at all: with a live session, or without one when it runs on
@@ -157,6 +166,10 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 	}
 	done = true
 	registered(nil)
+	if key != 0 {
+		s.listening.Store(true)
+		defer s.listening.Store(false)
+	}
 	// Jobs may have become ready, or gone back behind the claim cursors,
 	// while no one was listening.
 	w.cursors.fromHead()
