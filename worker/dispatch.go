@@ -110,7 +110,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			}
 			var send bool
 			if roundsOut == 0 {
-				send = d.sendNow(claim, waiting)
+				send = d.sendNow(wantClaim, claim, held, waiting)
 			} else {
 				send = d.sendBeside()
 			}
@@ -200,8 +200,8 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 func (d *dispatcher) outcomes() int { return d.p.finished() }
 
 // linger is how long an outcome may wait for others to share its
-// acknowledgement while the worker claims ahead: half a handler's mean run
-// time, at most maxLinger.
+// acknowledgement while the worker claims ahead or has nothing to claim:
+// half a handler's mean run time, at most maxLinger.
 func (d *dispatcher) linger() time.Duration { return min(d.meanRun/2, maxLinger) }
 
 // maxLinger bounds how long a finished job's acknowledgement is delayed to
@@ -211,11 +211,14 @@ const maxLinger = 5 * time.Millisecond
 // sendNow decides whether to send a round now, claiming claim jobs, or to
 // let outcomes gather so that one statement acknowledges several. Batching
 // costs the database less per job, and costs a slot nothing while it has a
-// job claimed ahead to start; so the worker waits only while it claims
-// ahead, jobs are waiting for slots, and the outcomes are fewer than a
-// quarter of what it may hold and younger than linger. waiting is how many
-// jobs wait for a slot.
-func (d *dispatcher) sendNow(claim, waiting int) bool {
+// job claimed ahead to start, or while the queue holds nothing to claim.
+// So the worker waits while it claims ahead, jobs are waiting for slots,
+// and the outcomes are fewer than a quarter of what it may hold and
+// younger than linger; or while it has no reason to claim (wantClaim is
+// false), handlers still run, and the outcomes are younger than linger
+// and fewer than a round beside another would carry. held is how many
+// jobs the worker holds, and waiting how many of them wait for a slot.
+func (d *dispatcher) sendNow(wantClaim bool, claim, held, waiting int) bool {
 	n := d.outcomes()
 	switch {
 	case len(d.lostClaims) > 0:
@@ -224,6 +227,16 @@ func (d *dispatcher) sendNow(claim, waiting int) bool {
 		return claim > 0
 	case len(d.p.toRelease) > 0:
 		return true
+	}
+	if !wantClaim && held > waiting {
+		// The queue holds nothing for this worker, as far as it knows,
+		// so the round claims nothing and frees no slot by going now:
+		// its outcomes may wait, up to linger, for those of the handlers
+		// still running, or until they are as many as a round sent
+		// beside another carries. Under a backlog every claim comes back
+		// full and this never applies.
+		return n >= max(minBeside, (d.w.cfg.Slots+d.aheadLimit())/4) ||
+			time.Since(d.pendingSince) >= d.linger()
 	}
 	limit := d.aheadLimit()
 	if limit == 0 {

@@ -32,10 +32,21 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, dat
 		name, _, _ := strings.Cut(rest, " ")
 		c.mu.Lock()
 		c.n[name]++
+		// The statements that complete jobs take their ids first.
+		if len(data.Args) > 0 {
+			if ids, ok := data.Args[0].([]int64); ok && len(ids) > 0 && strings.HasPrefix(name, "JobComplete") {
+				c.n[completing]++
+			}
+		}
 		c.mu.Unlock()
 	}
 	return ctx
 }
+
+// completing counts, among a statementCounter's names, the statements that
+// completed jobs: JobCompleteMany, and JobCompleteAndClaim with
+// completions.
+const completing = "(completing)"
 
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
@@ -86,6 +97,48 @@ func TestWorker_ToldOfNewJobsClaimsWhenToldNotWithEveryCompletion(t *testing.T) 
 	}
 	if alone < jobs/2 {
 		t.Errorf("%d of %d completions sent without a claim, want at least half", alone, jobs)
+	}
+}
+
+func TestWorker_RoundThatClaimsNothingWaitsForTheHandlersStillRunning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, counted := b.countedPool(t)
+	b.runWorker(t, pool, worker.Config{Slots: 4, PollInterval: time.Hour}, func(w *worker.Worker) {
+		w.HandleFunc("short", func(ctx context.Context, j *worker.Job) (any, error) {
+			time.Sleep(20 * time.Millisecond)
+			return nil, nil
+		})
+	})
+	// Batches of four jobs, each inserted by one statement and so announced
+	// by one notification: one claim takes the four, and their handlers
+	// start together and end within a fraction of their run time.
+	const batches, size = 20, 4
+	for range batches {
+		var ids []int64
+		rows, err := b.pool.Query(b.ctx, `
+			INSERT INTO jobs (queue, kind, max_attempts)
+			SELECT 'default', 'short', 1 FROM generate_series(1, $1::integer)
+			RETURNING id`, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			b.waitForState(t, id, db.JobStateSucceeded, 10*time.Second)
+		}
+	}
+	// The first batches teach the worker how long its handlers run; it
+	// lingers for half of that, 5 ms at most. Sent at once, the first
+	// outcome of a batch would go alone and the others after it: two
+	// statements a batch or more.
+	got := counted.count(completing)
+	t.Logf("%d batches of %d jobs: %d statements completed them", batches, size, got)
+	if got > batches*3/2 {
+		t.Errorf("%d statements completed %d batches of %d jobs that ended together, want about one a batch", got, batches, size)
 	}
 }
 
