@@ -263,9 +263,10 @@ type JobCompleteManyParams struct {
 // Completes the finished jobs given (id, token, result), as
 // JobCompleteAndClaim's completions do, with no claim beside them: the
 // round of a worker that claims nothing, since it has no slot free or no
-// reason to think the queue holds a job for it. PostgreSQL plans a statement at every call, and this one costs it a
-// sixth of the planning of JobCompleteAndClaim (docs/experiments.md, "A
-// claim with every completion"). Its SET and fence repeat the completed
+// reason to think the queue holds a job for it. PostgreSQL plans a
+// statement at every call, and this one costs it a sixth of the planning
+// of JobCompleteAndClaim (docs/experiments.md, "A claim with every
+// completion"). Its SET and fence repeat the completed
 // part of JobCompleteAndClaim, since a statement cannot share SQL with
 // another; TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt and the
 // fence tests hold the two alike. Returns the completions that passed the

@@ -242,22 +242,33 @@ func TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt(t *testing.T) {
 		{"JobCompleteMany", (*bundle).completeAlone},
 	}
 	b := setup(t)
+	s := b.register(t, "w1", 0)
 	var ended []db.Job
 	for _, c := range completions {
 		job := b.enqueue(t, "noop", `{}`, 3)
-		id, token := b.claimOne(t, "w1", time.Minute)
-		if id != job.ID {
-			t.Fatalf("claimed job %d, want %d", id, job.ID)
+		rows := b.claimUnder(t, "w1", &s.key, 1, time.Minute)
+		if len(rows) != 1 || *rows[0].ID != job.ID {
+			t.Fatalf("claimed %+v, want job %d", rows, job.ID)
+		}
+		id, token := job.ID, *rows[0].LeaseToken
+		// Every column that holds a running job's lease is set, and a
+		// cancel request too: the completion must clear each (the schema's
+		// checks refuse a finished job that keeps one), and its success
+		// stands over the request.
+		if _, err := b.q.JobCancel(b.ctx, id); err != nil {
+			t.Fatalf("ask to cancel: %v", err)
 		}
 		if !c.complete(b, t, id, token, `{"sum": 42}`) {
 			t.Fatalf("%s refused the completion of a job under its lease", c.name)
 		}
 		got := b.get(t, id)
 		if got.State != db.JobStateSucceeded || string(got.Result) != `{"sum": 42}` || got.FinishedAt == nil ||
-			got.LeaseToken != nil || got.LeaseExpiresAt != nil || got.LeaseSession != nil || got.Attempt != 1 || got.Fence != 1 {
-			t.Errorf("%s left state %s result %s finished %v lease %v/%v/%v attempt %d fence %d; "+
-				"want succeeded with its result, finished, no lease, attempt 1, fence 1",
-				c.name, got.State, got.Result, got.FinishedAt, got.LeaseToken, got.LeaseExpiresAt, got.LeaseSession, got.Attempt, got.Fence)
+			got.LeaseToken != nil || got.LeaseExpiresAt != nil || got.LeaseSession != nil || got.CancelRequestedAt != nil ||
+			got.Attempt != 1 || got.Fence != 1 {
+			t.Errorf("%s left state %s result %s finished %v lease %v/%v/%v cancel request %v attempt %d fence %d; "+
+				"want succeeded with its result, finished, no lease, no cancel request, attempt 1, fence 1",
+				c.name, got.State, got.Result, got.FinishedAt, got.LeaseToken, got.LeaseExpiresAt, got.LeaseSession,
+				got.CancelRequestedAt, got.Attempt, got.Fence)
 		}
 		ended = append(ended, got)
 	}

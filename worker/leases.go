@@ -85,21 +85,14 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 		return nil, l.completeMany(ctx, r, done)
 	}
 	params := db.JobCompleteAndClaimParams{
-		CompleteIDs:     make([]int64, len(done)),
-		CompleteTokens:  make([]uuid.UUID, len(done)),
-		CompleteResults: make([]json.RawMessage, len(done)),
-		SessionKey:      session,
-		Queue:           w.cfg.Queue,
-		ClaimTokens:     make([]uuid.UUID, claim),
-		LeaseMs:         w.cfg.Lease.Milliseconds(),
-		WorkerID:        w.cfg.ID,
+		SessionKey:  session,
+		Queue:       w.cfg.Queue,
+		ClaimTokens: make([]uuid.UUID, claim),
+		LeaseMs:     w.cfg.Lease.Milliseconds(),
+		WorkerID:    w.cfg.ID,
 	}
+	params.CompleteIDs, params.CompleteTokens, params.CompleteResults = completions(done)
 	params.CursorPriorities, params.CursorSince = w.cursors.params(time.Now())
-	for i, o := range done {
-		params.CompleteIDs[i] = o.exec.job.ID
-		params.CompleteTokens[i] = o.exec.token
-		params.CompleteResults[i] = o.result
-	}
 	for i := range params.ClaimTokens {
 		token, err := uuid.NewRandom()
 		if err != nil {
@@ -138,16 +131,8 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 	if len(done) == 0 {
 		return nil
 	}
-	params := db.JobCompleteManyParams{
-		IDs:     make([]int64, len(done)),
-		Tokens:  make([]uuid.UUID, len(done)),
-		Results: make([]json.RawMessage, len(done)),
-	}
-	for i, o := range done {
-		params.IDs[i] = o.exec.job.ID
-		params.Tokens[i] = o.exec.token
-		params.Results[i] = o.result
-	}
+	var params db.JobCompleteManyParams
+	params.IDs, params.Tokens, params.Results = completions(done)
 	r.sentAt = time.Now()
 	ids, err := l.w.q.JobCompleteMany(ctx, params)
 	if err != nil {
@@ -157,6 +142,18 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 		r.completed[id] = true
 	}
 	return nil
+}
+
+// completions returns the ids, lease tokens and results of done, as the
+// completing statements take them.
+func completions(done []outcome) ([]int64, []uuid.UUID, []json.RawMessage) {
+	ids := make([]int64, len(done))
+	tokens := make([]uuid.UUID, len(done))
+	results := make([]json.RawMessage, len(done))
+	for i, o := range done {
+		ids[i], tokens[i], results[i] = o.exec.job.ID, o.exec.token, o.result
+	}
+	return ids, tokens, results
 }
 
 // answerLost reports whether err leaves it unknown whether the statement
