@@ -62,44 +62,86 @@ func (q *Queries) JobAnalyze(ctx context.Context) error {
 	return err
 }
 
-const jobStatisticsDue = `-- name: JobStatisticsDue :one
-SELECT CASE
-    WHEN (NOT current_setting('autovacuum')::boolean
-          OR EXISTS (SELECT FROM pg_catalog.pg_options_to_table(c.reloptions) AS o
-                     WHERE o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean))
-     AND s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float8
-                               + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0)
-     -- ANALYZE skips, with a warning, a table its role does not own.
-     AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
-    -- Relay's advisory locks: a worker's session holds the pair
-    -- (1380273241, its session key); this single key ("RELYSTAT", as
-    -- bytes) is the lock of the one worker that analyzes.
-    THEN pg_try_advisory_xact_lock(5928228431036957012)
-    ELSE false
-END AS due
-FROM pg_catalog.pg_class AS c
-JOIN pg_catalog.pg_stat_all_tables AS s ON s.relid = c.oid
-WHERE c.oid = 'jobs'::regclass
+const jobLockForAnalyze = `-- name: JobLockForAnalyze :exec
+LOCK TABLE jobs IN SHARE UPDATE EXCLUSIVE MODE NOWAIT
 `
 
-// Whether the planner's statistics of the jobs table are out of date while
-// autovacuum, off on the server or for the table, will not gather them:
-// more rows were inserted, updated or deleted since the last ANALYZE than
-// autovacuum's own rule allows (autovacuum_analyze_threshold, plus
-// autovacuum_analyze_scale_factor of the rows). When they are, it takes a
-// lock for the caller's transaction, so that of many workers asking at
-// once one analyzes, and the others find the lock taken and answer false.
+// Takes the lock ANALYZE takes on the jobs table, for the caller's
+// transaction, or fails at once (lock_not_available) if another holds
+// it: autovacuum, while it vacuums or analyzes the table. An ANALYZE that
+// waited for it instead would, after deadlock_timeout, cancel
+// autovacuum's work on the table.
+func (q *Queries) JobLockForAnalyze(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, jobLockForAnalyze)
+	return err
+}
+
+const jobStatisticsDue = `-- name: JobStatisticsDue :one
+SELECT (CASE WHEN d.reason IS NOT NULL
+             -- Relay's advisory locks: a worker's session holds the pair
+             -- (1380273241, its session key); this single key ("RELYSTAT",
+             -- as bytes) is the lock of the one worker that analyzes.
+             THEN pg_try_advisory_xact_lock(5928228431036957012)
+             ELSE false
+        END)::boolean AS due,
+       COALESCE(d.reason, '')::text AS reason
+FROM (
+    SELECT CASE
+        -- ANALYZE skips, with a warning, a table its role does not own.
+        WHEN NOT pg_catalog.pg_has_role(c.relowner, 'USAGE') THEN NULL
+        WHEN (NOT current_setting('autovacuum')::boolean
+              OR EXISTS (SELECT FROM pg_catalog.pg_options_to_table(c.reloptions) AS o
+                         WHERE o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean))
+         AND s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float8
+                                   + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0)
+            THEN 'autovacuum is off'
+        WHEN s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float8
+                                   + greatest(c.reltuples, 0)
+            THEN 'the table outgrew them'
+    END AS reason
+    FROM pg_catalog.pg_class AS c
+    JOIN pg_catalog.pg_stat_all_tables AS s ON s.relid = c.oid
+    WHERE c.oid = 'jobs'::regclass
+) AS d
+`
+
+type JobStatisticsDueRow struct {
+	Due    bool
+	Reason string
+}
+
+// Whether the planner's statistics of the jobs table are due, and why:
+//
+//   - 'autovacuum is off': autovacuum, off on the server or for the table,
+//     will not gather them, and more rows were inserted, updated or
+//     deleted since the last ANALYZE than autovacuum's own rule allows
+//     (autovacuum_analyze_threshold, plus autovacuum_analyze_scale_factor
+//     of the rows);
+//   - 'the table outgrew them': more rows changed since the last ANALYZE
+//     than the table then held (plus autovacuum_analyze_threshold), so
+//     that the plans kept were made for a table less than half its size.
+//     Autovacuum gathers them too, but only at its next round of the
+//     database, up to autovacuum_naptime (a minute) later.
+//
+// When they are due, it takes a lock for the caller's transaction, so
+// that of many workers asking at once one analyzes, and the others find
+// the lock taken and answer false; reason says why all the same, and is
+// empty when they are not due.
 //
 // Statistics matter beyond the choice of one plan: a worker's connection
 // keeps the plan PostgreSQL chose for each of its statements, and makes it
 // anew only when the statistics of a table it reads change. A plan made
 // while the table was nearly empty reads the whole table where it should
-// look a job up by id, and without ANALYZE it is kept as the table grows.
-func (q *Queries) JobStatisticsDue(ctx context.Context) (bool, error) {
+// look a job up by id, and it is kept as the table grows until the next
+// ANALYZE: after 200,000 jobs were enqueued at once, a worker that had
+// started on an empty queue completed a third as many jobs per second as
+// one started after them, until autovacuum analyzed the table
+// (docs/experiments.md, "Plans kept from an empty table").
+func (q *Queries) JobStatisticsDue(ctx context.Context) (JobStatisticsDueRow, error) {
 	row := q.db.QueryRow(ctx, jobStatisticsDue)
-	var due bool
-	err := row.Scan(&due)
-	return due, err
+	var i JobStatisticsDueRow
+	err := row.Scan(&i.Due, &i.Reason)
+	return i, err
 }
 
 const serverAutovacuum = `-- name: ServerAutovacuum :one

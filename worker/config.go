@@ -136,9 +136,10 @@ type Config struct {
 	RetainDead      time.Duration
 	RetainCancelled time.Duration
 	// PruneInterval is how often this worker deletes the finished jobs
-	// whose retention has passed, and, where autovacuum is off, looks
-	// whether the planner's statistics of the jobs table are due to be
-	// gathered again. Default: DefaultPruneInterval.
+	// whose retention has passed. It also looks every second, or every
+	// PruneInterval if that is shorter, whether the planner's statistics
+	// of the jobs table are due to be gathered again: where autovacuum is
+	// off, or once the table outgrew them. Default: DefaultPruneInterval.
 	PruneInterval time.Duration
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled. Negative means release at once.

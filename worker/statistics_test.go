@@ -3,17 +3,20 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/devdb"
+	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/worker"
 )
 
 // These tests specify how the workers keep the planner's statistics of the
-// jobs table current where autovacuum does not. Each test turns autovacuum
-// off for its own database's jobs table, so that they hold on a server
-// that runs autovacuum as on one that does not.
+// jobs table current where autovacuum does not. The tests of a server
+// without autovacuum turn it off for their own database's jobs table, so
+// that they hold on a server that runs autovacuum as on one that does not.
 
 func TestStatisticsDue_WhenManyRowsChangedSinceTheLastAnalyzeAndToOneWorkerAtATime(t *testing.T) {
 	t.Parallel()
@@ -25,7 +28,10 @@ func TestStatisticsDue_WhenManyRowsChangedSinceTheLastAnalyzeAndToOneWorkerAtATi
 		if err != nil {
 			t.Fatal(err)
 		}
-		return got
+		if got.Due && got.Reason != "autovacuum is off" {
+			t.Errorf("due for the reason %q, want %q", got.Reason, "autovacuum is off")
+		}
+		return got.Due
 	}
 	insert := func(t *testing.T, n int) {
 		t.Helper()
@@ -98,6 +104,146 @@ func TestStatistics_GatheredByAWorkerMakeACachedPlanAnew(t *testing.T) {
 	if scanned, buffers, plan := heartbeat.explain(t, b); scanned || buffers > 10 {
 		t.Errorf("after the worker analyzed jobs, the heartbeat read %d buffers (scans the table: %v):\n%s", buffers, scanned, plan)
 	}
+}
+
+// TestStatistics_GatheredByAWorkerOnceTheTableOutgrewThemWhereAutovacuumRuns
+// runs on a private cluster with autovacuum on, as production servers
+// run. Autovacuum gathers statistics only at its next round of the
+// database, and this test keeps it from analyzing jobs at all, as if that
+// round were far off. The statistics are due once more rows changed since
+// the last ANALYZE than the table then held, and not before; a worker
+// then gathers them, and the heartbeat's plan kept from the empty table
+// is made anew.
+func TestStatistics_GatheredByAWorkerOnceTheTableOutgrewThemWhereAutovacuumRuns(t *testing.T) {
+	t.Parallel()
+	b := setupPrivate(t)
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE jobs SET (autovacuum_analyze_threshold = 2000000000)`); err != nil {
+		t.Fatal(err)
+	}
+	due := func(t *testing.T) bool {
+		t.Helper()
+		tx, err := b.pool.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(b.ctx)
+		got, err := db.New(tx).JobStatisticsDue(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Due && got.Reason != "the table outgrew them" {
+			t.Errorf("due for the reason %q, want %q", got.Reason, "the table outgrew them")
+		}
+		return got.Due
+	}
+	analyzed := func(t *testing.T) int64 {
+		t.Helper()
+		return b.count(t, `SELECT analyze_count FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass`)
+	}
+
+	heartbeat := keepPlan(t, b, "heartbeat", func(q *db.Queries) error {
+		_, err := q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 30_000})
+		return err
+	}, `EXECUTE heartbeat(30000, '{1,2}', '{00000000-0000-0000-0000-000000000001,00000000-0000-0000-0000-000000000002}')`)
+	addFinishedJobs(t, b, 40)
+	if due(t) {
+		t.Errorf("due after 40 rows inserted, below autovacuum_analyze_threshold (50)")
+	}
+	addFinishedJobs(t, b, 20_000)
+	if scanned, buffers, _ := heartbeat.explain(t, b); !scanned {
+		t.Fatalf("the plan made over the empty table does not scan the jobs table (%d buffers): the test no longer shows the cached plan it is about", buffers)
+	}
+	if !due(t) {
+		t.Fatalf("not due after 20,040 rows inserted into a table never analyzed")
+	}
+
+	_, stop := b.startWorker(t, worker.Config{PruneInterval: 20 * time.Millisecond}, func(*worker.Worker) {})
+	deadline := time.Now().Add(20 * time.Second)
+	for analyzed(t) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no worker analyzed jobs within 20s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if scanned, buffers, plan := heartbeat.explain(t, b); scanned || buffers > 10 {
+		t.Errorf("after the worker analyzed jobs, the heartbeat read %d buffers (scans the table: %v):\n%s", buffers, scanned, plan)
+	}
+
+	// Half as many rows again as the table held: not due, autovacuum's
+	// own rule would have applied long before, and no worker analyzes.
+	addFinishedJobs(t, b, 10_000)
+	if due(t) {
+		t.Errorf("due after 10,000 rows inserted into a table of 20,040 analyzed")
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop()
+	if got := analyzed(t); got != 1 {
+		t.Errorf("jobs analyzed %d times, want once", got)
+	}
+}
+
+// TestStatistics_AWorkerNeverWaitsForTheTableWhileAutovacuumWorksOnIt
+// holds, in a transaction of the test's, the lock that autovacuum holds
+// while it vacuums or analyzes the jobs table. An ANALYZE that waited for
+// it would, after deadlock_timeout, cancel autovacuum's work. While the
+// lock is held, no worker waits for a lock on the table; once it is
+// released, a worker analyzes.
+func TestStatistics_AWorkerNeverWaitsForTheTableWhileAutovacuumWorksOnIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	offForJobs(t, b)
+	execReported(t, b, `INSERT INTO jobs (kind) SELECT 'noop' FROM generate_series(1, 1000)`)
+	holder, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(b.ctx)
+	if _, err := holder.Exec(b.ctx, `LOCK TABLE jobs IN SHARE UPDATE EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+
+	b.startWorker(t, worker.Config{PruneInterval: 20 * time.Millisecond}, func(*worker.Worker) {})
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if n := b.count(t, `SELECT count(*) FROM pg_locks WHERE relation = 'jobs'::regclass AND NOT granted`); n > 0 {
+			t.Fatalf("%d sessions wait for a lock on jobs while its vacuum lock is held", n)
+		}
+	}
+	if got := b.count(t, `SELECT analyze_count FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass`); got != 0 {
+		t.Fatalf("jobs analyzed %d times while its vacuum lock was held", got)
+	}
+	if err := holder.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for b.count(t, `SELECT analyze_count FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass`) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no worker analyzed jobs within 20s of the lock's release")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// setupPrivate is setup on a private cluster of PostgreSQL's defaults,
+// autovacuum on, that this test alone uses and that is removed when it
+// ends.
+func setupPrivate(t *testing.T) *bundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cluster, err := devdb.StartLocal(ctx, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("start a private cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := cluster.Stop(context.Background()); err != nil {
+			t.Errorf("stop the private cluster: %v", err)
+		}
+	})
+	pool := newPool(t, cluster.URL())
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return &bundle{ctx: context.Background(), url: cluster.URL(), pool: pool, q: db.New(pool)}
 }
 
 // offForJobs turns autovacuum off for the jobs table of b's database.
