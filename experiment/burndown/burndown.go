@@ -71,6 +71,12 @@ type Config struct {
 	Configs []harness.ProcSlots
 	// Timeout bounds each configuration's burn-down. Default 10 minutes.
 	Timeout time.Duration
+	// WorkersFirst starts the workers on the empty queue, has them run
+	// WarmUpJobs jobs enqueued one at a time, and only then fills the
+	// queue, in one transaction: a burst into a queue that stood idle.
+	// The plans the workers' connections keep were then made over a
+	// nearly empty table. Relay only.
+	WorkersFirst bool
 	// Progress receives progress lines. Nil: none.
 	Progress io.Writer
 }
@@ -108,6 +114,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Timeout == 0 {
 		c.Timeout = 10 * time.Minute
 	}
+	if c.WorkersFirst && slices.ContainsFunc(c.Systems, func(s string) bool { return s != SystemRelay }) {
+		return c, fmt.Errorf("burndown: WorkersFirst runs on %s only, got systems %v", SystemRelay, c.Systems)
+	}
 	if c.Jobs < 1 || c.Timeout < 0 {
 		return c, fmt.Errorf("burndown: jobs must be at least 1 and the timeout positive, got %d and %s", c.Jobs, c.Timeout)
 	}
@@ -144,6 +153,9 @@ type ConfigRun struct {
 	Procs  int    `json:"procs"`
 	Slots  int    `json:"slots"`
 	Jobs   int    `json:"jobs"`
+	// WorkersFirst says the workers ran WarmUpJobs jobs on the empty queue
+	// before it was filled (Config.WorkersFirst).
+	WorkersFirst bool `json:"workers_first,omitempty"`
 	// Succeeded and Retried count the jobs that ended succeeded and that
 	// took more than one attempt; OK is every job succeeded on attempt 1.
 	Succeeded int64 `json:"succeeded"`
@@ -288,6 +300,29 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	defer cancel()
 	procs := harness.NewProcs(sys.bin, logDir, "DATABASE_URL="+d.URL)
 	defer procs.KillAll()
+	var workers []*harness.Proc
+	start := func() error {
+		prog.Note("starting %d worker process(es) of %d slot(s)", pc.Procs, pc.Slots)
+		for i := 1; i <= pc.Procs; i++ {
+			id := fmt.Sprintf("burndown-%s-%s-w%d", sys.name, pc, i)
+			p, err := procs.Start(runCtx, id, sys.workArgs(id, pc.Slots)...)
+			if err != nil {
+				return err
+			}
+			workers = append(workers, p)
+		}
+		return nil
+	}
+	if cfg.WorkersFirst {
+		if err := start(); err != nil {
+			return nil, env, err
+		}
+		if err := warmUp(runCtx, d, sys, procs, prog); err != nil {
+			return nil, env, err
+		}
+	}
+	// With the workers already running, they start on the jobs as the
+	// fill commits, a few milliseconds before the counters are read.
 	prog.Note("inserting %d no-op jobs", cfg.Jobs)
 	if err := sys.fill(runCtx, d, procs, cfg.Jobs); err != nil {
 		return nil, env, err
@@ -297,16 +332,10 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		return nil, env, fmt.Errorf("read the counters: %w", err)
 	}
 	cpuBefore := harness.SamplePostgresCPU(d.Name)
-
-	prog.Note("starting %d worker process(es) of %d slot(s)", pc.Procs, pc.Slots)
-	var workers []*harness.Proc
-	for i := 1; i <= pc.Procs; i++ {
-		id := fmt.Sprintf("burndown-%s-%s-w%d", sys.name, pc, i)
-		p, err := procs.Start(runCtx, id, sys.workArgs(id, pc.Slots)...)
-		if err != nil {
+	if !cfg.WorkersFirst {
+		if err := start(); err != nil {
 			return nil, env, err
 		}
-		workers = append(workers, p)
 	}
 	if err := waitDrained(runCtx, d.Lab, sys, procs, prog, cfg.Jobs); err != nil {
 		return nil, env, err
@@ -355,7 +384,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	hot := after.TableHotUpdated - before.TableHotUpdated
 	seconds := sp.LastFinish.Sub(sp.FirstClaim).Seconds()
 	run := &ConfigRun{
-		System: sys.name, Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs,
+		System: sys.name, Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs, WorkersFirst: cfg.WorkersFirst,
 		Succeeded: sp.Succeeded, Retried: sp.Retried,
 		OK:         sp.Succeeded == int64(cfg.Jobs) && sp.Retried == 0 && sp.Total == int64(cfg.Jobs),
 		FirstClaim: sp.FirstClaim, LastFinish: sp.LastFinish,
@@ -376,6 +405,42 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		run.JobsPerSec = harness.Round2(n / seconds)
 	}
 	return run, env, nil
+}
+
+// WarmUpJobs is how many jobs the workers of a WorkersFirst burn-down
+// run before the queue is filled, enqueued warmUpGap apart: more than the
+// five executions after which PostgreSQL may keep a generic plan, on each
+// of a worker's connections.
+const (
+	WarmUpJobs = 200
+	warmUpGap  = 5 * time.Millisecond
+)
+
+// warmUp enqueues WarmUpJobs jobs one at a time, waits until the workers
+// have finished them, and deletes them.
+func warmUp(ctx context.Context, d *harness.Database, sys system, procs *harness.Procs, prog *harness.Progress) error {
+	prog.Note("warming the workers up with %d jobs, one at a time", WarmUpJobs)
+	for range WarmUpJobs {
+		if err := sys.fill(ctx, d, procs, 1); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(warmUpGap):
+		}
+	}
+	if err := waitDrained(ctx, d.Lab, sys, procs, prog, WarmUpJobs); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	n, err := d.Lab.BurndownForgetWarmUp(ctx, queue)
+	if err != nil {
+		return fmt.Errorf("delete the warm-up jobs: %w", err)
+	}
+	if n != WarmUpJobs {
+		return fmt.Errorf("deleted %d warm-up jobs, want %d", n, WarmUpJobs)
+	}
+	return nil
 }
 
 // settleTimeout bounds the wait for the workers' sessions to end and
@@ -455,6 +520,9 @@ func waitDrained(ctx context.Context, q *labdb.Queries, sys system, procs *harne
 // WriteSummary prints the result as a table, then Relay's throughput
 // beside River's.
 func (r *Result) WriteSummary(w io.Writer) error {
+	if slices.ContainsFunc(r.Runs, func(run ConfigRun) bool { return run.WorkersFirst }) {
+		fmt.Fprintf(w, "The workers started on the empty queue and ran %d jobs, enqueued one at a time, before it was filled.\n", WarmUpJobs)
+	}
 	tw := harness.NewTable(w)
 	fmt.Fprintf(tw, "system\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tall once\n")
 	for _, run := range r.Runs {

@@ -2,6 +2,7 @@ package burndown
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,5 +127,43 @@ func TestRun_OnAPrivateClusterRecordsItsSettings(t *testing.T) {
 	}
 	if len(res.Runs) != 1 || !res.Runs[0].OK {
 		t.Errorf("runs %+v, want one with every job once", res.Runs)
+	}
+}
+
+// TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs starts Relay's workers
+// on the empty queue, and checks that the burn-down counts the jobs of
+// the fill alone, every one once, after the warm-up's, and that it runs
+// on Relay only.
+func TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs(t *testing.T) {
+	const jobs = 1000
+	res, err := Run(t.Context(), Config{
+		AdminURL:     dbtest.NewURL(t),
+		Systems:      []string{SystemRelay},
+		RelayBin:     relaybin.Path(t),
+		Jobs:         jobs,
+		Configs:      []harness.ProcSlots{{Procs: 1, Slots: 10}},
+		Timeout:      2 * time.Minute,
+		WorkersFirst: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.WriteSummary(t.Output()); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 1 {
+		t.Fatalf("%d runs, want 1", len(res.Runs))
+	}
+	run := res.Runs[0]
+	if !run.WorkersFirst || !run.OK || run.Succeeded != jobs || run.Retried != 0 {
+		t.Errorf("workers first %v, succeeded %d, retried %d, ok %v; want true, %d, 0, true", run.WorkersFirst, run.Succeeded, run.Retried, run.OK, jobs)
+	}
+	if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
+		t.Errorf("span %s to %s, %v jobs/s", run.FirstClaim, run.LastFinish, run.JobsPerSec)
+	}
+
+	_, err = Run(t.Context(), Config{RelayBin: "relay", RiverBin: "relaylab-river", WorkersFirst: true})
+	if err == nil || !strings.Contains(err.Error(), "WorkersFirst runs on relay only") {
+		t.Errorf("WorkersFirst with River among the systems: %v, want it refused", err)
 	}
 }

@@ -67,8 +67,21 @@ func relaySystem(bin string) system {
 		newDatabase: func(ctx context.Context, adminURL string) (*harness.Database, error) {
 			return harness.CreateDatabase(ctx, adminURL, "relay_exp_burndown_")
 		},
+		// In one transaction, so that workers already running find every
+		// job at once.
 		fill: func(ctx context.Context, d *harness.Database, _ *harness.Procs, jobs int) error {
-			return harness.InsertJobs(ctx, d.Pool, harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25), jobs)
+			tx, err := d.Pool.Begin(ctx)
+			if err != nil {
+				return fmt.Errorf("begin the fill: %w", err)
+			}
+			defer tx.Rollback(context.WithoutCancel(ctx))
+			if err := harness.InsertJobs(ctx, tx, harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25), jobs); err != nil {
+				return err
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return fmt.Errorf("commit the fill: %w", err)
+			}
+			return nil
 		},
 		workArgs: func(id string, slots int) []string {
 			return []string{"work", "--id", id, "--queue", queue, "--slots", strconv.Itoa(slots), "--log-format", "json"}

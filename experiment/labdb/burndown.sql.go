@@ -69,6 +69,23 @@ func (q *Queries) BurndownCounters(ctx context.Context, tableName string) (Burnd
 	return i, err
 }
 
+const burndownForgetWarmUp = `-- name: BurndownForgetWarmUp :execrows
+DELETE FROM jobs AS j
+WHERE j.queue = $1
+  AND j.state IN ('succeeded', 'dead', 'cancelled')
+`
+
+// Deletes the finished jobs of a queue: the warm-up jobs a burn-down's
+// workers ran before the queue was filled, so that the span, the counts
+// and the progress are the burn-down's alone.
+func (q *Queries) BurndownForgetWarmUp(ctx context.Context, queue string) (int64, error) {
+	result, err := q.db.Exec(ctx, burndownForgetWarmUp, queue)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const burndownOtherSessions = `-- name: BurndownOtherSessions :one
 SELECT count(*)::bigint AS sessions
 FROM pg_catalog.pg_stat_activity AS a

@@ -59,3 +59,11 @@ FROM pg_catalog.pg_stat_activity AS a
 WHERE a.datname = current_database()
   AND a.backend_type = 'client backend'
   AND a.application_name = @own_application_name::text;
+
+-- name: BurndownForgetWarmUp :execrows
+-- Deletes the finished jobs of a queue: the warm-up jobs a burn-down's
+-- workers ran before the queue was filled, so that the span, the counts
+-- and the progress are the burn-down's alone.
+DELETE FROM jobs AS j
+WHERE j.queue = @queue
+  AND j.state IN ('succeeded', 'dead', 'cancelled');
