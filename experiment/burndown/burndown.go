@@ -324,7 +324,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	// With the workers already running, they start on the jobs as the
 	// fill commits, a few milliseconds before the counters are read.
 	prog.Note("inserting %d no-op jobs", cfg.Jobs)
-	if err := sys.fill(runCtx, d, procs, cfg.Jobs); err != nil {
+	if err := sys.fill(runCtx, d, procs, cfg.Jobs, cfg.WorkersFirst); err != nil {
 		return nil, env, err
 	}
 	before, err := d.Lab.BurndownCounters(ctx, sys.table)
@@ -421,7 +421,7 @@ const (
 func warmUp(ctx context.Context, d *harness.Database, sys system, procs *harness.Procs, prog *harness.Progress) error {
 	prog.Note("warming the workers up with %d jobs, one at a time", WarmUpJobs)
 	for range WarmUpJobs {
-		if err := sys.fill(ctx, d, procs, 1); err != nil {
+		if err := sys.fill(ctx, d, procs, 1, false); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 		select {

@@ -39,8 +39,10 @@ type system struct {
 	// newDatabase creates the database of one configuration.
 	newDatabase func(ctx context.Context, adminURL string) (*harness.Database, error)
 	// fill makes the database ready and inserts jobs no-op jobs on queue,
-	// with procs, whose environment names the database.
-	fill func(ctx context.Context, d *harness.Database, procs *harness.Procs, jobs int) error
+	// with procs, whose environment names the database; atOnce, in one
+	// transaction, so that workers already running find every job at
+	// once.
+	fill func(ctx context.Context, d *harness.Database, procs *harness.Procs, jobs int, atOnce bool) error
 	// workArgs are the arguments of a worker process named id that runs
 	// slots jobs at once.
 	workArgs func(id string, slots int) []string
@@ -67,15 +69,17 @@ func relaySystem(bin string) system {
 		newDatabase: func(ctx context.Context, adminURL string) (*harness.Database, error) {
 			return harness.CreateDatabase(ctx, adminURL, "relay_exp_burndown_")
 		},
-		// In one transaction, so that workers already running find every
-		// job at once.
-		fill: func(ctx context.Context, d *harness.Database, _ *harness.Procs, jobs int) error {
+		fill: func(ctx context.Context, d *harness.Database, _ *harness.Procs, jobs int, atOnce bool) error {
+			job := harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25)
+			if !atOnce {
+				return harness.InsertJobs(ctx, d.Pool, job, jobs)
+			}
 			tx, err := d.Pool.Begin(ctx)
 			if err != nil {
 				return fmt.Errorf("begin the fill: %w", err)
 			}
 			defer tx.Rollback(context.WithoutCancel(ctx))
-			if err := harness.InsertJobs(ctx, tx, harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25), jobs); err != nil {
+			if err := harness.InsertJobs(ctx, tx, job, jobs); err != nil {
 				return err
 			}
 			if err := tx.Commit(ctx); err != nil {
@@ -109,7 +113,7 @@ func riverSystem(bin string, workArgs []string) system {
 		newDatabase: func(ctx context.Context, adminURL string) (*harness.Database, error) {
 			return harness.CreateEmptyDatabase(ctx, adminURL, "relay_exp_burndown_river_")
 		},
-		fill: func(ctx context.Context, _ *harness.Database, procs *harness.Procs, jobs int) error {
+		fill: func(ctx context.Context, _ *harness.Database, procs *harness.Procs, jobs int, _ bool) error {
 			if err := procs.Run(ctx, "river-migrate", "migrate", "--log-format", "json"); err != nil {
 				return fmt.Errorf("migrate River's schema: %w", err)
 			}
