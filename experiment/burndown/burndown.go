@@ -75,7 +75,7 @@ type Config struct {
 	// WarmUpJobs jobs enqueued one at a time, and only then fills the
 	// queue, in one transaction: a burst into a queue that stood idle.
 	// The plans the workers' connections keep were then made over a
-	// nearly empty table. Relay only.
+	// nearly empty table.
 	WorkersFirst bool
 	// Progress receives progress lines. Nil: none.
 	Progress io.Writer
@@ -113,9 +113,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 10 * time.Minute
-	}
-	if c.WorkersFirst && slices.ContainsFunc(c.Systems, func(s string) bool { return s != SystemRelay }) {
-		return c, fmt.Errorf("burndown: WorkersFirst runs on %s only, got systems %v", SystemRelay, c.Systems)
 	}
 	if c.Jobs < 1 || c.Timeout < 0 {
 		return c, fmt.Errorf("burndown: jobs must be at least 1 and the timeout positive, got %d and %s", c.Jobs, c.Timeout)
@@ -300,6 +297,11 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	defer cancel()
 	procs := harness.NewProcs(sys.bin, logDir, "DATABASE_URL="+d.URL)
 	defer procs.KillAll()
+	if sys.prepare != nil {
+		if err := sys.prepare(runCtx, procs); err != nil {
+			return nil, env, err
+		}
+	}
 	var workers []*harness.Proc
 	start := func() error {
 		prog.Note("starting %d worker process(es) of %d slot(s)", pc.Procs, pc.Slots)
@@ -433,7 +435,7 @@ func warmUp(ctx context.Context, d *harness.Database, sys system, procs *harness
 	if err := waitDrained(ctx, d.Lab, sys, procs, prog, WarmUpJobs); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
-	n, err := d.Lab.BurndownForgetWarmUp(ctx, queue)
+	n, err := sys.forgetWarmUp(ctx, d.Lab)
 	if err != nil {
 		return fmt.Errorf("delete the warm-up jobs: %w", err)
 	}

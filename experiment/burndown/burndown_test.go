@@ -2,7 +2,6 @@ package burndown
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -130,16 +129,16 @@ func TestRun_OnAPrivateClusterRecordsItsSettings(t *testing.T) {
 	}
 }
 
-// TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs starts Relay's workers
-// on the empty queue, and checks that the burn-down counts the jobs of
-// the fill alone, every one once, after the warm-up's, and that it runs
-// on Relay only.
+// TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs starts the workers on
+// the empty queue, on Relay and then on River, and checks that each
+// burn-down counts the jobs of the fill alone, every one once, after the
+// warm-up's.
 func TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs(t *testing.T) {
 	const jobs = 1000
 	res, err := Run(t.Context(), Config{
 		AdminURL:     dbtest.NewURL(t),
-		Systems:      []string{SystemRelay},
 		RelayBin:     relaybin.Path(t),
+		RiverBin:     riverBin(t),
 		Jobs:         jobs,
 		Configs:      []harness.ProcSlots{{Procs: 1, Slots: 10}},
 		Timeout:      2 * time.Minute,
@@ -151,19 +150,15 @@ func TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs(t *testing.T) {
 	if err := res.WriteSummary(t.Output()); err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != 1 {
-		t.Fatalf("%d runs, want 1", len(res.Runs))
+	if len(res.Runs) != 2 {
+		t.Fatalf("%d runs, want 2: Relay's and River's", len(res.Runs))
 	}
-	run := res.Runs[0]
-	if !run.WorkersFirst || !run.OK || run.Succeeded != jobs || run.Retried != 0 {
-		t.Errorf("workers first %v, succeeded %d, retried %d, ok %v; want true, %d, 0, true", run.WorkersFirst, run.Succeeded, run.Retried, run.OK, jobs)
-	}
-	if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
-		t.Errorf("span %s to %s, %v jobs/s", run.FirstClaim, run.LastFinish, run.JobsPerSec)
-	}
-
-	_, err = Run(t.Context(), Config{RelayBin: "relay", RiverBin: "relaylab-river", WorkersFirst: true})
-	if err == nil || !strings.Contains(err.Error(), "WorkersFirst runs on relay only") {
-		t.Errorf("WorkersFirst with River among the systems: %v, want it refused", err)
+	for _, run := range res.Runs {
+		if !run.WorkersFirst || !run.OK || run.Succeeded != jobs || run.Retried != 0 {
+			t.Errorf("%s: workers first %v, succeeded %d, retried %d, ok %v; want true, %d, 0, true", run.System, run.WorkersFirst, run.Succeeded, run.Retried, run.OK, jobs)
+		}
+		if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
+			t.Errorf("%s: span %s to %s, %v jobs/s", run.System, run.FirstClaim, run.LastFinish, run.JobsPerSec)
+		}
 	}
 }

@@ -38,11 +38,15 @@ type system struct {
 	table string
 	// newDatabase creates the database of one configuration.
 	newDatabase func(ctx context.Context, adminURL string) (*harness.Database, error)
-	// fill makes the database ready and inserts jobs no-op jobs on queue,
-	// with procs, whose environment names the database; atOnce, in one
+	// prepare makes the database ready for the workers, with procs, whose
+	// environment names the database. Nil: newDatabase did.
+	prepare func(ctx context.Context, procs *harness.Procs) error
+	// fill inserts jobs no-op jobs on queue, with procs; atOnce, in one
 	// transaction, so that workers already running find every job at
 	// once.
 	fill func(ctx context.Context, d *harness.Database, procs *harness.Procs, jobs int, atOnce bool) error
+	// forgetWarmUp deletes the finished jobs of queue, and says how many.
+	forgetWarmUp func(ctx context.Context, q *labdb.Queries) (int64, error)
 	// workArgs are the arguments of a worker process named id that runs
 	// slots jobs at once.
 	workArgs func(id string, slots int) []string
@@ -87,6 +91,9 @@ func relaySystem(bin string) system {
 			}
 			return nil
 		},
+		forgetWarmUp: func(ctx context.Context, q *labdb.Queries) (int64, error) {
+			return q.BurndownForgetWarmUp(ctx, queue)
+		},
 		workArgs: func(id string, slots int) []string {
 			return []string{"work", "--id", id, "--queue", queue, "--slots", strconv.Itoa(slots), "--log-format", "json"}
 		},
@@ -113,15 +120,25 @@ func riverSystem(bin string, workArgs []string) system {
 		newDatabase: func(ctx context.Context, adminURL string) (*harness.Database, error) {
 			return harness.CreateEmptyDatabase(ctx, adminURL, "relay_exp_burndown_river_")
 		},
-		fill: func(ctx context.Context, _ *harness.Database, procs *harness.Procs, jobs int, _ bool) error {
+		prepare: func(ctx context.Context, procs *harness.Procs) error {
 			if err := procs.Run(ctx, "river-migrate", "migrate", "--log-format", "json"); err != nil {
 				return fmt.Errorf("migrate River's schema: %w", err)
 			}
-			if err := procs.Run(ctx, "river-insert", "insert", "--jobs", strconv.Itoa(jobs), "--kind", "noop",
-				"--queue", queue, "--log-format", "json"); err != nil {
+			return nil
+		},
+		// At once: in one statement of InsertManyFast.
+		fill: func(ctx context.Context, _ *harness.Database, procs *harness.Procs, jobs int, atOnce bool) error {
+			args := []string{"insert", "--jobs", strconv.Itoa(jobs), "--kind", "noop", "--queue", queue, "--log-format", "json"}
+			if atOnce {
+				args = append(args, "--batch", strconv.Itoa(max(jobs, 1)))
+			}
+			if err := procs.Run(ctx, "river-insert", args...); err != nil {
 				return fmt.Errorf("insert River's jobs: %w", err)
 			}
 			return nil
+		},
+		forgetWarmUp: func(ctx context.Context, q *labdb.Queries) (int64, error) {
+			return q.BurndownRiverForgetWarmUp(ctx, queue)
 		},
 		workArgs: func(id string, slots int) []string {
 			args := []string{"work", "--id", id, "--queue", queue, "--workers", strconv.Itoa(slots), "--log-format", "json"}

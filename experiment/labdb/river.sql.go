@@ -10,6 +10,24 @@ import (
 	"time"
 )
 
+const burndownRiverForgetWarmUp = `-- name: BurndownRiverForgetWarmUp :execrows
+DELETE FROM river_job AS j
+WHERE j.queue = $1
+  AND j.state IN ('completed', 'cancelled', 'discarded')
+`
+
+// Deletes River's finalized jobs of a queue, as BurndownForgetWarmUp
+// deletes Relay's: the warm-up jobs of a burn-down whose workers started
+// first.
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) BurndownRiverForgetWarmUp(ctx context.Context, queue string) (int64, error) {
+	result, err := q.db.Exec(ctx, burndownRiverForgetWarmUp, queue)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const burndownRiverSpan = `-- name: BurndownRiverSpan :one
 
 SELECT count(*) FILTER (WHERE j.state = 'completed')::bigint AS succeeded,

@@ -82,3 +82,12 @@ WHERE j.queue = sqlc.arg(queue)::text
 -- @sqlc-vet-disable sqlc/db-prepare
 SELECT count(*)::bigint AS jobs
 FROM river_job;
+
+-- name: BurndownRiverForgetWarmUp :execrows
+-- Deletes River's finalized jobs of a queue, as BurndownForgetWarmUp
+-- deletes Relay's: the warm-up jobs of a burn-down whose workers started
+-- first.
+-- @sqlc-vet-disable sqlc/db-prepare
+DELETE FROM river_job AS j
+WHERE j.queue = @queue
+  AND j.state IN ('completed', 'cancelled', 'discarded');

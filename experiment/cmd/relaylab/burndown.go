@@ -44,7 +44,7 @@ names a server ($DATABASE_URL is not used).`)
 	fs.StringVar(&cfg.RiverBin, "river-bin", "", "relaylab-river binary that runs River (default: relaylab-river beside this binary, else on PATH)")
 	fs.StringVar(&riverFlags, "river-flags", "", `extra flags for River's workers, e.g. "--fetch-cooldown 5ms" (default: none, the adapter's tuned fetch settings)`)
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "bound on each configuration's burn-down (default 10m)")
-	fs.BoolVar(&cfg.WorkersFirst, "workers-first", false, fmt.Sprintf("start the workers on the empty queue and run %d jobs enqueued one at a time before filling it in one transaction (relay only)", burndown.WarmUpJobs))
+	fs.BoolVar(&cfg.WorkersFirst, "workers-first", false, fmt.Sprintf("start the workers on the empty queue and run %d jobs enqueued one at a time before filling it at once", burndown.WarmUpJobs))
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
 	}
@@ -64,9 +64,6 @@ names a server ($DATABASE_URL is not used).`)
 		common.resolveDatabase(getenv)
 	}
 	var err error
-	if cfg.WorkersFirst && slices.ContainsFunc(cfg.Systems, func(s string) bool { return s != burndown.SystemRelay }) {
-		return cli.Usagef("experiment burndown: --workers-first runs on relay only, got --systems %s", systems)
-	}
 	if cfg.Configs, err = harness.ParseConfigs(configs); err != nil {
 		return cli.Usagef("experiment burndown: --configs: %v", err)
 	}
