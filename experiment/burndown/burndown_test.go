@@ -25,7 +25,7 @@ func riverBin(t *testing.T) string {
 func TestRun_Short(t *testing.T) {
 	const jobs = 2000
 	out := t.TempDir()
-	res, err := Run(t.Context(), Config{
+	res := runBoth(t, Config{
 		AdminURL: dbtest.NewURL(t),
 		RelayBin: relaybin.Path(t),
 		RiverBin: riverBin(t),
@@ -34,27 +34,13 @@ func TestRun_Short(t *testing.T) {
 		Configs:  []harness.ProcSlots{{Procs: 2, Slots: 20}},
 		Timeout:  2 * time.Minute,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.WriteSummary(t.Output()); err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Runs) != 2 {
-		t.Fatalf("%d runs, want 2: Relay's and River's", len(res.Runs))
-	}
 	for i, want := range []struct{ system, table string }{{SystemRelay, "jobs"}, {SystemRiver, "river_job"}} {
 		run := res.Runs[i]
 		t.Run(want.system, func(t *testing.T) {
 			if run.System != want.system || run.Table != want.table || run.Config != "2x20" {
 				t.Errorf("run %d is %s on %s at %s, want %s on %s at 2x20", i, run.System, run.Table, run.Config, want.system, want.table)
 			}
-			if !run.OK || run.Succeeded != jobs || run.Retried != 0 {
-				t.Errorf("succeeded %d, retried %d, ok %v; want %d, 0, true", run.Succeeded, run.Retried, run.OK, jobs)
-			}
-			if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
-				t.Errorf("span %s to %s, %v jobs/s", run.FirstClaim, run.LastFinish, run.JobsPerSec)
-			}
+			checkEveryJobOnce(t, run, jobs)
 			// Each job is fetched and completed: at least two updates
 			// of its row, and some WAL and commits, per job.
 			if run.UpdatesPerJob < 2 || run.WALBytesPerJob <= 0 || run.WALRecordsPerJob <= 0 || run.CommitsPerJob <= 0 || run.Indexes < 1 {
@@ -135,7 +121,7 @@ func TestRun_OnAPrivateClusterRecordsItsSettings(t *testing.T) {
 // warm-up's.
 func TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs(t *testing.T) {
 	const jobs = 1000
-	res, err := Run(t.Context(), Config{
+	res := runBoth(t, Config{
 		AdminURL:     dbtest.NewURL(t),
 		RelayBin:     relaybin.Path(t),
 		RiverBin:     riverBin(t),
@@ -144,6 +130,21 @@ func TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs(t *testing.T) {
 		Timeout:      2 * time.Minute,
 		WorkersFirst: true,
 	})
+	for _, run := range res.Runs {
+		t.Run(run.System, func(t *testing.T) {
+			if !run.WorkersFirst {
+				t.Errorf("run not recorded as workers first")
+			}
+			checkEveryJobOnce(t, run, jobs)
+		})
+	}
+}
+
+// runBoth runs cfg, prints its summary, and checks that it ran on Relay
+// and on River.
+func runBoth(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	res, err := Run(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,12 +154,17 @@ func TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs(t *testing.T) {
 	if len(res.Runs) != 2 {
 		t.Fatalf("%d runs, want 2: Relay's and River's", len(res.Runs))
 	}
-	for _, run := range res.Runs {
-		if !run.WorkersFirst || !run.OK || run.Succeeded != jobs || run.Retried != 0 {
-			t.Errorf("%s: workers first %v, succeeded %d, retried %d, ok %v; want true, %d, 0, true", run.System, run.WorkersFirst, run.Succeeded, run.Retried, run.OK, jobs)
-		}
-		if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
-			t.Errorf("%s: span %s to %s, %v jobs/s", run.System, run.FirstClaim, run.LastFinish, run.JobsPerSec)
-		}
+	return res
+}
+
+// checkEveryJobOnce checks that every one of jobs succeeded on its first
+// attempt, over a span of some time.
+func checkEveryJobOnce(t *testing.T, run ConfigRun, jobs int) {
+	t.Helper()
+	if !run.OK || run.Succeeded != int64(jobs) || run.Retried != 0 {
+		t.Errorf("succeeded %d, retried %d, ok %v; want %d, 0, true", run.Succeeded, run.Retried, run.OK, jobs)
+	}
+	if !run.LastFinish.After(run.FirstClaim) || run.JobsPerSec <= 0 {
+		t.Errorf("span %s to %s, %v jobs/s", run.FirstClaim, run.LastFinish, run.JobsPerSec)
 	}
 }
