@@ -109,8 +109,10 @@ func TestWork_RefusesAnIDALiveWorkerHolds(t *testing.T) {
 	if _, stderr, code := runBinary(t, ctx, "migrate", "--database-url", dsn); code != 0 {
 		t.Fatalf("relay migrate: status %d: %s", code, stderr)
 	}
-	first := startProc(t, ctx, "first", "work", "--database-url", dsn, "--id", "pod-0", "--log-format", "json")
-	for !strings.Contains(first.stderr.String(), "worker starting") {
+	// The first holds the id once its session is registered, which it
+	// logs at debug level; "worker starting" comes before that.
+	first := startProc(t, ctx, "first", "work", "--database-url", dsn, "--id", "pod-0", "--log-format", "json", "--log-level", "debug")
+	for !strings.Contains(first.stderr.String(), "worker session registered") {
 		select {
 		case <-first.done:
 			t.Fatalf("the first worker exited: %v", first.err)
