@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/devdb"
 	"github.com/relayq/relay/migrations"
@@ -70,6 +72,58 @@ func TestStatisticsDue_WhenManyRowsChangedSinceTheLastAnalyzeAndToOneWorkerAtATi
 	}
 	if due(t, db.New(b.pool)) {
 		t.Errorf("still due right after ANALYZE")
+	}
+}
+
+// TestStatisticsDue_NeverToARoleThatDoesNotOwnTheTable asks as a role
+// that may read the jobs table but does not own it, and is not a member
+// of its owner's role: ANALYZE would skip the table with a warning, so
+// the statistics are never due to it, though they are to the owner.
+func TestStatisticsDue_NeverToARoleThatDoesNotOwnTheTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	offForJobs(t, b)
+	execReported(t, b, `INSERT INTO jobs (kind) SELECT 'noop' FROM generate_series(1, 1000)`)
+	var role string
+	if err := b.pool.QueryRow(b.ctx, `SELECT 'relay_test_reader_' || substr(md5(random()::text), 1, 12)`).Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	ident := pgx.Identifier{role}.Sanitize()
+	for _, stmt := range []string{`CREATE ROLE ` + ident, `GRANT SELECT ON jobs TO ` + ident} {
+		if _, err := b.pool.Exec(b.ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, stmt := range []string{`REVOKE ALL ON jobs FROM ` + ident, `DROP ROLE ` + ident} {
+			if _, err := b.pool.Exec(context.Background(), stmt); err != nil {
+				t.Errorf("%s: %v", stmt, err)
+			}
+		}
+	})
+	ask := func(t *testing.T, as string) db.JobStatisticsDueRow {
+		t.Helper()
+		tx, err := b.pool.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(b.ctx)
+		if as != "" {
+			if _, err := tx.Exec(b.ctx, `SET LOCAL ROLE `+pgx.Identifier{as}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := db.New(tx).JobStatisticsDue(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := ask(t, role); got.Due || got.Reason != "" {
+		t.Errorf("asked as a reader of the table: %+v, want not due and no reason", got)
+	}
+	if got := ask(t, ""); !got.Due || got.Reason != "autovacuum is off" {
+		t.Errorf("asked as the table's owner: %+v, want due because autovacuum is off", got)
 	}
 }
 
