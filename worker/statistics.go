@@ -10,8 +10,8 @@ import (
 )
 
 // statisticsInterval is how often, at most, a worker looks whether the
-// planner's statistics of the jobs table are due: a query of the
-// server's table statistics, in a transaction of its own.
+// planner's statistics of the jobs table are due: one statement over the
+// server's table statistics.
 const statisticsInterval = time.Second
 
 // statistician gathers the planner's statistics of the jobs table when

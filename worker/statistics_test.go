@@ -26,10 +26,7 @@ func TestStatisticsDue_WhenManyRowsChangedSinceTheLastAnalyzeAndToOneWorkerAtATi
 	offForJobs(t, b)
 	due := func(t *testing.T, q *db.Queries) bool {
 		t.Helper()
-		got, err := q.JobStatisticsDue(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := dueIn(t, b, q)
 		if got.Due && got.Reason != "autovacuum is off" {
 			t.Errorf("due for the reason %q, want %q", got.Reason, "autovacuum is off")
 		}
@@ -101,28 +98,10 @@ func TestStatisticsDue_NeverToARoleThatDoesNotOwnTheTable(t *testing.T) {
 			}
 		}
 	})
-	ask := func(t *testing.T, as string) db.JobStatisticsDueRow {
-		t.Helper()
-		tx, err := b.pool.Begin(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(b.ctx)
-		if as != "" {
-			if _, err := tx.Exec(b.ctx, `SET LOCAL ROLE `+pgx.Identifier{as}.Sanitize()); err != nil {
-				t.Fatal(err)
-			}
-		}
-		got, err := db.New(tx).JobStatisticsDue(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	if got := ask(t, role); got.Due || got.Reason != "" {
+	if got := dueAsked(t, b, role); got.Due || got.Reason != "" {
 		t.Errorf("asked as a reader of the table: %+v, want not due and no reason", got)
 	}
-	if got := ask(t, ""); !got.Due || got.Reason != "autovacuum is off" {
+	if got := dueAsked(t, b, ""); !got.Due || got.Reason != "autovacuum is off" {
 		t.Errorf("asked as the table's owner: %+v, want due because autovacuum is off", got)
 	}
 }
@@ -148,13 +127,7 @@ func TestStatistics_GatheredByAWorkerMakeACachedPlanAnew(t *testing.T) {
 
 	_, stop := b.startWorker(t, worker.Config{PruneInterval: 20 * time.Millisecond}, func(*worker.Worker) {})
 	defer stop()
-	deadline := time.Now().Add(20 * time.Second)
-	for b.count(t, `SELECT count(*) FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass AND last_analyze IS NOT NULL`) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no worker analyzed jobs within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitAnalyzed(t, b, "")
 	if scanned, buffers, plan := heartbeat.explain(t, b); scanned || buffers > 10 {
 		t.Errorf("after the worker analyzed jobs, the heartbeat read %d buffers (scans the table: %v):\n%s", buffers, scanned, plan)
 	}
@@ -176,23 +149,11 @@ func TestStatistics_GatheredByAWorkerOnceTheTableOutgrewThemWhereAutovacuumRuns(
 	}
 	due := func(t *testing.T) bool {
 		t.Helper()
-		tx, err := b.pool.Begin(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(b.ctx)
-		got, err := db.New(tx).JobStatisticsDue(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := dueAsked(t, b, "")
 		if got.Due && got.Reason != "the table outgrew them" {
 			t.Errorf("due for the reason %q, want %q", got.Reason, "the table outgrew them")
 		}
 		return got.Due
-	}
-	analyzed := func(t *testing.T) int64 {
-		t.Helper()
-		return b.count(t, `SELECT analyze_count FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass`)
 	}
 
 	heartbeat := keepPlan(t, b, "heartbeat", func(q *db.Queries) error {
@@ -212,13 +173,7 @@ func TestStatistics_GatheredByAWorkerOnceTheTableOutgrewThemWhereAutovacuumRuns(
 	}
 
 	_, stop := b.startWorker(t, worker.Config{PruneInterval: 20 * time.Millisecond}, func(*worker.Worker) {})
-	deadline := time.Now().Add(20 * time.Second)
-	for analyzed(t) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no worker analyzed jobs within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitAnalyzed(t, b, "")
 	if scanned, buffers, plan := heartbeat.explain(t, b); scanned || buffers > 10 {
 		t.Errorf("after the worker analyzed jobs, the heartbeat read %d buffers (scans the table: %v):\n%s", buffers, scanned, plan)
 	}
@@ -231,7 +186,7 @@ func TestStatistics_GatheredByAWorkerOnceTheTableOutgrewThemWhereAutovacuumRuns(
 	}
 	time.Sleep(200 * time.Millisecond)
 	stop()
-	if got := analyzed(t); got != 1 {
+	if got := analyzeCount(t, b); got != 1 {
 		t.Errorf("jobs analyzed %d times, want once", got)
 	}
 }
@@ -262,16 +217,57 @@ func TestStatistics_AWorkerNeverWaitsForTheTableWhileAutovacuumWorksOnIt(t *test
 			t.Fatalf("%d sessions wait for a lock on jobs while its vacuum lock is held", n)
 		}
 	}
-	if got := b.count(t, `SELECT analyze_count FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass`); got != 0 {
+	if got := analyzeCount(t, b); got != 0 {
 		t.Fatalf("jobs analyzed %d times while its vacuum lock was held", got)
 	}
 	if err := holder.Rollback(b.ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitAnalyzed(t, b, " of the lock's release")
+}
+
+// dueIn asks JobStatisticsDue through q.
+func dueIn(t *testing.T, b *bundle, q *db.Queries) db.JobStatisticsDueRow {
+	t.Helper()
+	got, err := q.JobStatisticsDue(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// dueAsked asks JobStatisticsDue in a transaction of its own, which it
+// rolls back, as role if one is given (SET LOCAL ROLE).
+func dueAsked(t *testing.T, b *bundle, role string) db.JobStatisticsDueRow {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if role != "" {
+		if _, err := tx.Exec(b.ctx, `SET LOCAL ROLE `+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dueIn(t, b, db.New(tx))
+}
+
+// analyzeCount is how many times jobs was analyzed other than by
+// autovacuum: by the workers, here.
+func analyzeCount(t *testing.T, b *bundle) int64 {
+	t.Helper()
+	return b.count(t, `SELECT analyze_count FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass`)
+}
+
+// waitAnalyzed waits up to 20 s, from now, until a worker has analyzed
+// jobs; since says from what, in the failure.
+func waitAnalyzed(t *testing.T, b *bundle, since string) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for b.count(t, `SELECT analyze_count FROM pg_stat_all_tables WHERE relid = 'jobs'::regclass`) == 0 {
+	for analyzeCount(t, b) == 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("no worker analyzed jobs within 20s of the lock's release")
+			t.Fatalf("no worker analyzed jobs within 20s%s", since)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -410,9 +410,10 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 }
 
 // WarmUpJobs is how many jobs the workers of a WorkersFirst burn-down
-// run before the queue is filled, enqueued warmUpGap apart: more than the
-// five executions after which PostgreSQL may keep a generic plan, on each
-// of a worker's connections.
+// run before the queue is filled, enqueued warmUpGap apart: many times
+// the five executions of a statement on a connection after which
+// PostgreSQL may keep a generic plan for it, spread over a worker's few
+// connections.
 const (
 	WarmUpJobs = 200
 	warmUpGap  = 5 * time.Millisecond
