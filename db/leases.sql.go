@@ -10,7 +10,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const jobCompleteAndClaim = `-- name: JobCompleteAndClaim :many
@@ -122,13 +122,13 @@ ORDER BY claimed.n
 
 type JobCompleteAndClaimParams struct {
 	CompleteIDs      []int64
-	CompleteTokens   []uuid.UUID
+	CompleteTokens   []pgtype.UUID
 	CompleteResults  []json.RawMessage
 	SessionKey       *int32
 	CursorPriorities []int16
 	CursorSince      []time.Time
 	Queue            string
-	ClaimTokens      []uuid.UUID
+	ClaimTokens      []pgtype.UUID
 	LeaseMs          int64
 	WorkerID         string
 }
@@ -143,7 +143,7 @@ type JobCompleteAndClaimRow struct {
 	Attempt        *int32
 	MaxAttempts    *int32
 	Fence          *int64
-	LeaseToken     *uuid.UUID
+	LeaseToken     pgtype.UUID
 	LeaseExpiresAt *time.Time
 	CreatedAt      *time.Time
 	RunAt          *time.Time
@@ -256,7 +256,7 @@ RETURNING j.id
 
 type JobCompleteManyParams struct {
 	IDs     []int64
-	Tokens  []uuid.UUID
+	Tokens  []pgtype.UUID
 	Results []json.RawMessage
 }
 
@@ -328,7 +328,7 @@ RETURNING j.id, j.state
 
 type JobFailManyParams struct {
 	IDs       []int64
-	Tokens    []uuid.UUID
+	Tokens    []pgtype.UUID
 	Errors    []string
 	Permanent []bool
 	RetryInMs []int64
@@ -391,7 +391,7 @@ type JobGetClaimedRow struct {
 	Attempt        int32
 	MaxAttempts    int32
 	Fence          int64
-	LeaseToken     *uuid.UUID
+	LeaseToken     pgtype.UUID
 	LeaseExpiresAt *time.Time
 	CreatedAt      time.Time
 	RunAt          time.Time
@@ -402,7 +402,7 @@ type JobGetClaimedRow struct {
 // running under them with their lease unexpired: a worker that sent a claim
 // and lost the answer (its connection cut after the commit, or its wait
 // timed out) adopts them instead of leaving them to wait out their lease.
-func (q *Queries) JobGetClaimed(ctx context.Context, tokens []uuid.UUID) ([]JobGetClaimedRow, error) {
+func (q *Queries) JobGetClaimed(ctx context.Context, tokens []pgtype.UUID) ([]JobGetClaimedRow, error) {
 	rows, err := q.db.Query(ctx, jobGetClaimed, tokens)
 	if err != nil {
 		return nil, err
@@ -451,7 +451,7 @@ RETURNING j.id, j.lease_expires_at, (j.cancel_requested_at IS NOT NULL)::boolean
 type JobHeartbeatManyParams struct {
 	LeaseMs int64
 	IDs     []int64
-	Tokens  []uuid.UUID
+	Tokens  []pgtype.UUID
 }
 
 type JobHeartbeatManyRow struct {
@@ -650,7 +650,7 @@ RETURNING j.id
 type JobReleaseManyParams struct {
 	Note   *string
 	IDs    []int64
-	Tokens []uuid.UUID
+	Tokens []pgtype.UUID
 }
 
 // Releases jobs from the worker that holds them, so that others can run

@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type JobState string
@@ -91,7 +91,7 @@ type Job struct {
 	MaxAttempts       int32
 	Fence             int64
 	RunAt             time.Time
-	LeaseToken        *uuid.UUID
+	LeaseToken        pgtype.UUID
 	LeaseExpiresAt    *time.Time
 	LeasedBy          *string
 	CancelRequestedAt *time.Time

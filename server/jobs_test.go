@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 )
@@ -77,7 +77,7 @@ func TestGetJob_ShowsTheNewest20ErrorsAndCountsThemAll(t *testing.T) {
 			name: "failed",
 			record: func(t *testing.T, e *testEnv, id int64, round int) {
 				rows, err := e.q.JobFailMany(context.Background(), db.JobFailManyParams{
-					IDs: []int64{id}, Tokens: []uuid.UUID{e.claimOne(t, id, time.Minute)},
+					IDs: []int64{id}, Tokens: []pgtype.UUID{e.claimOne(t, id, time.Minute)},
 					Errors: []string{fmt.Sprintf("boom %d", round)}, Permanent: []bool{false}, RetryInMs: []int64{0},
 				})
 				if err != nil || len(rows) != 1 {
@@ -108,7 +108,7 @@ func TestGetJob_ShowsTheNewest20ErrorsAndCountsThemAll(t *testing.T) {
 			record: func(t *testing.T, e *testEnv, id int64, round int) {
 				note := fmt.Sprintf("released: round %d", round)
 				ids, err := e.q.JobReleaseMany(context.Background(), db.JobReleaseManyParams{
-					Note: &note, IDs: []int64{id}, Tokens: []uuid.UUID{e.claimOne(t, id, time.Minute)},
+					Note: &note, IDs: []int64{id}, Tokens: []pgtype.UUID{e.claimOne(t, id, time.Minute)},
 				})
 				if err != nil || len(ids) != 1 {
 					t.Fatalf("release: %v %v", err, ids)
@@ -238,9 +238,9 @@ func TestListJobs_ShowsEachJobsSummaryWithoutPayloadResultOrErrors(t *testing.T)
 	succeeded := e.enqueue(t, `{"kind":"a","queue":"done","payload":{"big":"`+big+`"}}`)
 	token := e.claimOne(t, succeeded.ID, time.Minute)
 	if _, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{succeeded.ID}, CompleteTokens: []uuid.UUID{token},
+		CompleteIDs: []int64{succeeded.ID}, CompleteTokens: []pgtype.UUID{token},
 		CompleteResults: []json.RawMessage{json.RawMessage(`{"secret":"result"}`)},
-		Queue:           "done", ClaimTokens: []uuid.UUID{}, LeaseMs: 1000, WorkerID: "test-worker",
+		Queue:           "done", ClaimTokens: []pgtype.UUID{}, LeaseMs: 1000, WorkerID: "test-worker",
 	}); err != nil {
 		t.Fatalf("complete: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
@@ -160,27 +161,27 @@ func (e *testEnv) enqueue(t testing.TB, body string) JobView {
 }
 
 // leaseTokens draws n fresh lease tokens, for a claim of n jobs.
-func leaseTokens(n int) []uuid.UUID {
-	tokens := make([]uuid.UUID, n)
+func leaseTokens(n int) []pgtype.UUID {
+	tokens := make([]pgtype.UUID, n)
 	for i := range tokens {
-		tokens[i] = uuid.New()
+		tokens[i] = newToken()
 	}
 	return tokens
 }
 
 // claim makes every ready job of queue running, as a worker would, and
 // returns their lease tokens by id.
-func (e *testEnv) claim(t testing.TB, queue string) map[int64]uuid.UUID {
+func (e *testEnv) claim(t testing.TB, queue string) map[int64]pgtype.UUID {
 	t.Helper()
 	return e.claimFor(t, queue, time.Minute)
 }
 
 // claimFor claims as claim does, under leases of the given length.
-func (e *testEnv) claimFor(t testing.TB, queue string, lease time.Duration) map[int64]uuid.UUID {
+func (e *testEnv) claimFor(t testing.TB, queue string, lease time.Duration) map[int64]pgtype.UUID {
 	t.Helper()
 	rows, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
 		CompleteIDs:     []int64{},
-		CompleteTokens:  []uuid.UUID{},
+		CompleteTokens:  []pgtype.UUID{},
 		CompleteResults: []json.RawMessage{},
 		Queue:           queue,
 		ClaimTokens:     leaseTokens(1000),
@@ -190,10 +191,10 @@ func (e *testEnv) claimFor(t testing.TB, queue string, lease time.Duration) map[
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
-	out := map[int64]uuid.UUID{}
+	out := map[int64]pgtype.UUID{}
 	for _, r := range rows {
 		if r.ID != nil {
-			out[*r.ID] = *r.LeaseToken
+			out[*r.ID] = r.LeaseToken
 		}
 	}
 	return out
@@ -201,7 +202,7 @@ func (e *testEnv) claimFor(t testing.TB, queue string, lease time.Duration) map[
 
 // claimOne claims the job with id, which must be the only ready job of its
 // queue, under a lease of the given length, and returns its lease token.
-func (e *testEnv) claimOne(t testing.TB, id int64, lease time.Duration) uuid.UUID {
+func (e *testEnv) claimOne(t testing.TB, id int64, lease time.Duration) pgtype.UUID {
 	t.Helper()
 	job, err := e.q.JobGet(context.Background(), id)
 	if err != nil {
@@ -225,7 +226,7 @@ func (e *testEnv) kill(t testing.TB, queue string, id int64) {
 		t.Fatalf("job %d was not claimed (claimed %v)", id, tokens)
 	}
 	rows, err := e.q.JobFailMany(context.Background(), db.JobFailManyParams{
-		IDs: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"boom"},
 		Permanent: []bool{true}, RetryInMs: []int64{0},
 	})
 	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
@@ -384,3 +385,6 @@ func rollBackOneMigration(t testing.TB, pool *pgxpool.Pool) {
 		t.Fatalf("migrate down: %v", err)
 	}
 }
+
+// newToken draws a fresh random lease token.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }

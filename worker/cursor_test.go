@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/worker"
@@ -140,7 +140,7 @@ func TestReturnedJobs_AreAnnouncedToTheirQueueOnTheirOwnChannel(t *testing.T) {
 		{name: "a job released", announced: true, do: func(t *testing.T, b *bundle) {
 			b.enqueue(t, "noop", `{}`, 3)
 			id, token := b.claimOne(t, "w", time.Minute)
-			if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []uuid.UUID{token}}); err != nil {
+			if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []pgtype.UUID{token}}); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -156,7 +156,7 @@ func TestReturnedJobs_AreAnnouncedToTheirQueueOnTheirOwnChannel(t *testing.T) {
 			b.enqueue(t, "noop", `{}`, 3)
 			id, token := b.claimOne(t, "w", time.Minute)
 			if _, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-				IDs: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"}, Permanent: []bool{false}, RetryInMs: []int64{60_000},
+				IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"boom"}, Permanent: []bool{false}, RetryInMs: []int64{60_000},
 			}); err != nil {
 				t.Fatal(err)
 			}

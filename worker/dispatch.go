@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const (
@@ -31,7 +31,7 @@ type dispatcher struct {
 	// lostClaims holds the lease tokens of claims whose answer was lost
 	// and whose jobs are not found yet; lostSentAt is when the first of
 	// them was sent.
-	lostClaims []uuid.UUID
+	lostClaims []pgtype.UUID
 	lostSentAt time.Time
 }
 
@@ -45,7 +45,7 @@ func (d *dispatcher) newRound(claim int) *round {
 
 // loseClaim notes the tokens of a claim sent at sentAt whose answer was
 // lost, for a later round to look for.
-func (d *dispatcher) loseClaim(tokens []uuid.UUID, sentAt time.Time) {
+func (d *dispatcher) loseClaim(tokens []pgtype.UUID, sentAt time.Time) {
 	if len(d.lostClaims) == 0 || sentAt.Before(d.lostSentAt) {
 		d.lostSentAt = sentAt
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 )
@@ -12,7 +12,7 @@ import (
 // execution is one claimed job, from its claim until its outcome is known.
 type execution struct {
 	job    Job
-	token  uuid.UUID
+	token  pgtype.UUID
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	// renewedAt is when the statement behind the latest successful claim or
@@ -46,6 +46,6 @@ func newExecution(r db.JobCompleteAndClaimRow, workerID string, sentAt time.Time
 		job.CreatedAt = *r.CreatedAt
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &execution{job: job, token: deref(r.LeaseToken), ctx: ctx, cancel: cancel,
+	return &execution{job: job, token: r.LeaseToken, ctx: ctx, cancel: cancel,
 		renewedAt: sentAt, claimedAt: time.Now()}
 }

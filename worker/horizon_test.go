@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgplan"
@@ -59,7 +59,7 @@ func pinnedHistory(t *testing.T, b *bundle, n int, lease time.Duration) time.Tim
 				newest = *r.RunAt
 			}
 			p.CompleteIDs = append(p.CompleteIDs, *r.ID)
-			p.CompleteTokens = append(p.CompleteTokens, *r.LeaseToken)
+			p.CompleteTokens = append(p.CompleteTokens, r.LeaseToken)
 			p.CompleteResults = append(p.CompleteResults, nil)
 		}
 		got, err := b.q.JobCompleteAndClaim(b.ctx, p)
@@ -148,7 +148,7 @@ func TestAcknowledgements_UnderAPinnedHorizonLookTheirJobsUpByID(t *testing.T) {
 	pinnedHistory(t, b, 5000, time.Hour)
 	b.enqueue(t, "noop", `{}`, 3)
 	id, token := b.claimOne(t, "w", time.Hour)
-	ids, tokens := []int64{id}, []uuid.UUID{token}
+	ids, tokens := []int64{id}, []pgtype.UUID{token}
 	for _, tc := range []struct {
 		name string
 		call func(q *db.Queries) error

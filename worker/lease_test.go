@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgplan"
@@ -219,9 +219,9 @@ func TestClaim_MarksJobRunningUnderFreshLease(t *testing.T) {
 		t.Fatalf("claimed job %d, want %d", id, job.ID)
 	}
 	got := b.get(t, id)
-	if got.State != db.JobStateRunning || got.Attempt != 1 || got.Fence != 1 || deref(got.LeasedBy) != "w1" || deref(got.LeaseToken) != token {
+	if got.State != db.JobStateRunning || got.Attempt != 1 || got.Fence != 1 || deref(got.LeasedBy) != "w1" || got.LeaseToken != token {
 		t.Errorf("after claim: state %s attempt %d fence %d leased_by %v token %v; want running 1 1 w1 %v",
-			got.State, got.Attempt, got.Fence, deref(got.LeasedBy), deref(got.LeaseToken), token)
+			got.State, got.Attempt, got.Fence, deref(got.LeasedBy), got.LeaseToken, token)
 	}
 	var leaseSeconds float64
 	if err := b.pool.QueryRow(b.ctx, "SELECT extract(epoch FROM lease_expires_at - started_at) FROM jobs WHERE id = $1", id).Scan(&leaseSeconds); err != nil {
@@ -236,7 +236,7 @@ func TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt(t *testing.T) {
 	t.Parallel()
 	completions := []struct {
 		name     string
-		complete func(b *bundle, t *testing.T, id int64, token uuid.UUID, result string) bool
+		complete func(b *bundle, t *testing.T, id int64, token pgtype.UUID, result string) bool
 	}{
 		{"JobCompleteAndClaim", (*bundle).complete},
 		{"JobCompleteMany", (*bundle).completeAlone},
@@ -250,7 +250,7 @@ func TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt(t *testing.T) {
 		if len(rows) != 1 || *rows[0].ID != job.ID {
 			t.Fatalf("claimed %+v, want job %d", rows, job.ID)
 		}
-		id, token := job.ID, *rows[0].LeaseToken
+		id, token := job.ID, rows[0].LeaseToken
 		// Every column that holds a running job's lease is set, and a
 		// cancel request too: the completion must clear each (the schema's
 		// checks refuse a finished job that keeps one), and its success
@@ -263,7 +263,7 @@ func TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt(t *testing.T) {
 		}
 		got := b.get(t, id)
 		if got.State != db.JobStateSucceeded || string(got.Result) != `{"sum": 42}` || got.FinishedAt == nil ||
-			got.LeaseToken != nil || got.LeaseExpiresAt != nil || got.LeaseSession != nil || got.CancelRequestedAt != nil ||
+			got.LeaseToken.Valid || got.LeaseExpiresAt != nil || got.LeaseSession != nil || got.CancelRequestedAt != nil ||
 			got.Attempt != 1 || got.Fence != 1 {
 			t.Errorf("%s left state %s result %s finished %v lease %v/%v/%v cancel request %v attempt %d fence %d; "+
 				"want succeeded with its result, finished, no lease, no cancel request, attempt 1, fence 1",
@@ -287,19 +287,19 @@ func TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt(t *testing.T) {
 type ack struct {
 	name string
 	// send makes the acknowledgement and reports whether it was accepted.
-	send func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool
+	send func(t *testing.T, b *bundle, id int64, token pgtype.UUID) bool
 }
 
 var acks = []ack{
-	{"complete", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+	{"complete", func(t *testing.T, b *bundle, id int64, token pgtype.UUID) bool {
 		return b.complete(t, id, token, `{"by": "stale"}`)
 	}},
-	{"complete without a claim", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+	{"complete without a claim", func(t *testing.T, b *bundle, id int64, token pgtype.UUID) bool {
 		return b.completeAlone(t, id, token, `{"by": "stale"}`)
 	}},
-	{"fail", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+	{"fail", func(t *testing.T, b *bundle, id int64, token pgtype.UUID) bool {
 		rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-			IDs: []int64{id}, Tokens: []uuid.UUID{token}, Errors: []string{"stale failure"},
+			IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"stale failure"},
 			Permanent: []bool{false}, RetryInMs: []int64{0},
 		})
 		if err != nil {
@@ -307,17 +307,17 @@ var acks = []ack{
 		}
 		return len(rows) == 1
 	}},
-	{"heartbeat", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
+	{"heartbeat", func(t *testing.T, b *bundle, id int64, token pgtype.UUID) bool {
 		rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{
-			LeaseMs: 60_000, IDs: []int64{id}, Tokens: []uuid.UUID{token},
+			LeaseMs: 60_000, IDs: []int64{id}, Tokens: []pgtype.UUID{token},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return len(rows) == 1
 	}},
-	{"release", func(t *testing.T, b *bundle, id int64, token uuid.UUID) bool {
-		ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []uuid.UUID{token}})
+	{"release", func(t *testing.T, b *bundle, id int64, token pgtype.UUID) bool {
+		ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []pgtype.UUID{token}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -394,7 +394,7 @@ func TestAcknowledgement_WithRandomTokenIsRejected(t *testing.T) {
 			b := setup(t)
 			job := b.enqueue(t, "noop", `{}`, 5)
 			b.claimOne(t, "owner", time.Minute)
-			if a.send(t, b, job.ID, uuid.New()) {
+			if a.send(t, b, job.ID, newToken()) {
 				t.Fatalf("%s with a token that was never issued was accepted", a.name)
 			}
 		})
@@ -406,7 +406,7 @@ func TestHeartbeat_ExtendsLeaseInDatabaseTime(t *testing.T) {
 	b := setup(t)
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "w", time.Second)
-	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 120_000, IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 120_000, IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}})
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("heartbeat: %v rows, err %v", len(rows), err)
 	}
@@ -425,7 +425,7 @@ func TestFail_SchedulesRetryWithBackoffInDatabaseTime(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 3)
 	_, token := b.claimOne(t, "w", time.Minute)
 	rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"boom"},
+		IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}, Errors: []string{"boom"},
 		Permanent: []bool{false}, RetryInMs: []int64{90_000},
 	})
 	if err != nil {
@@ -453,7 +453,7 @@ func TestFail_GoesDeadAfterMaxAttemptsWithFullErrorHistory(t *testing.T) {
 	for attempt := 1; attempt <= 3; attempt++ {
 		_, token := b.claimOne(t, fmt.Sprintf("w%d", attempt), time.Minute)
 		rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-			IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{fmt.Sprintf("error %d", attempt)},
+			IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}, Errors: []string{fmt.Sprintf("error %d", attempt)},
 			Permanent: []bool{false}, RetryInMs: []int64{0},
 		})
 		if err != nil || len(rows) != 1 {
@@ -499,7 +499,7 @@ func TestFail_PermanentErrorGoesDeadAtOnce(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 10)
 	_, token := b.claimOne(t, "w", time.Minute)
 	rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"bad input"},
+		IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}, Errors: []string{"bad input"},
 		Permanent: []bool{true}, RetryInMs: []int64{0},
 	})
 	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
@@ -573,7 +573,7 @@ func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "leaving", time.Minute)
 	note := "released: worker shutting down"
-	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Note: &note, IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Note: &note, IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("release: %v, %v", ids, err)
 	}
@@ -597,16 +597,16 @@ func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *test
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "ahead", time.Minute)
 
-	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{uuid.New()}})
+	ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []pgtype.UUID{newToken()}})
 	if err != nil || len(ids) != 0 {
 		t.Fatalf("release with a stranger's token: %v, %v; want nothing released", ids, err)
 	}
-	ids, err = b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}})
+	ids, err = b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("release: %v, %v", ids, err)
 	}
 	got := b.get(t, job.ID)
-	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 || got.LeaseToken != nil ||
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.Fence != 1 || got.LeaseToken.Valid ||
 		string(got.Errors) != "[]" || got.LastError != nil || !got.RunAt.Equal(job.RunAt) {
 		t.Errorf("released: state %s attempt %d fence %d token %v errors %s last error %v run_at %s (was %s); "+
 			"want available, attempt 0, fence 1, no lease, no history, run_at kept",
@@ -621,7 +621,7 @@ func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *test
 	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
-	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}}); err != nil {
+	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}}); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	if got := b.get(t, job.ID); got.State != db.JobStateCancelled || got.FinishedAt == nil || got.Fence != 2 {
@@ -644,12 +644,12 @@ func TestCancel_AvailableJobEndsAtOnceRunningJobIsMarked(t *testing.T) {
 	if err != nil || got.State != db.JobStateRunning || got.CancelRequestedAt == nil {
 		t.Fatalf("cancel running: %+v, %v", got, err)
 	}
-	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 60_000, IDs: []int64{running.ID}, Tokens: []uuid.UUID{token}})
+	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 60_000, IDs: []int64{running.ID}, Tokens: []pgtype.UUID{token}})
 	if err != nil || len(rows) != 1 || !rows[0].CancelRequested {
 		t.Fatalf("heartbeat after cancel: %+v, %v; want renewed with cancel_requested", rows, err)
 	}
 	failed, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		IDs: []int64{running.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"context canceled"},
+		IDs: []int64{running.ID}, Tokens: []pgtype.UUID{token}, Errors: []string{"context canceled"},
 		Permanent: []bool{false}, RetryInMs: []int64{0},
 	})
 	if err != nil || len(failed) != 1 || failed[0].State != db.JobStateCancelled {
@@ -667,7 +667,7 @@ func TestRetry_MakesDeadJobAvailableWithFreshAttemptsAndGrowingFence(t *testing.
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "w", time.Minute)
 	if _, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
-		IDs: []int64{job.ID}, Tokens: []uuid.UUID{token}, Errors: []string{"x"}, Permanent: []bool{true}, RetryInMs: []int64{0},
+		IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}, Errors: []string{"x"}, Permanent: []bool{true}, RetryInMs: []int64{0},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -761,7 +761,7 @@ func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) 
 		t.Run(tc.name, func(t *testing.T) {
 			got := explain(t, b, func(q *db.Queries) error {
 				_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-					CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+					CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
 					CursorPriorities: tc.priorities, CursorSince: tc.since,
 					Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 30_000, WorkerID: "explain",
 				})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 )
@@ -87,7 +88,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	params := db.JobCompleteAndClaimParams{
 		SessionKey:  session,
 		Queue:       w.cfg.Queue,
-		ClaimTokens: make([]uuid.UUID, claim),
+		ClaimTokens: make([]pgtype.UUID, claim),
 		LeaseMs:     w.cfg.Lease.Milliseconds(),
 		WorkerID:    w.cfg.ID,
 	}
@@ -98,7 +99,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 		if err != nil {
 			return nil, fmt.Errorf("draw a lease token: %w", err)
 		}
-		params.ClaimTokens[i] = token
+		params.ClaimTokens[i] = pgtype.UUID{Bytes: token, Valid: true}
 	}
 	r.sentAt = time.Now()
 	rows, err := w.q.JobCompleteAndClaim(ctx, params)
@@ -146,9 +147,9 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 
 // completions returns the ids, lease tokens and results of done, as the
 // completing statements take them.
-func completions(done []outcome) ([]int64, []uuid.UUID, []json.RawMessage) {
+func completions(done []outcome) ([]int64, []pgtype.UUID, []json.RawMessage) {
 	ids := make([]int64, len(done))
-	tokens := make([]uuid.UUID, len(done))
+	tokens := make([]pgtype.UUID, len(done))
 	results := make([]json.RawMessage, len(done))
 	for i, o := range done {
 		ids[i], tokens[i], results[i] = o.exec.job.ID, o.exec.token, o.result
@@ -168,7 +169,7 @@ func answerLost(err error) bool {
 // getClaimed returns the jobs still running under the lease tokens given,
 // those of claims whose answer was lost (JobGetClaimed), in the shape of a
 // claim.
-func (l leases) getClaimed(ctx context.Context, tokens []uuid.UUID) ([]db.JobCompleteAndClaimRow, error) {
+func (l leases) getClaimed(ctx context.Context, tokens []pgtype.UUID) ([]db.JobCompleteAndClaimRow, error) {
 	rows, err := l.w.q.JobGetClaimed(ctx, tokens)
 	if err != nil {
 		return nil, err
@@ -197,7 +198,7 @@ func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, 
 	params := db.JobHeartbeatManyParams{
 		LeaseMs: w.cfg.Lease.Milliseconds(),
 		IDs:     make([]int64, len(held)),
-		Tokens:  make([]uuid.UUID, len(held)),
+		Tokens:  make([]pgtype.UUID, len(held)),
 	}
 	for i, e := range held {
 		params.IDs[i] = e.job.ID
@@ -229,7 +230,7 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (map[int64]db.Jo
 	refused, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
 		params := db.JobFailManyParams{
 			IDs:       make([]int64, len(part)),
-			Tokens:    make([]uuid.UUID, len(part)),
+			Tokens:    make([]pgtype.UUID, len(part)),
 			Errors:    make([]string, len(part)),
 			Permanent: make([]bool, len(part)),
 			RetryInMs: make([]int64, len(part)),
@@ -278,7 +279,7 @@ func (l leases) releaseMany(ctx context.Context, execs []*execution, note *strin
 	w := l.w
 	released := make(map[int64]bool, len(execs))
 	refused, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
-		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]uuid.UUID, len(part))}
+		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]pgtype.UUID, len(part))}
 		for i, e := range part {
 			params.IDs[i] = e.job.ID
 			params.Tokens[i] = e.token

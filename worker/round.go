@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 )
@@ -48,7 +48,7 @@ type round struct {
 	// adopt holds the lease tokens of earlier claims whose answer was lost:
 	// the jobs still running under them are this worker's to run.
 	// adoptSentAt is when the first of those claims was sent.
-	adopt       []uuid.UUID
+	adopt       []pgtype.UUID
 	adoptSentAt time.Time
 
 	// Filled in by acknowledge. released, failStates and completed stay
@@ -63,7 +63,7 @@ type round struct {
 	adoptedOK bool
 	// lostClaim holds the tokens of this round's claim if its answer was
 	// lost: the claim may have committed.
-	lostClaim []uuid.UUID
+	lostClaim []pgtype.UUID
 	sentAt    time.Time
 	err       error
 }

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgplan"
@@ -113,7 +113,7 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 			reclaimed <- rows
 		}()
 		s2 := b.register(t, "w", s1.key)
-		released, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []uuid.UUID{*rows[0].LeaseToken}})
+		released, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []pgtype.UUID{rows[0].LeaseToken}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,14 +123,14 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 		}
 		<-reclaimed
 		got := b.get(t, job.ID)
-		if len(again) == 1 && (got.State != db.JobStateRunning || deref(got.LeaseToken) != *again[0].LeaseToken) {
+		if len(again) == 1 && (got.State != db.JobStateRunning || got.LeaseToken != again[0].LeaseToken) {
 			premature++
 			t.Errorf("round %d: the job claimed again under live session %d was taken: %s, last error %q",
 				round, s2.key, got.State, deref(got.LastError))
 		}
 		// Finish the round: the job leaves the queue.
 		if got.State == db.JobStateRunning {
-			b.complete(t, job.ID, deref(got.LeaseToken), `{}`)
+			b.complete(t, job.ID, got.LeaseToken, `{}`)
 		}
 		s2.end(t, b)
 		if _, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {

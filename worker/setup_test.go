@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
@@ -107,13 +108,13 @@ func (b *bundle) claimUnder(t *testing.T, workerID string, session *int32, n int
 }
 
 // claimOne claims exactly one job or fails the test.
-func (b *bundle) claimOne(t *testing.T, workerID string, lease time.Duration) (int64, uuid.UUID) {
+func (b *bundle) claimOne(t *testing.T, workerID string, lease time.Duration) (int64, pgtype.UUID) {
 	t.Helper()
 	rows := b.claim(t, workerID, 1, lease)
 	if len(rows) != 1 {
 		t.Fatalf("claim by %s: got %d jobs, want 1", workerID, len(rows))
 	}
-	return *rows[0].ID, *rows[0].LeaseToken
+	return *rows[0].ID, rows[0].LeaseToken
 }
 
 // session is a worker session registered on a connection of its own, as a
@@ -180,10 +181,10 @@ func (s *session) end(t *testing.T, b *bundle) {
 }
 
 // complete completes one claim and reports whether the database accepted it.
-func (b *bundle) complete(t *testing.T, id int64, token uuid.UUID, result string) bool {
+func (b *bundle) complete(t *testing.T, id int64, token pgtype.UUID, result string) bool {
 	t.Helper()
 	rows, err := b.q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{id}, CompleteTokens: []uuid.UUID{token},
+		CompleteIDs: []int64{id}, CompleteTokens: []pgtype.UUID{token},
 		CompleteResults: []json.RawMessage{json.RawMessage(result)},
 		Queue:           "default", WorkerID: "unused",
 	})
@@ -196,10 +197,10 @@ func (b *bundle) complete(t *testing.T, id int64, token uuid.UUID, result string
 // completeAlone completes the job id under token with result in a
 // statement without a claim (JobCompleteMany), and reports whether the
 // completion was accepted.
-func (b *bundle) completeAlone(t *testing.T, id int64, token uuid.UUID, result string) bool {
+func (b *bundle) completeAlone(t *testing.T, id int64, token pgtype.UUID, result string) bool {
 	t.Helper()
 	ids, err := b.q.JobCompleteMany(b.ctx, db.JobCompleteManyParams{
-		IDs: []int64{id}, Tokens: []uuid.UUID{token}, Results: []json.RawMessage{json.RawMessage(result)},
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Results: []json.RawMessage{json.RawMessage(result)},
 	})
 	if err != nil {
 		t.Fatalf("complete without a claim: %v", err)
@@ -344,16 +345,16 @@ func nextRound(worker string, held []db.JobCompleteAndClaimRow, claim int) db.Jo
 	params := db.JobCompleteAndClaimParams{Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 60_000, WorkerID: worker}
 	for _, r := range held {
 		params.CompleteIDs = append(params.CompleteIDs, *r.ID)
-		params.CompleteTokens = append(params.CompleteTokens, *r.LeaseToken)
+		params.CompleteTokens = append(params.CompleteTokens, r.LeaseToken)
 		params.CompleteResults = append(params.CompleteResults, json.RawMessage(`{}`))
 	}
 	return params
 }
 
-func leaseTokens(n int) []uuid.UUID {
-	tokens := make([]uuid.UUID, n)
+func leaseTokens(n int) []pgtype.UUID {
+	tokens := make([]pgtype.UUID, n)
 	for i := range tokens {
-		tokens[i] = uuid.New()
+		tokens[i] = newToken()
 	}
 	return tokens
 }
@@ -379,3 +380,6 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
+
+// newToken draws a fresh random lease token.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }

@@ -35,7 +35,7 @@ func TestWorker_RunsHandlerAndStoresResult(t *testing.T) {
 	if string(got.Result) != `{"fence": 1, "attempt": 1, "greeting": "hello Ada"}` {
 		t.Errorf("result %s", got.Result)
 	}
-	if got.LeaseToken != nil || got.LeaseExpiresAt != nil || got.FinishedAt == nil {
+	if got.LeaseToken.Valid || got.LeaseExpiresAt != nil || got.FinishedAt == nil {
 		t.Errorf("succeeded job still holds a lease or has no finish time: %+v", got)
 	}
 }
@@ -281,7 +281,7 @@ func TestWorker_GracefulShutdownReleasesHeldJobs(t *testing.T) {
 		t.Errorf("handler's context cause %v, want ErrShutdown", cause)
 	}
 	got := b.get(t, stubborn.ID)
-	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.LeaseToken != nil {
+	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.LeaseToken.Valid {
 		t.Errorf("stubborn job after shutdown: state %s attempt %d; want available with its attempt given back", got.State, got.Attempt)
 	}
 	if !strings.Contains(string(got.Errors), "released: worker shutting down") {

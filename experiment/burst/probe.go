@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/experiment/harness"
@@ -95,7 +96,7 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 		return nil, fmt.Errorf("probe: insert jobs: %w", err)
 	}
 	cp := db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
 		Queue: probeQueue, LeaseMs: 30000, WorkerID: "experiment-probe",
 	}
 	result := json.RawMessage(`{"worker":"experiment-probe","pid":0,"attempt":1,"fence":1}`)
@@ -107,7 +108,7 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 		}
 		var rows []db.JobCompleteAndClaimRow
 		var err error
-		cp.ClaimTokens = []uuid.UUID{uuid.New()}
+		cp.ClaimTokens = []pgtype.UUID{newToken()}
 		t0 := time.Now()
 		switch mode {
 		case "round_trip", "round_trip_paced":
@@ -139,7 +140,7 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 		cp.CompleteIDs, cp.CompleteTokens, cp.CompleteResults = cp.CompleteIDs[:0], cp.CompleteTokens[:0], cp.CompleteResults[:0]
 		if len(rows) > 0 && rows[0].ID != nil {
 			cp.CompleteIDs = append(cp.CompleteIDs, *rows[0].ID)
-			cp.CompleteTokens = append(cp.CompleteTokens, *rows[0].LeaseToken)
+			cp.CompleteTokens = append(cp.CompleteTokens, rows[0].LeaseToken)
 			cp.CompleteResults = append(cp.CompleteResults, result)
 		}
 		return elapsed, nil
@@ -176,3 +177,6 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 	}
 	return out, nil
 }
+
+// newToken draws a fresh random lease token.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }

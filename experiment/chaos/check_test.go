@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
@@ -74,7 +76,7 @@ func (h *history) insert(kind string, maxAttempts int32) int64 {
 type claimed struct {
 	id     int64
 	fence  int64
-	token  uuid.UUID
+	token  pgtype.UUID
 	worker string
 }
 
@@ -83,13 +85,13 @@ type claimed struct {
 func (h *history) claim(worker string, lease time.Duration) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: "default", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: lease.Milliseconds(), WorkerID: worker,
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		Queue: "default", ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: lease.Milliseconds(), WorkerID: worker,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {
 		h.t.Fatalf("claim: %v (%d rows)", err, len(rows))
 	}
-	c := claimed{id: *rows[0].ID, fence: *rows[0].Fence, token: *rows[0].LeaseToken, worker: worker}
+	c := claimed{id: *rows[0].ID, fence: *rows[0].Fence, token: rows[0].LeaseToken, worker: worker}
 	if err := h.lab.ChaosExecutionStart(h.ctx, labdb.ChaosExecutionStartParams{
 		JobID: c.id, Kind: *rows[0].Kind, Attempt: *rows[0].Attempt, Fence: c.fence, Worker: worker, PID: 1,
 	}); err != nil {
@@ -103,7 +105,7 @@ func (h *history) claim(worker string, lease time.Duration) claimed {
 func (h *history) complete(c claimed) bool {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{c.id}, CompleteTokens: []uuid.UUID{c.token},
+		CompleteIDs: []int64{c.id}, CompleteTokens: []pgtype.UUID{c.token},
 		CompleteResults: []json.RawMessage{json.RawMessage(fmt.Sprintf(`{"fence": %d}`, c.fence))},
 		Queue:           "default", LeaseMs: 1000, WorkerID: c.worker,
 	})
@@ -120,7 +122,7 @@ func (h *history) complete(c claimed) bool {
 func (h *history) fail(c claimed, retry time.Duration) bool {
 	h.t.Helper()
 	rows, err := h.q.JobFailMany(h.ctx, db.JobFailManyParams{
-		IDs: []int64{c.id}, Tokens: []uuid.UUID{c.token}, Errors: []string{fmt.Sprintf("boom (fence=%d)", c.fence)},
+		IDs: []int64{c.id}, Tokens: []pgtype.UUID{c.token}, Errors: []string{fmt.Sprintf("boom (fence=%d)", c.fence)},
 		Permanent: []bool{false}, RetryInMs: []int64{retry.Milliseconds()},
 	})
 	if err != nil {
@@ -415,20 +417,20 @@ func TestCheckHistory_CatchesPoisonDeadAfterOtherThanMaxAttempts(t *testing.T) {
 func (h *history) claimAhead(worker string) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: "default", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: worker,
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		Queue: "default", ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: worker,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {
 		h.t.Fatalf("claim ahead: %v (%d rows)", err, len(rows))
 	}
-	return claimed{id: *rows[0].ID, fence: *rows[0].Fence, token: *rows[0].LeaseToken, worker: worker}
+	return claimed{id: *rows[0].ID, fence: *rows[0].Fence, token: rows[0].LeaseToken, worker: worker}
 }
 
 func TestCheckHistory_AReleasedUnstartedClaimIsNoAttempt(t *testing.T) {
 	h := newHistory(t)
 	h.enqueue(KindFail, 2)
 	ahead := h.claimAhead("w1")
-	ids, err := h.q.JobReleaseMany(h.ctx, db.JobReleaseManyParams{IDs: []int64{ahead.id}, Tokens: []uuid.UUID{ahead.token}})
+	ids, err := h.q.JobReleaseMany(h.ctx, db.JobReleaseManyParams{IDs: []int64{ahead.id}, Tokens: []pgtype.UUID{ahead.token}})
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("release: %v, %v", ids, err)
 	}
@@ -457,3 +459,6 @@ func TestCheckHistory_CatchesAWrongOutcome(t *testing.T) {
 	h.fail(h.claim("w1", time.Minute), 0)
 	wantFindings(t, h.check(), map[string]int64{"wrong outcome": 2})
 }
+
+// newToken draws a fresh random lease token.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -209,8 +208,8 @@ type ChaosTransition struct {
 	Action            string
 	OldState          JobState
 	NewState          JobState
-	OldToken          *uuid.UUID
-	NewToken          *uuid.UUID
+	OldToken          pgtype.UUID
+	NewToken          pgtype.UUID
 	OldFence          int64
 	NewFence          int64
 	OldAttempt        int32
@@ -237,7 +236,7 @@ type Job struct {
 	MaxAttempts       int32
 	Fence             int64
 	RunAt             time.Time
-	LeaseToken        *uuid.UUID
+	LeaseToken        pgtype.UUID
 	LeaseExpiresAt    *time.Time
 	LeasedBy          *string
 	CancelRequestedAt *time.Time

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
@@ -139,15 +141,15 @@ func TestProxy_CutAfterCommitLeavesTheClientUnsureAlthoughTheStatementCommitted(
 	claim := func(complete []db.JobCompleteAndClaimRow, max int32) ([]db.JobCompleteAndClaimRow, error) {
 		p := db.JobCompleteAndClaimParams{Queue: "default", LeaseMs: 60_000, WorkerID: "w"}
 		for range max {
-			p.ClaimTokens = append(p.ClaimTokens, uuid.New())
+			p.ClaimTokens = append(p.ClaimTokens, newToken())
 		}
 		for _, r := range complete {
 			p.CompleteIDs = append(p.CompleteIDs, *r.ID)
-			p.CompleteTokens = append(p.CompleteTokens, *r.LeaseToken)
+			p.CompleteTokens = append(p.CompleteTokens, r.LeaseToken)
 			p.CompleteResults = append(p.CompleteResults, []byte(`{"ok":true}`))
 		}
 		if p.CompleteIDs == nil {
-			p.CompleteIDs, p.CompleteTokens, p.CompleteResults = []int64{}, []uuid.UUID{}, []json.RawMessage{}
+			p.CompleteIDs, p.CompleteTokens, p.CompleteResults = []int64{}, []pgtype.UUID{}, []json.RawMessage{}
 		}
 		return q.JobCompleteAndClaim(ctx, p)
 	}
@@ -244,3 +246,6 @@ func TestBackendParser_FindsReadyForQueryAcrossChunks(t *testing.T) {
 		}
 	}
 }
+
+// newToken draws a fresh random lease token.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }

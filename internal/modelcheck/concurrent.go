@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
@@ -32,7 +32,7 @@ type Concurrent struct {
 
 	mu     sync.Mutex
 	jobs   map[int64]*jobHistory
-	ended  map[uuid.UUID]int64
+	ended  map[pgtype.UUID]int64
 	buried []Ack
 	broken []string
 	counts map[string]int
@@ -41,7 +41,7 @@ type Concurrent struct {
 // jobHistory is what the workers saw happen to one job.
 type jobHistory struct {
 	claims    []claimRecord
-	completed []uuid.UUID
+	completed []pgtype.UUID
 	fails     int
 	releases  int
 	noted     int
@@ -49,7 +49,7 @@ type jobHistory struct {
 }
 
 type claimRecord struct {
-	token uuid.UUID
+	token pgtype.UUID
 	fence int64
 }
 
@@ -58,7 +58,7 @@ type claimRecord struct {
 func NewConcurrent(pool *pgxpool.Pool, seed uint64) *Concurrent {
 	return &Concurrent{
 		pool: pool, seed: seed,
-		jobs: map[int64]*jobHistory{}, ended: map[uuid.UUID]int64{}, counts: map[string]int{},
+		jobs: map[int64]*jobHistory{}, ended: map[pgtype.UUID]int64{}, counts: map[string]int{},
 	}
 }
 
@@ -77,7 +77,7 @@ func (c *Concurrent) Run(ctx context.Context, jobs, workers int, d time.Duration
 	var wg sync.WaitGroup
 	for i := range workers {
 		wg.Go(func() {
-			w := &crowdWorker{c: c, id: fmt.Sprintf("c%d", i), rng: rand.New(rand.NewPCG(c.seed, uint64(i+1))), expires: map[uuid.UUID]time.Time{}}
+			w := &crowdWorker{c: c, id: fmt.Sprintf("c%d", i), rng: rand.New(rand.NewPCG(c.seed, uint64(i+1))), expires: map[pgtype.UUID]time.Time{}}
 			errs[i] = w.run(ctx, deadline)
 		})
 	}
@@ -148,7 +148,7 @@ func (c *Concurrent) recordClaims(rows []db.JobCompleteAndClaimRow) []Ack {
 			continue
 		}
 		h := c.jobs[*r.ID]
-		claim := claimRecord{token: *r.LeaseToken, fence: *r.Fence}
+		claim := claimRecord{token: r.LeaseToken, fence: *r.Fence}
 		for _, old := range h.claims {
 			switch {
 			case old.fence < claim.fence:
@@ -206,7 +206,7 @@ type crowdWorker struct {
 	session int32
 	// expires holds the lease expiry of each claim the worker holds, as
 	// the database last told it: only the holder renews a lease.
-	expires map[uuid.UUID]time.Time
+	expires map[pgtype.UUID]time.Time
 }
 
 func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
@@ -252,12 +252,12 @@ func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
 // work claims a few jobs and does something with each.
 func (w *crowdWorker) work(ctx context.Context, q *db.Queries) error {
 	lease := time.Duration(20+w.rng.IntN(80)) * time.Millisecond
-	tokens := make([]uuid.UUID, 1+w.rng.IntN(3))
+	tokens := make([]pgtype.UUID, 1+w.rng.IntN(3))
 	for i := range tokens {
-		tokens[i] = uuid.New()
+		tokens[i] = newToken()
 	}
 	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
 		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: lease.Milliseconds(), WorkerID: w.id,
 	})
 	if err != nil {
@@ -266,7 +266,7 @@ func (w *crowdWorker) work(ctx context.Context, q *db.Queries) error {
 	claimed := w.c.recordClaims(rows)
 	for _, r := range rows {
 		if r.ID != nil {
-			w.expires[*r.LeaseToken] = *r.LeaseExpiresAt
+			w.expires[r.LeaseToken] = *r.LeaseExpiresAt
 		}
 	}
 	if len(claimed) == 0 {
@@ -324,7 +324,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 	now, err := inTx(ctx, w.c.pool, func(q *db.Queries, _ time.Time) error {
 		switch kind {
 		case "heartbeat":
-			rows, err := q.JobHeartbeatMany(ctx, db.JobHeartbeatManyParams{LeaseMs: 50, IDs: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
+			rows, err := q.JobHeartbeatMany(ctx, db.JobHeartbeatManyParams{LeaseMs: 50, IDs: []int64{a.ID}, Tokens: []pgtype.UUID{a.Token}})
 			if err != nil {
 				return err
 			}
@@ -333,8 +333,8 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			}
 		case "complete":
 			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
-				Queue: QueueDefault, ClaimTokens: []uuid.UUID{}, WorkerID: w.id,
+				CompleteIDs: []int64{a.ID}, CompleteTokens: []pgtype.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				Queue: QueueDefault, ClaimTokens: []pgtype.UUID{}, WorkerID: w.id,
 			})
 			if err != nil {
 				return err
@@ -343,7 +343,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			record = func(h *jobHistory) { h.completed = append(h.completed, a.Token) }
 		case "fail", "fail permanently":
 			rows, err := q.JobFailMany(ctx, db.JobFailManyParams{
-				IDs: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}, Errors: []string{"failed"},
+				IDs: []int64{a.ID}, Tokens: []pgtype.UUID{a.Token}, Errors: []string{"failed"},
 				Permanent: []bool{kind == "fail permanently"}, RetryInMs: []int64{int64(w.rng.IntN(20))},
 			})
 			if err != nil {
@@ -356,7 +356,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			if kind == "release" {
 				note = ptr(ShutdownNote)
 			}
-			rows, err := q.JobReleaseMany(ctx, db.JobReleaseManyParams{Note: note, IDs: []int64{a.ID}, Tokens: []uuid.UUID{a.Token}})
+			rows, err := q.JobReleaseMany(ctx, db.JobReleaseManyParams{Note: note, IDs: []int64{a.ID}, Tokens: []pgtype.UUID{a.Token}})
 			if err != nil {
 				return err
 			}
@@ -436,8 +436,8 @@ func (w *crowdWorker) crash(ctx context.Context) error {
 	// Its claims in flight still name the ended session: they must
 	// claim nothing.
 	rows, err := db.New(w.c.pool).JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: 1000, WorkerID: w.id,
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: 1000, WorkerID: w.id,
 	})
 	if err != nil {
 		return fmt.Errorf("%s: claim under ended session: %w", w.id, err)
@@ -462,12 +462,12 @@ func (c *Concurrent) drain(ctx context.Context) error {
 		for _, r := range rows {
 			c.jobs[r.ID].reclaims++
 		}
-		tokens := make([]uuid.UUID, 100)
+		tokens := make([]pgtype.UUID, 100)
 		for i := range tokens {
-			tokens[i] = uuid.New()
+			tokens[i] = newToken()
 		}
 		claimed, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-			CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
+			CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
 			Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: time.Minute.Milliseconds(), WorkerID: "drain",
 		})
 		if err != nil {
@@ -476,8 +476,8 @@ func (c *Concurrent) drain(ctx context.Context) error {
 		acks := c.recordClaims(claimed)
 		for _, a := range acks {
 			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: []int64{a.ID}, CompleteTokens: []uuid.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
-				Queue: QueueDefault, ClaimTokens: []uuid.UUID{}, WorkerID: "drain",
+				CompleteIDs: []int64{a.ID}, CompleteTokens: []pgtype.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				Queue: QueueDefault, ClaimTokens: []pgtype.UUID{}, WorkerID: "drain",
 			})
 			if err != nil {
 				return fmt.Errorf("drain: complete: %w", err)
@@ -515,7 +515,7 @@ func (c *Concurrent) verify(ctx context.Context) error {
 	if len(rows) != len(c.jobs) {
 		broken = append(broken, fmt.Sprintf("%d jobs enqueued, %d in the table", len(c.jobs), len(rows)))
 	}
-	tokens := map[uuid.UUID]int64{}
+	tokens := map[pgtype.UUID]int64{}
 	for _, r := range rows {
 		h, ok := c.jobs[r.ID]
 		if !ok {
@@ -536,7 +536,7 @@ func (c *Concurrent) verify(ctx context.Context) error {
 
 // check compares a finished job with its history; tokens collects the
 // claims' tokens of every job, to find one handed out twice.
-func (h *jobHistory) check(j Job, tokens map[uuid.UUID]int64) []string {
+func (h *jobHistory) check(j Job, tokens map[pgtype.UUID]int64) []string {
 	var broken []string
 	bad := func(format string, args ...any) {
 		broken = append(broken, fmt.Sprintf("job %d: ", j.ID)+fmt.Sprintf(format, args...))

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/client"
@@ -61,8 +62,8 @@ type Driver struct {
 	ended map[int32]bool
 	// leases holds every claim the database handed out, as its holder was
 	// told about it; claimsOf lists them by job, newest last.
-	leases    map[uuid.UUID]*leaseView
-	claimsOf  map[int64][]uuid.UUID
+	leases    map[pgtype.UUID]*leaseView
+	claimsOf  map[int64][]pgtype.UUID
 	graveyard []Ack
 
 	// lastNow is the now() of the newest transaction: about the
@@ -87,7 +88,7 @@ type simWorker struct {
 	session *int32
 	held    []held
 	// lost holds the tokens of a claim whose answer the worker lost.
-	lost []uuid.UUID
+	lost []pgtype.UUID
 }
 
 // held is a claim a worker believes it holds.
@@ -124,8 +125,8 @@ func NewDriver(ctx context.Context, pool *pgxpool.Pool, seed uint64) (*Driver, e
 		model:    NewModel(),
 		conns:    map[int32]*pgx.Conn{},
 		ended:    map[int32]bool{},
-		leases:   map[uuid.UUID]*leaseView{},
-		claimsOf: map[int64][]uuid.UUID{},
+		leases:   map[pgtype.UUID]*leaseView{},
+		claimsOf: map[int64][]pgtype.UUID{},
 		counts:   map[string]int{},
 		prev:     map[int64]Job{},
 		retried:  map[int64]bool{},
@@ -312,7 +313,7 @@ func (d *Driver) check(ctx context.Context) error {
 		}
 		d.prev[j.ID] = j
 		if j.State == db.JobStateRunning {
-			if d.newest(j.ID) != *j.LeaseToken {
+			if d.newest(j.ID) != j.LeaseToken {
 				return fmt.Errorf("job %d runs under token %s, which is not the token of its newest claim", j.ID, j.LeaseToken)
 			}
 		}
@@ -464,7 +465,7 @@ func (d *Driver) checkAccepted(now time.Time, kind string, accepted []int64, ack
 		// A batch may name one job under several tokens (a worker that
 		// claimed it twice); the database says only which job it accepted.
 		token := d.newest(id)
-		if token == uuid.Nil {
+		if !token.Valid {
 			return fmt.Errorf("%s accepted for job %d, which was never claimed", kind, id)
 		}
 		if !slices.Contains(acks, Ack{ID: id, Token: token}) {
@@ -488,32 +489,32 @@ func (d *Driver) checkAccepted(now time.Time, kind string, accepted []int64, ack
 }
 
 // newest returns the token of the newest claim of job id.
-func (d *Driver) newest(id int64) uuid.UUID {
+func (d *Driver) newest(id int64) pgtype.UUID {
 	claims := d.claimsOf[id]
 	if len(claims) == 0 {
-		return uuid.Nil
+		return pgtype.UUID{}
 	}
 	return claims[len(claims)-1]
 }
 
 // recordClaim keeps a claim the database handed out.
 func (d *Driver) recordClaim(j Job) {
-	d.leases[*j.LeaseToken] = &leaseView{id: j.ID, expires: *j.LeaseExpiresAt, session: clone(j.LeaseSession)}
-	d.claimsOf[j.ID] = append(d.claimsOf[j.ID], *j.LeaseToken)
+	d.leases[j.LeaseToken] = &leaseView{id: j.ID, expires: *j.LeaseExpiresAt, session: clone(j.LeaseSession)}
+	d.claimsOf[j.ID] = append(d.claimsOf[j.ID], j.LeaseToken)
 }
 
 // token draws a lease token from the seeded source, a version 4 UUID.
-func (d *Driver) token() uuid.UUID {
-	var u uuid.UUID
-	binary.LittleEndian.PutUint64(u[:8], d.rng.Uint64())
-	binary.LittleEndian.PutUint64(u[8:], d.rng.Uint64())
-	u[6] = (u[6] & 0x0f) | 0x40
-	u[8] = (u[8] & 0x3f) | 0x80
+func (d *Driver) token() pgtype.UUID {
+	u := pgtype.UUID{Valid: true}
+	binary.LittleEndian.PutUint64(u.Bytes[:8], d.rng.Uint64())
+	binary.LittleEndian.PutUint64(u.Bytes[8:], d.rng.Uint64())
+	u.Bytes[6] = (u.Bytes[6] & 0x0f) | 0x40
+	u.Bytes[8] = (u.Bytes[8] & 0x3f) | 0x80
 	return u
 }
 
-func (d *Driver) tokens(n int) []uuid.UUID {
-	out := make([]uuid.UUID, n)
+func (d *Driver) tokens(n int) []pgtype.UUID {
+	out := make([]pgtype.UUID, n)
 	for i := range out {
 		out[i] = d.token()
 	}
@@ -560,3 +561,6 @@ func ids(acks []Ack) string {
 	b.WriteByte(']')
 	return b.String()
 }
+
+// newToken draws a fresh random lease token.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 )
@@ -30,7 +30,7 @@ type Job struct {
 	MaxAttempts       int32
 	Fence             int64
 	RunAt             time.Time
-	LeaseToken        *uuid.UUID
+	LeaseToken        pgtype.UUID
 	LeaseExpiresAt    *time.Time
 	LeasedBy          *string
 	LeaseSession      *int32
@@ -128,7 +128,7 @@ type Claim struct {
 	Queue    string
 	WorkerID string
 	Session  *int32
-	Tokens   []uuid.UUID
+	Tokens   []pgtype.UUID
 	Lease    time.Duration
 }
 
@@ -174,7 +174,7 @@ func (m *Model) Claim(now time.Time, c Claim) []Job {
 		j.State = db.JobStateRunning
 		j.Attempt++
 		j.Fence++
-		j.LeaseToken = ptr(c.Tokens[i])
+		j.LeaseToken = c.Tokens[i]
 		j.LeaseExpiresAt = ptr(now.Add(c.Lease))
 		j.LeasedBy = ptr(c.WorkerID)
 		j.LeaseSession = clone(c.Session)
@@ -187,14 +187,14 @@ func (m *Model) Claim(now time.Time, c Claim) []Job {
 // Ack names a claim of a job: the job and its lease token.
 type Ack struct {
 	ID    int64
-	Token uuid.UUID
+	Token pgtype.UUID
 }
 
 // fenced returns the job a presents, if the fence lets a through at now:
 // the same claim, still running, lease not yet expired.
 func (m *Model) fenced(now time.Time, a Ack) (*Job, bool) {
 	j, ok := m.jobs[a.ID]
-	if !ok || j.State != db.JobStateRunning || j.LeaseToken == nil || *j.LeaseToken != a.Token {
+	if !ok || j.State != db.JobStateRunning || !j.LeaseToken.Valid || j.LeaseToken != a.Token {
 		return nil, false
 	}
 	return j, j.LeaseExpiresAt.After(now)
@@ -208,7 +208,7 @@ func (m *Model) Accepts(now time.Time, a Ack) bool {
 
 // endLease clears the lease of a job leaving running.
 func endLease(j *Job) {
-	j.LeaseToken = nil
+	j.LeaseToken = pgtype.UUID{}
 	j.LeaseExpiresAt = nil
 	j.LeaseSession = nil
 	j.CancelRequestedAt = nil
@@ -465,10 +465,10 @@ func (m *Model) Prune(now time.Time, succeeded, dead, cancelled *time.Duration) 
 // Claimed returns, by id, the jobs running under one of tokens with their
 // lease unexpired at now: what a worker that lost the answer to its claim
 // finds.
-func (m *Model) Claimed(now time.Time, tokens []uuid.UUID) []Job {
+func (m *Model) Claimed(now time.Time, tokens []pgtype.UUID) []Job {
 	var found []Job
 	for _, j := range m.jobs {
-		if j.State == db.JobStateRunning && slices.Contains(tokens, *j.LeaseToken) && j.LeaseExpiresAt.After(now) {
+		if j.State == db.JobStateRunning && slices.Contains(tokens, j.LeaseToken) && j.LeaseExpiresAt.After(now) {
 			found = append(found, *j)
 		}
 	}
@@ -667,7 +667,7 @@ func clone[T any](p *T) *T {
 func sameJob(a, b Job) bool {
 	return a.ID == b.ID && a.Queue == b.Queue && a.Priority == b.Priority && a.State == b.State &&
 		a.Attempt == b.Attempt && a.MaxAttempts == b.MaxAttempts && a.Fence == b.Fence && a.RunAt.Equal(b.RunAt) &&
-		samePtr(a.LeaseToken, b.LeaseToken) && sameTime(a.LeaseExpiresAt, b.LeaseExpiresAt) &&
+		a.LeaseToken == b.LeaseToken && sameTime(a.LeaseExpiresAt, b.LeaseExpiresAt) &&
 		samePtr(a.LeasedBy, b.LeasedBy) && samePtr(a.LeaseSession, b.LeaseSession) &&
 		sameTime(a.CancelRequestedAt, b.CancelRequestedAt) && a.CreatedAt.Equal(b.CreatedAt) &&
 		sameTime(a.StartedAt, b.StartedAt) && sameTime(a.FinishedAt, b.FinishedAt) &&

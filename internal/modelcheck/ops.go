@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 )
@@ -290,7 +290,7 @@ func (d *Driver) complete(ctx context.Context) error {
 	done := acksOf(d.takeHeld(w, 1+d.choose(2)))
 	params := db.JobCompleteManyParams{
 		IDs:     make([]int64, len(done)),
-		Tokens:  make([]uuid.UUID, len(done)),
+		Tokens:  make([]pgtype.UUID, len(done)),
 		Results: make([]json.RawMessage, len(done)),
 	}
 	results, err := d.results(w, done)
@@ -351,7 +351,7 @@ type claimView struct {
 	Attempt        int32
 	MaxAttempts    int32
 	Fence          int64
-	LeaseToken     *uuid.UUID
+	LeaseToken     pgtype.UUID
 	LeaseExpiresAt *time.Time
 	RunAt          time.Time
 	StartedAt      *time.Time
@@ -367,10 +367,10 @@ func viewOf(j Job) claimView {
 // completeAndClaim sends JobCompleteAndClaim for w: the completions done
 // and a claim of one job per token. A lost answer leaves the claim's
 // tokens with the worker instead of the jobs.
-func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack, tokens []uuid.UUID, lease time.Duration, lost bool) error {
+func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack, tokens []pgtype.UUID, lease time.Duration, lost bool) error {
 	params := db.JobCompleteAndClaimParams{
 		CompleteIDs:     make([]int64, len(done)),
-		CompleteTokens:  make([]uuid.UUID, len(done)),
+		CompleteTokens:  make([]pgtype.UUID, len(done)),
 		CompleteResults: make([]json.RawMessage, len(done)),
 		Queue:           w.queue,
 		ClaimTokens:     tokens,
@@ -378,7 +378,7 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 		WorkerID:        w.id,
 	}
 	if params.ClaimTokens == nil {
-		params.ClaimTokens = []uuid.UUID{}
+		params.ClaimTokens = []pgtype.UUID{}
 	}
 	if !w.leaseOnly {
 		params.SessionKey = clone(w.session)
@@ -469,7 +469,7 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 		}
 		d.recordClaim(j)
 		if !lost {
-			w.held = append(w.held, held{Ack: Ack{ID: j.ID, Token: *j.LeaseToken}})
+			w.held = append(w.held, held{Ack: Ack{ID: j.ID, Token: j.LeaseToken}})
 		}
 	}
 	if lost && len(tokens) > 0 {
@@ -643,7 +643,7 @@ func (d *Driver) release(ctx context.Context, noted bool) error {
 
 // sendRelease releases acks for w, with note (nil: jobs claimed ahead).
 func (d *Driver) sendRelease(ctx context.Context, w *simWorker, note *string, acks []Ack) error {
-	params := db.JobReleaseManyParams{Note: note, IDs: []int64{}, Tokens: []uuid.UUID{}}
+	params := db.JobReleaseManyParams{Note: note, IDs: []int64{}, Tokens: []pgtype.UUID{}}
 	for _, a := range acks {
 		params.IDs = append(params.IDs, a.ID)
 		params.Tokens = append(params.Tokens, a.Token)
@@ -1006,13 +1006,13 @@ func (d *Driver) getClaimed(ctx context.Context) error {
 		return err
 	}
 	for _, v := range got {
-		if slices.Contains(w.lost, *v.LeaseToken) {
-			w.held = append(w.held, held{Ack: Ack{ID: v.ID, Token: *v.LeaseToken}})
+		if slices.Contains(w.lost, v.LeaseToken) {
+			w.held = append(w.held, held{Ack: Ack{ID: v.ID, Token: v.LeaseToken}})
 			d.count("get claimed/adopted")
 		}
 	}
 	for _, t := range w.lost {
-		if !slices.ContainsFunc(got, func(v claimView) bool { return *v.LeaseToken == t }) {
+		if !slices.ContainsFunc(got, func(v claimView) bool { return v.LeaseToken == t }) {
 			if l, ok := d.leases[t]; ok {
 				d.bury([]Ack{{ID: l.id, Token: t}})
 			}

@@ -18,8 +18,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
@@ -331,13 +333,13 @@ func TestURL_RunsTheSqlcStatementsOfConcurrentClients(t *testing.T) {
 		t.Fatalf("JobInsertMany: %v", err)
 	}
 	claimed, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []uuid.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: "claimed", ClaimTokens: []uuid.UUID{uuid.New()}, LeaseMs: time.Hour.Milliseconds(), WorkerID: "w",
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		Queue: "claimed", ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: time.Hour.Milliseconds(), WorkerID: "w",
 	})
 	if err != nil || len(claimed) != 1 || claimed[0].ID == nil {
 		t.Fatalf("JobCompleteAndClaim = %v, %v; want one job", claimed, err)
 	}
-	id, token := *claimed[0].ID, *claimed[0].LeaseToken
+	id, token := *claimed[0].ID, claimed[0].LeaseToken
 
 	// Different statements from several clients at once, on fewer server
 	// connections: each must run as the statement its client sent.
@@ -351,14 +353,14 @@ func TestURL_RunsTheSqlcStatementsOfConcurrentClients(t *testing.T) {
 					return
 				}
 				renewed, err := q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{
-					LeaseMs: time.Hour.Milliseconds(), IDs: []int64{id}, Tokens: []uuid.UUID{token},
+					LeaseMs: time.Hour.Milliseconds(), IDs: []int64{id}, Tokens: []pgtype.UUID{token},
 				})
 				if err != nil || len(renewed) != 1 {
 					t.Errorf("JobHeartbeatMany = %v, %v; want the claimed job renewed", renewed, err)
 					return
 				}
 				job, err := q.JobGet(b.ctx, id)
-				if err != nil || job.LeaseToken == nil || *job.LeaseToken != token {
+				if err != nil || job.LeaseToken != token {
 					t.Errorf("JobGet(%d) = %+v, %v; want the claimed job", id, job, err)
 					return
 				}
@@ -586,3 +588,6 @@ func randomHex(t *testing.T) string {
 	}
 	return hex.EncodeToString(b[:])
 }
+
+// newToken draws a fresh random lease token.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
