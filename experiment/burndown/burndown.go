@@ -186,6 +186,9 @@ type ConfigRun struct {
 	// HarnessBackends counts the harness's own sessions on the database,
 	// whose CPU time PostgresCPUMsPerJob leaves out.
 	HarnessBackends int `json:"harness_backends"`
+	// WorkerCPUMsPerJob is the CPU time of the worker processes over the
+	// same span as PostgresCPUMsPerJob, read from /proc.
+	WorkerCPUMsPerJob float64 `json:"worker_cpu_ms_per_job"`
 }
 
 // Comparison sets Relay's throughput beside River's at one configuration:
@@ -334,6 +337,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		return nil, env, fmt.Errorf("read the counters: %w", err)
 	}
 	cpuBefore := harness.SamplePostgresCPU(d.Name)
+	workersBefore := workersCPU(workers)
 	if !cfg.WorkersFirst {
 		if err := start(); err != nil {
 			return nil, env, err
@@ -346,6 +350,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	// the workers' sessions have ended and reported them. The harness's
 	// own backends are left out of the database's CPU.
 	cpuAfter := harness.SamplePostgresCPU(d.Name)
+	workersAfter := workersCPU(workers)
 	own, err := d.Lab.BurndownOwnBackends(ctx, harness.ApplicationName)
 	if err != nil {
 		return nil, env, fmt.Errorf("list the harness's own sessions: %w", err)
@@ -402,11 +407,24 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		Indexes:             after.TableIndexes,
 		PostgresCPUMsPerJob: harness.Round3(harness.Millis(harness.CPUSince(cpuBefore.DB, cpuAfter.DB)) / n),
 		HarnessBackends:     len(own),
+		WorkerCPUMsPerJob:   harness.Round3(harness.Millis(harness.CPUSince(workersBefore, workersAfter)) / n),
 	}
 	if seconds > 0 {
 		run.JobsPerSec = harness.Round2(n / seconds)
 	}
 	return run, env, nil
+}
+
+// workersCPU returns the CPU time each live worker process has used, by
+// pid.
+func workersCPU(workers []*harness.Proc) map[int]time.Duration {
+	out := make(map[int]time.Duration, len(workers))
+	for _, p := range workers {
+		if d, ok := harness.ProcCPU(p.PID()); ok {
+			out[p.PID()] = d
+		}
+	}
+	return out
 }
 
 // WarmUpJobs is how many jobs the workers of a WorkersFirst burn-down
@@ -527,11 +545,11 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(w, "The workers started on the empty queue and ran %d jobs, enqueued one at a time, before it was filled.\n", WarmUpJobs)
 	}
 	tw := harness.NewTable(w)
-	fmt.Fprintf(tw, "system\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tall once\n")
+	fmt.Fprintf(tw, "system\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tall once\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%v\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%v\n",
 			run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
-			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, run.IndexEntriesPerJob, run.PostgresCPUMsPerJob, run.OK)
+			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, run.IndexEntriesPerJob, run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob, run.OK)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

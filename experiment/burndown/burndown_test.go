@@ -51,6 +51,11 @@ func TestRun_Short(t *testing.T) {
 			if run.HarnessBackends < 1 {
 				t.Errorf("found %d of the harness's own sessions to leave out of the backends' CPU, want at least 1", run.HarnessBackends)
 			}
+			// The workers ran the jobs, and their CPU was read while they
+			// ran.
+			if run.WorkerCPUMsPerJob <= 0 {
+				t.Errorf("worker processes' CPU %v ms per job, want more than none", run.WorkerCPUMsPerJob)
+			}
 			if run.HOTUpdatesPerJob > run.UpdatesPerJob {
 				t.Errorf("%v HOT updates per job, more than the %v updates", run.HOTUpdatesPerJob, run.UpdatesPerJob)
 			}
