@@ -15,7 +15,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -172,14 +174,17 @@ type ConfigRun struct {
 	// progress reads included (one every 100 ms).
 	CommitsPerJob float64 `json:"commits_per_job"`
 	// Writes to the queue's table (Table: Relay's jobs, River's river_job):
-	// every update, those that were HOT (no index entry), and the index
-	// entries the others wrote (one in each of the table's Indexes
-	// indexes).
-	Table              string  `json:"table"`
-	UpdatesPerJob      float64 `json:"updates_per_job"`
-	HOTUpdatesPerJob   float64 `json:"hot_updates_per_job"`
-	IndexEntriesPerJob float64 `json:"index_entries_per_job"`
-	Indexes            int64   `json:"indexes"`
+	// every update, and those that were HOT (no index entry); and the
+	// B-tree entries the burn-down wrote, counted in its WAL (see
+	// harness.IndexEntries): each non-HOT update writes one in every index
+	// of the table (Indexes) whose predicate the new row meets. Nil where
+	// the WAL could not be read here (IndexEntriesNotMeasured says why).
+	Table                   string   `json:"table"`
+	UpdatesPerJob           float64  `json:"updates_per_job"`
+	HOTUpdatesPerJob        float64  `json:"hot_updates_per_job"`
+	IndexEntriesPerJob      *float64 `json:"index_entries_per_job,omitempty"`
+	IndexEntriesNotMeasured string   `json:"index_entries_not_measured,omitempty"`
+	Indexes                 int64    `json:"indexes"`
 	// PostgresCPUMsPerJob is the CPU time of this database's backends, read
 	// from /proc: zero when the server is not on this host.
 	PostgresCPUMsPerJob float64 `json:"postgres_cpu_ms_per_job"`
@@ -332,6 +337,20 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	if err := sys.fill(runCtx, d, procs, cfg.Jobs, cfg.WorkersFirst); err != nil {
 		return nil, env, err
 	}
+	// The WAL from here on is read once the burn-down ends, for the index
+	// entries it wrote.
+	var entriesNotMeasured string
+	wal, err := harness.OpenWALWindow(ctx, d.Lab, fmt.Sprintf("relaylab_burndown_%d", os.Getpid()))
+	if err != nil {
+		entriesNotMeasured = err.Error()
+		prog.Note("index entries not measured: %v", err)
+	} else {
+		defer func() {
+			if cerr := wal.Close(ctx, d.Lab); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+	}
 	before, err := d.Lab.BurndownCounters(ctx, sys.table)
 	if err != nil {
 		return nil, env, fmt.Errorf("read the counters: %w", err)
@@ -379,6 +398,15 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	if err != nil {
 		return nil, env, err
 	}
+	var entries *float64
+	if wal != nil {
+		records, err := wal.Records(ctx, d.Lab)
+		if err != nil {
+			return nil, env, fmt.Errorf("read the burn-down's WAL: %w", err)
+		}
+		e := harness.Round3(float64(harness.IndexEntries(records)) / float64(cfg.Jobs))
+		entries = &e
+	}
 	sp, err := sys.span(ctx, d.Lab)
 	if err != nil {
 		return nil, env, fmt.Errorf("read the burn-down's span: %w", err)
@@ -395,19 +423,20 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		Succeeded: sp.Succeeded, Retried: sp.Retried,
 		OK:         sp.Succeeded == int64(cfg.Jobs) && sp.Retried == 0 && sp.Total == int64(cfg.Jobs),
 		FirstClaim: sp.FirstClaim, LastFinish: sp.LastFinish,
-		Seconds:             harness.Round3(seconds),
-		WALRecordsPerJob:    per(before.WalRecords, after.WalRecords),
-		WALBytesPerJob:      per(before.WalBytes, after.WalBytes),
-		WALFPIPerJob:        per(before.WalFpi, after.WalFpi),
-		CommitsPerJob:       per(before.Commits, after.Commits),
-		Table:               sys.table,
-		UpdatesPerJob:       harness.Round3(float64(updates) / n),
-		HOTUpdatesPerJob:    harness.Round3(float64(hot) / n),
-		IndexEntriesPerJob:  harness.Round3(float64((updates-hot)*after.TableIndexes) / n),
-		Indexes:             after.TableIndexes,
-		PostgresCPUMsPerJob: harness.Round3(harness.Millis(harness.CPUSince(cpuBefore.DB, cpuAfter.DB)) / n),
-		HarnessBackends:     len(own),
-		WorkerCPUMsPerJob:   harness.Round3(harness.Millis(harness.CPUSince(workersBefore, workersAfter)) / n),
+		Seconds:                 harness.Round3(seconds),
+		WALRecordsPerJob:        per(before.WalRecords, after.WalRecords),
+		WALBytesPerJob:          per(before.WalBytes, after.WalBytes),
+		WALFPIPerJob:            per(before.WalFpi, after.WalFpi),
+		CommitsPerJob:           per(before.Commits, after.Commits),
+		Table:                   sys.table,
+		UpdatesPerJob:           harness.Round3(float64(updates) / n),
+		HOTUpdatesPerJob:        harness.Round3(float64(hot) / n),
+		IndexEntriesPerJob:      entries,
+		IndexEntriesNotMeasured: entriesNotMeasured,
+		Indexes:                 after.TableIndexes,
+		PostgresCPUMsPerJob:     harness.Round3(harness.Millis(harness.CPUSince(cpuBefore.DB, cpuAfter.DB)) / n),
+		HarnessBackends:         len(own),
+		WorkerCPUMsPerJob:       harness.Round3(harness.Millis(harness.CPUSince(workersBefore, workersAfter)) / n),
 	}
 	if seconds > 0 {
 		run.JobsPerSec = harness.Round2(n / seconds)
@@ -547,9 +576,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	tw := harness.NewTable(w)
 	fmt.Fprintf(tw, "system\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tall once\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%v\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%v\n",
 			run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
-			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, run.IndexEntriesPerJob, run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob, run.OK)
+			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, optional(run.IndexEntriesPerJob), run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob, run.OK)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -569,6 +598,14 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(w, "wrote %s\n", f)
 	}
 	return nil
+}
+
+// optional formats a figure that may not have been measured.
+func optional(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*v, 'f', 2, 64)
 }
 
 // settings says how River was set up, in one line.

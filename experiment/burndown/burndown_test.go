@@ -51,6 +51,16 @@ func TestRun_Short(t *testing.T) {
 			if run.HarnessBackends < 1 {
 				t.Errorf("found %d of the harness's own sessions to leave out of the backends' CPU, want at least 1", run.HarnessBackends)
 			}
+			// Read from the WAL where it can be read here (the test
+			// server on this host), and said why not elsewhere (a
+			// container's). Each job's two updates write at least its
+			// primary key's entry each.
+			switch e := run.IndexEntriesPerJob; {
+			case e == nil && run.IndexEntriesNotMeasured == "":
+				t.Errorf("index entries neither measured nor said why not")
+			case e != nil && *e < 2:
+				t.Errorf("%v index entries per job, want at least 2", *e)
+			}
 			// The workers ran the jobs, and their CPU was read while they
 			// ran.
 			if run.WorkerCPUMsPerJob <= 0 {

@@ -30,7 +30,8 @@ SELECT clock_timestamp()::timestamptz AS now
 
 // Statements of the recorded experiments (relay experiment crash and
 // burst, and the harness they share). None of them changes a job; all but
-// the last four, which set up a private cluster, only read.
+// the four that set up a private cluster, and the two that open and close
+// a window on the WAL, only read.
 // The database clock at this very instant (clock_timestamp(), not the
 // transaction's now()), to place an event the experiment caused, such as
 // the moment a worker was killed, on the same clock as the jobs' timestamps.
@@ -268,4 +269,62 @@ SELECT set_config('synchronous_commit', 'off', true)
 func (q *Queries) ExperimentSkipCommitWait(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, experimentSkipCommitWait)
 	return err
+}
+
+const experimentWALFlushed = `-- name: ExperimentWALFlushed :one
+SELECT pg_current_wal_flush_lsn()::text AS lsn
+`
+
+// Where the WAL flushed to disk ends now: the end of a window whose
+// transactions have committed.
+func (q *Queries) ExperimentWALFlushed(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, experimentWALFlushed)
+	var lsn string
+	err := row.Scan(&lsn)
+	return lsn, err
+}
+
+const experimentWALWindowClose = `-- name: ExperimentWALWindowClose :exec
+SELECT pg_drop_replication_slot($1::text)
+`
+
+// Drops the slot of a WAL window, which lets the server recycle its
+// segments again.
+func (q *Queries) ExperimentWALWindowClose(ctx context.Context, slotName string) error {
+	_, err := q.db.Exec(ctx, experimentWALWindowClose, slotName)
+	return err
+}
+
+const experimentWALWindowOpen = `-- name: ExperimentWALWindowOpen :one
+SELECT s.slot_name::text                                     AS slot_name,
+       pg_current_wal_insert_lsn()::text                     AS lsn,
+       current_setting('data_directory')                     AS data_directory,
+       (current_setting('server_version_num')::integer / 10000)::integer AS major_version
+FROM pg_create_physical_replication_slot($1::text, true) AS s
+`
+
+type ExperimentWALWindowOpenRow struct {
+	SlotName      string
+	Lsn           string
+	DataDirectory string
+	MajorVersion  int32
+}
+
+// Opens a window on the WAL the server writes from now on: a physical
+// replication slot, reserved at once, keeps every segment from its
+// restart point until the slot is dropped, so that pg_waldump can read
+// the window after it ends even if checkpoints came in between; lsn is
+// where the window begins. Also the server's data directory, where
+// pg_wal lies, and its major version, which pg_waldump must share. Needs
+// a role that may create replication slots and read the settings.
+func (q *Queries) ExperimentWALWindowOpen(ctx context.Context, slotName string) (ExperimentWALWindowOpenRow, error) {
+	row := q.db.QueryRow(ctx, experimentWALWindowOpen, slotName)
+	var i ExperimentWALWindowOpenRow
+	err := row.Scan(
+		&i.SlotName,
+		&i.Lsn,
+		&i.DataDirectory,
+		&i.MajorVersion,
+	)
+	return i, err
 }

@@ -7,7 +7,8 @@
 -- count too), this database's commits (pg_stat_database), and the writes
 -- to the queue's table, @table_name (Relay's jobs, or River's river_job),
 -- from pg_stat_user_tables. A non-HOT update writes an entry in every index
--- of the table (table_indexes); a HOT update writes none. The statistics
+-- of the table (table_indexes) whose predicate the new row meets; a HOT
+-- update writes none. The statistics
 -- collector reports a backend's counts when its transaction ends and at
 -- most once a second while it is busy, so read them after the workers'
 -- sessions have ended.

@@ -1,6 +1,7 @@
 -- Statements of the recorded experiments (relay experiment crash and
 -- burst, and the harness they share). None of them changes a job; all but
--- the last four, which set up a private cluster, only read.
+-- the four that set up a private cluster, and the two that open and close
+-- a window on the WAL, only read.
 
 -- name: ExperimentClock :one
 -- The database clock at this very instant (clock_timestamp(), not the
@@ -98,3 +99,27 @@ ALTER SYSTEM SET synchronous_commit = 'on';
 -- name: ExperimentReloadConfig :one
 -- @sqlc-vet-disable sqlc/db-prepare
 SELECT pg_reload_conf()::boolean AS reloaded;
+
+-- name: ExperimentWALWindowOpen :one
+-- Opens a window on the WAL the server writes from now on: a physical
+-- replication slot, reserved at once, keeps every segment from its
+-- restart point until the slot is dropped, so that pg_waldump can read
+-- the window after it ends even if checkpoints came in between; lsn is
+-- where the window begins. Also the server's data directory, where
+-- pg_wal lies, and its major version, which pg_waldump must share. Needs
+-- a role that may create replication slots and read the settings.
+SELECT s.slot_name::text                                     AS slot_name,
+       pg_current_wal_insert_lsn()::text                     AS lsn,
+       current_setting('data_directory')                     AS data_directory,
+       (current_setting('server_version_num')::integer / 10000)::integer AS major_version
+FROM pg_create_physical_replication_slot(@slot_name::text, true) AS s;
+
+-- name: ExperimentWALFlushed :one
+-- Where the WAL flushed to disk ends now: the end of a window whose
+-- transactions have committed.
+SELECT pg_current_wal_flush_lsn()::text AS lsn;
+
+-- name: ExperimentWALWindowClose :exec
+-- Drops the slot of a WAL window, which lets the server recycle its
+-- segments again.
+SELECT pg_drop_replication_slot(@slot_name::text);
