@@ -419,22 +419,34 @@ type JobListParams struct {
 // filter by queue, kind and state, one statement for each combination,
 // which the caller picks (server.listJobs).
 //
-// Each of those reads an index led by its filter's columns, then state,
-// then id (jobs_queue_state_idx, and those of migration 00006), from
-// after_id on, in index order, and stops after max_jobs rows: a page costs
-// the same however long the history, and a filter that matches nothing
-// costs a few index pages. Without a state, one branch per state (every
-// value of job_state: a new state needs a branch in each) reads its own
-// range of the index in id order, and the branches are merged.
+// Those read the jobs of each state apart, in one branch per state (every
+// value of job_state: a new state needs a branch in each), or in two
+// branches when the state is given, one for it among the jobs not
+// finished and one among the finished, since each reads another index
+// (migrations/00011):
+//   - A finished state reads an index over the finished jobs, led by the
+//     filter's columns, then state, then id (jobs_finished_state_idx,
+//     jobs_finished_queue_state_idx, jobs_finished_kind_state_idx,
+//     jobs_finished_queue_kind_state_idx), from after_id on, in index
+//     order, and stops after max_jobs rows: a page costs the same however
+//     long the history, and a filter that matches nothing costs a few
+//     index pages.
+//   - A state of the backlog (available, running) reads
+//     jobs_active_state_idx, over the jobs not finished, by state and id,
+//     and checks each job's queue and kind: a filter that matches little
+//     costs at most the backlog of that state, never the history.
 //
-// How they are written leaves the planner that index as the only good
+// Each branch stops after max_jobs rows; the page is the first max_jobs
+// of those, in id order, sorted from at most max_jobs rows per branch.
+//
+// How they are written leaves the planner those indexes as the only good
 // plan, whatever the values and the statistics (server's
 // TestListJobs_EveryFilterReadsItsIndexWithoutScanningTheHistory checks it
 // for custom and generic plans):
-//   - The leading column of the index is matched with = ANY of a
-//     one-element array rather than =, and the page ordered by that column
-//     before id (which is id order, the column holding one value). After a
-//     plain equality the planner takes the column for a constant, and the
+//   - A branch's leading column is matched with = ANY of a one-element
+//     array rather than =, and its rows ordered by that column before id
+//     (which is id order, the column holding one value). After a plain
+//     equality the planner takes the column for a constant, and the
 //     primary key yields id order too: a plan that does not know the value
 //     may walk the primary key and filter its way through the history.
 //   - Every value, the page size included, is read through a scalar
@@ -444,8 +456,9 @@ type JobListParams struct {
 //     after a few executions, and a plan made for the values trusts the
 //     statistics, which may say that so few jobs match that reading them
 //     all through another index and sorting them is cheaper.
-//   - A queue filtered with a kind is compared in the "C" collation, which
-//     only jobs_queue_kind_state_idx uses (see JobListByQueueKind).
+//   - A queue filtered with a kind among the finished jobs is compared in
+//     the "C" collation, which only jobs_finished_queue_kind_state_idx
+//     uses (see JobListByQueueKind).
 func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobList, arg.AfterID, arg.MaxJobs)
 	if err != nil {
@@ -485,44 +498,55 @@ func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]JobSummary,
 }
 
 const jobListByKind = `-- name: JobListByKind :many
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'available' AND j.id > (SELECT $3::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'running' AND j.id > (SELECT $3::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'succeeded' AND j.id > (SELECT $3::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'dead' AND j.id > (SELECT $3::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'cancelled' AND j.id > (SELECT $3::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT $1::integer))
-ORDER BY kind, id
-LIMIT (SELECT $1::integer)
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
+       AND j.kind = (SELECT $1::text)
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['running'::job_state]) AND j.finished_at IS NULL
+       AND j.kind = (SELECT $1::text)
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $3::integer))
+) AS u
+ORDER BY u.id
+LIMIT (SELECT $3::integer)
 `
 
 type JobListByKindParams struct {
-	MaxJobs int32
 	Kind    string
 	AfterID int64
+	MaxJobs int32
 }
 
-// Lists the jobs of one kind, as JobList says, through
-// jobs_kind_state_idx.
+// Lists the jobs of one kind, as JobList says: those not finished through
+// jobs_active_state_idx, the finished through
+// jobs_finished_kind_state_idx.
 func (q *Queries) JobListByKind(ctx context.Context, arg JobListByKindParams) ([]JobSummary, error) {
-	rows, err := q.db.Query(ctx, jobListByKind, arg.MaxJobs, arg.Kind, arg.AfterID)
+	rows, err := q.db.Query(ctx, jobListByKind, arg.Kind, arg.AfterID, arg.MaxJobs)
 	if err != nil {
 		return nil, err
 	}
@@ -560,27 +584,37 @@ func (q *Queries) JobListByKind(ctx context.Context, arg JobListByKindParams) ([
 }
 
 const jobListByKindState = `-- name: JobListByKindState :many
-SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
-  AND j.state = (SELECT $2::job_state)
-  AND j.id > (SELECT $3::bigint)
-ORDER BY j.kind, j.id
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)]) AND j.finished_at IS NULL
+       AND j.kind = (SELECT $2::text)
+       AND j.id > (SELECT $3::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
+       AND j.state = (SELECT $1::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $3::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $4::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT $4::integer)
 `
 
 type JobListByKindStateParams struct {
-	Kind    string
 	State   JobState
+	Kind    string
 	AfterID int64
 	MaxJobs int32
 }
 
 // Lists the jobs of one kind in one state, as JobList says, through
-// jobs_kind_state_idx.
+// jobs_active_state_idx or jobs_finished_kind_state_idx.
 func (q *Queries) JobListByKindState(ctx context.Context, arg JobListByKindStateParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByKindState,
-		arg.Kind,
 		arg.State,
+		arg.Kind,
 		arg.AfterID,
 		arg.MaxJobs,
 	)
@@ -621,44 +655,55 @@ func (q *Queries) JobListByKindState(ctx context.Context, arg JobListByKindState
 }
 
 const jobListByQueue = `-- name: JobListByQueue :many
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'available' AND j.id > (SELECT $3::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'running' AND j.id > (SELECT $3::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'succeeded' AND j.id > (SELECT $3::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'dead' AND j.id > (SELECT $3::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
-UNION ALL
-(SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
-   AND j.state = 'cancelled' AND j.id > (SELECT $3::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT $1::integer))
-ORDER BY queue, id
-LIMIT (SELECT $1::integer)
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT $1::text)
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['running'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT $1::text)
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT $3::integer))
+) AS u
+ORDER BY u.id
+LIMIT (SELECT $3::integer)
 `
 
 type JobListByQueueParams struct {
-	MaxJobs int32
 	Queue   string
 	AfterID int64
+	MaxJobs int32
 }
 
-// Lists the jobs of one queue, as JobList says, through
-// jobs_queue_state_idx.
+// Lists the jobs of one queue, as JobList says: those not finished
+// through jobs_active_state_idx, the finished through
+// jobs_finished_queue_state_idx.
 func (q *Queries) JobListByQueue(ctx context.Context, arg JobListByQueueParams) ([]JobSummary, error) {
-	rows, err := q.db.Query(ctx, jobListByQueue, arg.MaxJobs, arg.Queue, arg.AfterID)
+	rows, err := q.db.Query(ctx, jobListByQueue, arg.Queue, arg.AfterID, arg.MaxJobs)
 	if err != nil {
 		return nil, err
 	}
@@ -698,31 +743,44 @@ func (q *Queries) JobListByQueue(ctx context.Context, arg JobListByQueueParams) 
 const jobListByQueueKind = `-- name: JobListByQueueKind :many
 SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
     (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
-       AND j.state = 'available' AND j.id > (SELECT $3::bigint)
+     WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT $1::text)
+       AND j.kind = (SELECT $2::text)
+       AND j.id > (SELECT $3::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['running'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT $1::text)
+       AND j.kind = (SELECT $2::text)
+       AND j.id > (SELECT $3::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)])
+       AND j.kind = (SELECT $2::text)
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $3::bigint)
      ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
     UNION ALL
     (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
-       AND j.state = 'running' AND j.id > (SELECT $3::bigint)
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)])
+       AND j.kind = (SELECT $2::text)
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $3::bigint)
      ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
     UNION ALL
     (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
-       AND j.state = 'succeeded' AND j.id > (SELECT $3::bigint)
-     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
-    UNION ALL
-    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
-       AND j.state = 'dead' AND j.id > (SELECT $3::bigint)
-     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
-    UNION ALL
-    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)]) AND j.kind = (SELECT $2::text)
-       AND j.state = 'cancelled' AND j.id > (SELECT $3::bigint)
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)])
+       AND j.kind = (SELECT $2::text)
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $3::bigint)
      ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer))
 ) AS u
-ORDER BY u.queue COLLATE "C", u.id
+ORDER BY u.id
 LIMIT (SELECT $4::integer)
 `
 
@@ -733,13 +791,15 @@ type JobListByQueueKindParams struct {
 	MaxJobs int32
 }
 
-// Lists the jobs of one kind in one queue, as JobList says, through
-// jobs_queue_kind_state_idx, whose queue is in the "C" collation (the same
-// as the default one for equality). Compared in it, the queue matches no
-// other index. jobs_queue_state_idx also yields a queue's jobs in id order,
-// and where the statistics say that the kind leaves every job (a history
-// of one kind), the planner would read it instead, and filter its way
-// through the queue's whole history for a kind that has none.
+// Lists the jobs of one kind in one queue, as JobList says: those not
+// finished through jobs_active_state_idx, the finished through
+// jobs_finished_queue_kind_state_idx, whose queue is in the "C" collation
+// (the same as the default one for equality). Compared in it, the queue
+// matches no other index. jobs_finished_queue_state_idx also yields a
+// queue's finished jobs in id order, and where the statistics say that
+// the kind leaves every job (a history of one kind), the planner would
+// read it instead, and filter its way through the queue's whole history
+// for a kind that has none.
 func (q *Queries) JobListByQueueKind(ctx context.Context, arg JobListByQueueKindParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByQueueKind,
 		arg.Queue,
@@ -784,30 +844,42 @@ func (q *Queries) JobListByQueueKind(ctx context.Context, arg JobListByQueueKind
 }
 
 const jobListByQueueKindState = `-- name: JobListByQueueKindState :many
-SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $1::text)])
-  AND j.kind = (SELECT $2::text)
-  AND j.state = (SELECT $3::job_state)
-  AND j.id > (SELECT $4::bigint)
-ORDER BY j.queue COLLATE "C", j.id
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT $2::text)
+       AND j.kind = (SELECT $3::text)
+       AND j.id > (SELECT $4::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $5::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT $2::text)])
+       AND j.kind = (SELECT $3::text)
+       AND j.state = (SELECT $1::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $4::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $5::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT $5::integer)
 `
 
 type JobListByQueueKindStateParams struct {
+	State   JobState
 	Queue   string
 	Kind    string
-	State   JobState
 	AfterID int64
 	MaxJobs int32
 }
 
 // Lists the jobs of one kind in one queue in one state, as JobList says,
-// through jobs_queue_kind_state_idx (see JobListByQueueKind).
+// through jobs_active_state_idx or jobs_finished_queue_kind_state_idx
+// (see JobListByQueueKind).
 func (q *Queries) JobListByQueueKindState(ctx context.Context, arg JobListByQueueKindStateParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByQueueKindState,
+		arg.State,
 		arg.Queue,
 		arg.Kind,
-		arg.State,
 		arg.AfterID,
 		arg.MaxJobs,
 	)
@@ -848,27 +920,37 @@ func (q *Queries) JobListByQueueKindState(ctx context.Context, arg JobListByQueu
 }
 
 const jobListByQueueState = `-- name: JobListByQueueState :many
-SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-WHERE j.queue = ANY (ARRAY[(SELECT $1::text)])
-  AND j.state = (SELECT $2::job_state)
-  AND j.id > (SELECT $3::bigint)
-ORDER BY j.queue, j.id
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT $2::text)
+       AND j.id > (SELECT $3::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $4::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT $2::text)])
+       AND j.state = (SELECT $1::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $3::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT $4::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT $4::integer)
 `
 
 type JobListByQueueStateParams struct {
-	Queue   string
 	State   JobState
+	Queue   string
 	AfterID int64
 	MaxJobs int32
 }
 
 // Lists the jobs of one queue in one state, as JobList says, through
-// jobs_queue_state_idx.
+// jobs_active_state_idx or jobs_finished_queue_state_idx.
 func (q *Queries) JobListByQueueState(ctx context.Context, arg JobListByQueueStateParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByQueueState,
-		arg.Queue,
 		arg.State,
+		arg.Queue,
 		arg.AfterID,
 		arg.MaxJobs,
 	)
@@ -909,10 +991,19 @@ func (q *Queries) JobListByQueueState(ctx context.Context, arg JobListByQueueSta
 }
 
 const jobListByState = `-- name: JobListByState :many
-SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)])
-  AND j.id > (SELECT $2::bigint)
-ORDER BY j.state, j.id
+SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)]) AND j.finished_at IS NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
+    UNION ALL
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)])
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT $3::integer)
 `
 
@@ -922,7 +1013,8 @@ type JobListByStateParams struct {
 	MaxJobs int32
 }
 
-// Lists the jobs in one state, as JobList says, through jobs_state_idx.
+// Lists the jobs in one state, as JobList says: not finished through
+// jobs_active_state_idx, finished through jobs_finished_state_idx.
 func (q *Queries) JobListByState(ctx context.Context, arg JobListByStateParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByState, arg.State, arg.AfterID, arg.MaxJobs)
 	if err != nil {
@@ -1040,22 +1132,43 @@ func (q *Queries) JobPrune(ctx context.Context, arg JobPruneParams) (JobPruneRow
 }
 
 const jobQueueStats = `-- name: JobQueueStats :many
-WITH RECURSIVE queues AS (
-    (SELECT j.queue FROM jobs AS j ORDER BY j.queue LIMIT 1)
+WITH RECURSIVE finished_queues AS (
+    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
-    FROM queues AS q
+    SELECT (SELECT j.queue FROM jobs AS j
+            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM finished_queues AS q
     WHERE q.queue IS NOT NULL
+),
+available_queues AS (
+    (SELECT j.queue FROM jobs AS j WHERE j.lease_token IS NULL AND j.finished_at IS NULL ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM jobs AS j
+            WHERE j.lease_token IS NULL AND j.finished_at IS NULL AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM available_queues AS q
+    WHERE q.queue IS NOT NULL
+),
+running AS (
+    SELECT r.queue FROM jobs AS r WHERE r.state = 'running' AND r.finished_at IS NULL
+),
+queues AS (
+    SELECT f.queue FROM finished_queues AS f WHERE f.queue IS NOT NULL
+    UNION
+    SELECT a.queue FROM available_queues AS a WHERE a.queue IS NOT NULL
+    UNION
+    SELECT r.queue FROM running AS r
 )
 SELECT q.queue::text AS queue,
-    (SELECT count(*) FROM jobs AS a WHERE a.queue = q.queue AND a.state = 'available')::bigint AS available,
-    (SELECT count(*) FROM jobs AS r WHERE r.queue = q.queue AND r.state = 'running')::bigint AS running,
+    (SELECT count(*) FROM jobs AS a
+     WHERE a.queue = q.queue AND a.lease_token IS NULL AND a.finished_at IS NULL)::bigint AS available,
+    (SELECT count(*) FROM running AS r WHERE r.queue = q.queue)::bigint AS running,
     COALESCE(EXTRACT(EPOCH FROM now() - (
         SELECT min(a.run_at) FROM jobs AS a
-        WHERE a.queue = q.queue AND a.state = 'available' AND a.run_at <= now())), 0)::float8
+        WHERE a.queue = q.queue AND a.lease_token IS NULL AND a.finished_at IS NULL AND a.run_at <= now())), 0)::float8
         AS oldest_ready_age_seconds
 FROM queues AS q
-WHERE q.queue IS NOT NULL
 ORDER BY q.queue
 `
 
@@ -1070,14 +1183,19 @@ type JobQueueStatsRow struct {
 // scheduled) and running, and the age of the oldest job that is ready to
 // run and waiting for a worker, by the database clock.
 //
-// It costs the same however long the history of finished jobs: the
-// queues are found by a skip scan of jobs_queue_state_idx, one descent per
-// queue (the recursive part: each step finds the next queue after the
-// last), and each queue's counts read the index's ranges of its available
-// and running jobs alone. Finished jobs are not counted, since counting
-// them would read the whole history kept; the listing (JobList) pages
-// through them by state. A queue stays listed, with no jobs waiting or
-// running, until its finished jobs are pruned.
+// It costs the same however long the history of finished jobs. The queues
+// are found by skip scans, one descent per queue (the recursive parts:
+// each step finds the next queue after the last): of
+// jobs_finished_queue_state_idx for the queues that hold finished jobs,
+// and of jobs_claim_idx for those that hold available ones; and among the
+// running entries of jobs_active_state_idx, read once, for those whose
+// jobs all run. Each queue's available jobs are counted, and its oldest
+// ready one found, in jobs_claim_idx, which holds the available jobs
+// alone (they neither hold a lease nor have finished); its running jobs
+// are counted among the running entries read. Finished jobs are not
+// counted, since counting them would read the whole history kept; the
+// listing (JobList) pages through them by state. A queue stays listed,
+// with no jobs waiting or running, until its finished jobs are pruned.
 func (q *Queries) JobQueueStats(ctx context.Context) ([]JobQueueStatsRow, error) {
 	rows, err := q.db.Query(ctx, jobQueueStats)
 	if err != nil {

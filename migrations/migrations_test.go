@@ -265,3 +265,31 @@ func TestMigrations_IndexReadyJobsByTheirColumnsOverAPopulatedDatabase(t *testin
 			before: "jobs_claim_idx t 100 (state = 'available'::job_state)",
 			after:  "jobs_claim_idx t 100 ((lease_token IS NULL) AND (finished_at IS NULL))"})
 }
+
+// TestMigrations_IndexListingsApartForBacklogAndHistoryOverAPopulatedDatabase
+// carries available, running and finished jobs over 00011 and back: up
+// replaces the listing's four indexes over every job by four over the
+// finished jobs alone and one over the others, by state and id; down
+// restores the four; the jobs are the same throughout.
+func TestMigrations_IndexListingsApartForBacklogAndHistoryOverAPopulatedDatabase(t *testing.T) {
+	carryOver(t, 10, 11, `
+		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
+		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now()
+		FROM generate_series(1, 40);
+		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+		SELECT 'done', (ARRAY['succeeded', 'dead', 'cancelled'])[1 + i % 3]::job_state, 1, 1, now(), now()
+		FROM generate_series(1, 1000) AS i;
+		ANALYZE jobs;`,
+		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
+		carriedOver{what: "the listing's indexes, valid, entries and predicate", query: `
+			SELECT string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ',' ORDER BY c.relname)
+			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+			WHERE c.relname ~ '^jobs_.*state_idx$'`,
+			before: "jobs_kind_state_idx t 1140,jobs_queue_kind_state_idx t 1140,jobs_queue_state_idx t 1140,jobs_state_idx t 1140",
+			after: "jobs_active_state_idx t 140 (finished_at IS NULL)," +
+				"jobs_finished_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+				"jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)," +
+				"jobs_finished_state_idx t 1000 (finished_at IS NOT NULL)"})
+}

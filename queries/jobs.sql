@@ -68,22 +68,33 @@ SELECT * FROM jobs WHERE queue = @queue AND idempotency_key = @idempotency_key;
 -- filter by queue, kind and state, one statement for each combination,
 -- which the caller picks (server.listJobs).
 --
--- Each of those reads an index led by its filter's columns, then state,
--- then id (jobs_queue_state_idx, and those of migration 00006), from
--- after_id on, in index order, and stops after max_jobs rows: a page costs
--- the same however long the history, and a filter that matches nothing
--- costs a few index pages. Without a state, one branch per state (every
--- value of job_state: a new state needs a branch in each) reads its own
--- range of the index in id order, and the branches are merged.
+-- Those read the jobs of each state apart, in one branch per state (every
+-- value of job_state: a new state needs a branch in each), or in two
+-- branches when the state is given, one for it among the jobs not
+-- finished and one among the finished, since each reads another index
+-- (migrations/00011):
+--   - A finished state reads an index over the finished jobs, led by the
+--     filter's columns, then state, then id (jobs_finished_state_idx,
+--     jobs_finished_queue_state_idx, jobs_finished_kind_state_idx,
+--     jobs_finished_queue_kind_state_idx), from after_id on, in index
+--     order, and stops after max_jobs rows: a page costs the same however
+--     long the history, and a filter that matches nothing costs a few
+--     index pages.
+--   - A state of the backlog (available, running) reads
+--     jobs_active_state_idx, over the jobs not finished, by state and id,
+--     and checks each job's queue and kind: a filter that matches little
+--     costs at most the backlog of that state, never the history.
+-- Each branch stops after max_jobs rows; the page is the first max_jobs
+-- of those, in id order, sorted from at most max_jobs rows per branch.
 --
--- How they are written leaves the planner that index as the only good
+-- How they are written leaves the planner those indexes as the only good
 -- plan, whatever the values and the statistics (server's
 -- TestListJobs_EveryFilterReadsItsIndexWithoutScanningTheHistory checks it
 -- for custom and generic plans):
---   - The leading column of the index is matched with = ANY of a
---     one-element array rather than =, and the page ordered by that column
---     before id (which is id order, the column holding one value). After a
---     plain equality the planner takes the column for a constant, and the
+--   - A branch's leading column is matched with = ANY of a one-element
+--     array rather than =, and its rows ordered by that column before id
+--     (which is id order, the column holding one value). After a plain
+--     equality the planner takes the column for a constant, and the
 --     primary key yields id order too: a plan that does not know the value
 --     may walk the primary key and filter its way through the history.
 --   - Every value, the page size included, is read through a scalar
@@ -93,147 +104,227 @@ SELECT * FROM jobs WHERE queue = @queue AND idempotency_key = @idempotency_key;
 --     after a few executions, and a plan made for the values trusts the
 --     statistics, which may say that so few jobs match that reading them
 --     all through another index and sorting them is cheaper.
---   - A queue filtered with a kind is compared in the "C" collation, which
---     only jobs_queue_kind_state_idx uses (see JobListByQueueKind).
+--   - A queue filtered with a kind among the finished jobs is compared in
+--     the "C" collation, which only jobs_finished_queue_kind_state_idx
+--     uses (see JobListByQueueKind).
 SELECT * FROM job_summaries AS j
 WHERE j.id > (SELECT @after_id::bigint)
 ORDER BY j.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByState :many
--- Lists the jobs in one state, as JobList says, through jobs_state_idx.
-SELECT * FROM job_summaries AS j
-WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)])
-  AND j.id > (SELECT @after_id::bigint)
-ORDER BY j.state, j.id
+-- Lists the jobs in one state, as JobList says: not finished through
+-- jobs_active_state_idx, finished through jobs_finished_state_idx.
+SELECT * FROM (
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)]) AND j.finished_at IS NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)])
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByQueue :many
--- Lists the jobs of one queue, as JobList says, through
--- jobs_queue_state_idx.
-(SELECT * FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
-   AND j.state = 'available' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
-   AND j.state = 'running' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
-   AND j.state = 'succeeded' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
-   AND j.state = 'dead' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
-   AND j.state = 'cancelled' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
-ORDER BY queue, id
+-- Lists the jobs of one queue, as JobList says: those not finished
+-- through jobs_active_state_idx, the finished through
+-- jobs_finished_queue_state_idx.
+SELECT * FROM (
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT @queue::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['running'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT @queue::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByQueueState :many
 -- Lists the jobs of one queue in one state, as JobList says, through
--- jobs_queue_state_idx.
-SELECT * FROM job_summaries AS j
-WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
-  AND j.state = (SELECT @state::job_state)
-  AND j.id > (SELECT @after_id::bigint)
-ORDER BY j.queue, j.id
+-- jobs_active_state_idx or jobs_finished_queue_state_idx.
+SELECT * FROM (
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT @queue::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.state = (SELECT @state::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByKind :many
--- Lists the jobs of one kind, as JobList says, through
--- jobs_kind_state_idx.
-(SELECT * FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
-   AND j.state = 'available' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
-   AND j.state = 'running' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
-   AND j.state = 'succeeded' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
-   AND j.state = 'dead' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
-UNION ALL
-(SELECT * FROM job_summaries AS j
- WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
-   AND j.state = 'cancelled' AND j.id > (SELECT @after_id::bigint)
- ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
-ORDER BY kind, id
+-- Lists the jobs of one kind, as JobList says: those not finished through
+-- jobs_active_state_idx, the finished through
+-- jobs_finished_kind_state_idx.
+SELECT * FROM (
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
+       AND j.kind = (SELECT @kind::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['running'::job_state]) AND j.finished_at IS NULL
+       AND j.kind = (SELECT @kind::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByKindState :many
 -- Lists the jobs of one kind in one state, as JobList says, through
--- jobs_kind_state_idx.
-SELECT * FROM job_summaries AS j
-WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
-  AND j.state = (SELECT @state::job_state)
-  AND j.id > (SELECT @after_id::bigint)
-ORDER BY j.kind, j.id
+-- jobs_active_state_idx or jobs_finished_kind_state_idx.
+SELECT * FROM (
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)]) AND j.finished_at IS NULL
+       AND j.kind = (SELECT @kind::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = (SELECT @state::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByQueueKind :many
--- Lists the jobs of one kind in one queue, as JobList says, through
--- jobs_queue_kind_state_idx, whose queue is in the "C" collation (the same
--- as the default one for equality). Compared in it, the queue matches no
--- other index. jobs_queue_state_idx also yields a queue's jobs in id order,
--- and where the statistics say that the kind leaves every job (a history
--- of one kind), the planner would read it instead, and filter its way
--- through the queue's whole history for a kind that has none.
+-- Lists the jobs of one kind in one queue, as JobList says: those not
+-- finished through jobs_active_state_idx, the finished through
+-- jobs_finished_queue_kind_state_idx, whose queue is in the "C" collation
+-- (the same as the default one for equality). Compared in it, the queue
+-- matches no other index. jobs_finished_queue_state_idx also yields a
+-- queue's finished jobs in id order, and where the statistics say that
+-- the kind leaves every job (a history of one kind), the planner would
+-- read it instead, and filter its way through the queue's whole history
+-- for a kind that has none.
 SELECT * FROM (
     (SELECT * FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
-       AND j.state = 'available' AND j.id > (SELECT @after_id::bigint)
+     WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT @queue::text)
+       AND j.kind = (SELECT @kind::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY['running'::job_state]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT @queue::text)
+       AND j.kind = (SELECT @kind::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.kind = (SELECT @kind::text)
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
      ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
     UNION ALL
     (SELECT * FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
-       AND j.state = 'running' AND j.id > (SELECT @after_id::bigint)
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.kind = (SELECT @kind::text)
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
      ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
     UNION ALL
     (SELECT * FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
-       AND j.state = 'succeeded' AND j.id > (SELECT @after_id::bigint)
-     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
-    UNION ALL
-    (SELECT * FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
-       AND j.state = 'dead' AND j.id > (SELECT @after_id::bigint)
-     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
-    UNION ALL
-    (SELECT * FROM job_summaries AS j
-     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)]) AND j.kind = (SELECT @kind::text)
-       AND j.state = 'cancelled' AND j.id > (SELECT @after_id::bigint)
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.kind = (SELECT @kind::text)
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
      ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
 ) AS u
-ORDER BY u.queue COLLATE "C", u.id
+ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByQueueKindState :many
 -- Lists the jobs of one kind in one queue in one state, as JobList says,
--- through jobs_queue_kind_state_idx (see JobListByQueueKind).
-SELECT * FROM job_summaries AS j
-WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)])
-  AND j.kind = (SELECT @kind::text)
-  AND j.state = (SELECT @state::job_state)
-  AND j.id > (SELECT @after_id::bigint)
-ORDER BY j.queue COLLATE "C", j.id
+-- through jobs_active_state_idx or jobs_finished_queue_kind_state_idx
+-- (see JobListByQueueKind).
+SELECT * FROM (
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)]) AND j.finished_at IS NULL
+       AND j.queue = (SELECT @queue::text)
+       AND j.kind = (SELECT @kind::text)
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
+    UNION ALL
+    (SELECT * FROM job_summaries AS j
+     WHERE j.queue COLLATE "C" = ANY (ARRAY[(SELECT @queue::text)])
+       AND j.kind = (SELECT @kind::text)
+       AND j.state = (SELECT @state::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer))
+) AS u
+ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobQueueStats :many
@@ -241,30 +332,56 @@ LIMIT (SELECT @max_jobs::integer);
 -- scheduled) and running, and the age of the oldest job that is ready to
 -- run and waiting for a worker, by the database clock.
 --
--- It costs the same however long the history of finished jobs: the
--- queues are found by a skip scan of jobs_queue_state_idx, one descent per
--- queue (the recursive part: each step finds the next queue after the
--- last), and each queue's counts read the index's ranges of its available
--- and running jobs alone. Finished jobs are not counted, since counting
--- them would read the whole history kept; the listing (JobList) pages
--- through them by state. A queue stays listed, with no jobs waiting or
--- running, until its finished jobs are pruned.
-WITH RECURSIVE queues AS (
-    (SELECT j.queue FROM jobs AS j ORDER BY j.queue LIMIT 1)
+-- It costs the same however long the history of finished jobs. The queues
+-- are found by skip scans, one descent per queue (the recursive parts:
+-- each step finds the next queue after the last): of
+-- jobs_finished_queue_state_idx for the queues that hold finished jobs,
+-- and of jobs_claim_idx for those that hold available ones; and among the
+-- running entries of jobs_active_state_idx, read once, for those whose
+-- jobs all run. Each queue's available jobs are counted, and its oldest
+-- ready one found, in jobs_claim_idx, which holds the available jobs
+-- alone (they neither hold a lease nor have finished); its running jobs
+-- are counted among the running entries read. Finished jobs are not
+-- counted, since counting them would read the whole history kept; the
+-- listing (JobList) pages through them by state. A queue stays listed,
+-- with no jobs waiting or running, until its finished jobs are pruned.
+WITH RECURSIVE finished_queues AS (
+    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
-    FROM queues AS q
+    SELECT (SELECT j.queue FROM jobs AS j
+            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM finished_queues AS q
     WHERE q.queue IS NOT NULL
+),
+available_queues AS (
+    (SELECT j.queue FROM jobs AS j WHERE j.lease_token IS NULL AND j.finished_at IS NULL ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM jobs AS j
+            WHERE j.lease_token IS NULL AND j.finished_at IS NULL AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM available_queues AS q
+    WHERE q.queue IS NOT NULL
+),
+running AS (
+    SELECT r.queue FROM jobs AS r WHERE r.state = 'running' AND r.finished_at IS NULL
+),
+queues AS (
+    SELECT f.queue FROM finished_queues AS f WHERE f.queue IS NOT NULL
+    UNION
+    SELECT a.queue FROM available_queues AS a WHERE a.queue IS NOT NULL
+    UNION
+    SELECT r.queue FROM running AS r
 )
 SELECT q.queue::text AS queue,
-    (SELECT count(*) FROM jobs AS a WHERE a.queue = q.queue AND a.state = 'available')::bigint AS available,
-    (SELECT count(*) FROM jobs AS r WHERE r.queue = q.queue AND r.state = 'running')::bigint AS running,
+    (SELECT count(*) FROM jobs AS a
+     WHERE a.queue = q.queue AND a.lease_token IS NULL AND a.finished_at IS NULL)::bigint AS available,
+    (SELECT count(*) FROM running AS r WHERE r.queue = q.queue)::bigint AS running,
     COALESCE(EXTRACT(EPOCH FROM now() - (
         SELECT min(a.run_at) FROM jobs AS a
-        WHERE a.queue = q.queue AND a.state = 'available' AND a.run_at <= now())), 0)::float8
+        WHERE a.queue = q.queue AND a.lease_token IS NULL AND a.finished_at IS NULL AND a.run_at <= now())), 0)::float8
         AS oldest_ready_age_seconds
 FROM queues AS q
-WHERE q.queue IS NOT NULL
 ORDER BY q.queue;
 
 -- name: JobCancel :one

@@ -45,7 +45,7 @@ WITH completed AS (
       -- distinct from" it is "equal to" it. Neither the state nor an
       -- equality on the token is written, so that the job can only be
       -- looked up by id: either would let the planner read instead every
-      -- entry of an index over running jobs (jobs_state_idx,
+      -- entry of an index over running jobs (jobs_active_state_idx,
       -- jobs_lease_expires_at_idx), of which its statistics say there are
       -- few, and while a long transaction holds back vacuum those indexes
       -- keep an entry for every running version since (docs/experiments.md,

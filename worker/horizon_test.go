@@ -181,8 +181,8 @@ func TestAcknowledgements_UnderAPinnedHorizonLookTheirJobsUpByID(t *testing.T) {
 			if got.buffers > 40 {
 				t.Errorf("%s of one job read %d buffers, want at most 40; plan:\n%s", tc.name, got.buffers, got.plan)
 			}
-			if strings.Contains(got.plan, "jobs_state_idx") {
-				t.Errorf("%s reads jobs_state_idx:\n%s", tc.name, got.plan)
+			if strings.Contains(got.plan, "jobs_active_state_idx") {
+				t.Errorf("%s reads jobs_active_state_idx:\n%s", tc.name, got.plan)
 			}
 		})
 	}
@@ -212,8 +212,8 @@ func TestReclaim_UnderAPinnedHorizonReadsOnlyItsWindowOfLeases(t *testing.T) {
 		t.Errorf("a reclaim within its window read %d buffers, not much fewer than a full pass's %d; plan:\n%s", windowed.buffers, full.buffers, windowed.plan)
 	}
 	for _, r := range []explained{full, windowed} {
-		if strings.Contains(r.plan, "jobs_state_idx") {
-			t.Errorf("the reclaim reads jobs_state_idx:\n%s", r.plan)
+		if strings.Contains(r.plan, "jobs_active_state_idx") {
+			t.Errorf("the reclaim reads jobs_active_state_idx:\n%s", r.plan)
 		}
 	}
 }

@@ -299,7 +299,8 @@ VERSION  STATE    MIGRATION
 7        pending  00007_index_finished_jobs.sql
 8        pending  00008_notify_returned_jobs.sql
 9        pending  00009_index_leases_by_their_columns.sql
-10       pending  00010_index_ready_jobs_by_their_columns.sql`},
+10       pending  00010_index_ready_jobs_by_their_columns.sql
+11       pending  00011_index_listings_apart_for_backlog_and_history.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
@@ -310,7 +311,8 @@ applied migration 6 00006_index_job_lists.sql
 applied migration 7 00007_index_finished_jobs.sql
 applied migration 8 00008_notify_returned_jobs.sql
 applied migration 9 00009_index_leases_by_their_columns.sql
-applied migration 10 00010_index_ready_jobs_by_their_columns.sql`},
+applied migration 10 00010_index_ready_jobs_by_their_columns.sql
+applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -324,7 +326,10 @@ VERSION  STATE    MIGRATION
 7        applied  00007_index_finished_jobs.sql
 8        applied  00008_notify_returned_jobs.sql
 9        applied  00009_index_leases_by_their_columns.sql
-10       applied  00010_index_ready_jobs_by_their_columns.sql`},
+10       applied  00010_index_ready_jobs_by_their_columns.sql
+11       applied  00011_index_listings_apart_for_backlog_and_history.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 11 00011_index_listings_apart_for_backlog_and_history.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 10 00010_index_ready_jobs_by_their_columns.sql`},
 		{[]string{"migrate", "down"}, `
@@ -344,7 +349,8 @@ VERSION  STATE    MIGRATION
 7        pending  00007_index_finished_jobs.sql
 8        pending  00008_notify_returned_jobs.sql
 9        pending  00009_index_leases_by_their_columns.sql
-10       pending  00010_index_ready_jobs_by_their_columns.sql`},
+10       pending  00010_index_ready_jobs_by_their_columns.sql
+11       pending  00011_index_listings_apart_for_backlog_and_history.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "down"}, `
@@ -369,7 +375,8 @@ applied migration 6 00006_index_job_lists.sql
 applied migration 7 00007_index_finished_jobs.sql
 applied migration 8 00008_notify_returned_jobs.sql
 applied migration 9 00009_index_leases_by_their_columns.sql
-applied migration 10 00010_index_ready_jobs_by_their_columns.sql`},
+applied migration 10 00010_index_ready_jobs_by_their_columns.sql
+applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)

@@ -683,7 +683,7 @@ SELECT j.leased_by::text AS worker,
        count(*) FILTER (WHERE j.kind = 'sleep' AND (j.payload ->> 'ms')::bigint >= $1::bigint
                           AND j.started_at > now() - interval '1 millisecond' * $2::bigint)::bigint AS long_running
 FROM jobs AS j
-WHERE j.state = 'running'
+WHERE j.state = 'running' AND j.finished_at IS NULL
 GROUP BY j.leased_by
 ORDER BY long_running DESC, running DESC
 `

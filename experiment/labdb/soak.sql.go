@@ -19,6 +19,7 @@ SELECT count(*) FILTER (WHERE j.state = 'available' AND j.run_at <= now())::bigi
 FROM jobs AS j
 WHERE j.queue = $1::text
   AND j.state IN ('available', 'running')
+  AND j.finished_at IS NULL
 `
 
 type SoakBacklogRow struct {
@@ -29,7 +30,8 @@ type SoakBacklogRow struct {
 
 // The jobs of a queue waiting now: ready (available, run_at reached) and
 // how long the oldest of them has waited since it was ready, and running
-// (claimed, not finished). Reads the index on (queue, state, id).
+// (claimed, not finished). Reads jobs_active_state_idx, over the jobs not
+// finished.
 func (q *Queries) SoakBacklog(ctx context.Context, queue string) (SoakBacklogRow, error) {
 	row := q.db.QueryRow(ctx, soakBacklog, queue)
 	var i SoakBacklogRow

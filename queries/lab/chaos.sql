@@ -111,7 +111,7 @@ SELECT j.leased_by::text AS worker,
        count(*) FILTER (WHERE j.kind = 'sleep' AND (j.payload ->> 'ms')::bigint >= @long_ms::bigint
                           AND j.started_at > now() - interval '1 millisecond' * @young_ms::bigint)::bigint AS long_running
 FROM jobs AS j
-WHERE j.state = 'running'
+WHERE j.state = 'running' AND j.finished_at IS NULL
 GROUP BY j.leased_by
 ORDER BY long_running DESC, running DESC;
 

@@ -39,7 +39,8 @@ WHERE j.queue = sqlc.arg(queue)::text
 -- name: SoakBacklog :one
 -- The jobs of a queue waiting now: ready (available, run_at reached) and
 -- how long the oldest of them has waited since it was ready, and running
--- (claimed, not finished). Reads the index on (queue, state, id).
+-- (claimed, not finished). Reads jobs_active_state_idx, over the jobs not
+-- finished.
 SELECT count(*) FILTER (WHERE j.state = 'available' AND j.run_at <= now())::bigint AS ready,
        count(*) FILTER (WHERE j.state = 'running')::bigint                        AS running,
        COALESCE(extract(epoch FROM now() - min(greatest(j.run_at, j.created_at))
@@ -47,7 +48,8 @@ SELECT count(*) FILTER (WHERE j.state = 'available' AND j.run_at <= now())::bigi
                 0)::float8                                                       AS oldest_ready_ms
 FROM jobs AS j
 WHERE j.queue = sqlc.arg(queue)::text
-  AND j.state IN ('available', 'running');
+  AND j.state IN ('available', 'running')
+  AND j.finished_at IS NULL;
 
 -- name: SoakReaderCount :one
 -- What each REPEATABLE READ reader of the readers phase runs every 100 ms
