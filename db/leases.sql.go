@@ -91,23 +91,24 @@ ready AS (
     ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE(cardinality($8::uuid[]), 0)
 ),
-numbered AS (
-    SELECT ready.id, row_number() OVER () AS n FROM ready
+picked AS (
+    SELECT ARRAY(SELECT ready.id FROM ready) AS ids
 ),
 claimed AS (
     UPDATE jobs AS j
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        -- Each job claimed takes the lease token at its place in the claim.
-        lease_token      = ($8::uuid[])[numbered.n],
+        lease_token      = ($8::uuid[])[array_position((SELECT p.ids FROM picked AS p), j.id)],
         lease_expires_at = now() + interval '1 millisecond' * $9::bigint,
         leased_by        = $10::text,
         lease_session    = $4::integer,
         started_at       = now()
-    FROM numbered
-    WHERE j.id = numbered.id
-    RETURNING numbered.n,
+    -- By primary key, one probe per job, whatever plan the connection
+    -- keeps: a join with the jobs taken may be planned as a hash join
+    -- that reads the whole table.
+    WHERE j.id = ANY ((SELECT p.ids FROM picked AS p)::bigint[])
+    RETURNING array_position((SELECT p.ids FROM picked AS p), j.id) AS n,
               j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
               j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
 )
@@ -189,6 +190,8 @@ type JobCompleteAndClaimRow struct {
 // by the next claim from the head, which each worker makes every so often.
 // The cursors are kept per priority so that a more urgent job is never
 // waiting behind a less urgent one's cursor.
+// The jobs taken, in the order of the claim: each takes the lease token
+// at its place among them.
 func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndClaimParams) ([]JobCompleteAndClaimRow, error) {
 	rows, err := q.db.Query(ctx, jobCompleteAndClaim,
 		arg.CompleteIDs,

@@ -115,23 +115,26 @@ ready AS (
     ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
 ),
-numbered AS (
-    SELECT ready.id, row_number() OVER () AS n FROM ready
+-- The jobs taken, in the order of the claim: each takes the lease token
+-- at its place among them.
+picked AS (
+    SELECT ARRAY(SELECT ready.id FROM ready) AS ids
 ),
 claimed AS (
     UPDATE jobs AS j
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        -- Each job claimed takes the lease token at its place in the claim.
-        lease_token      = (@claim_tokens::uuid[])[numbered.n],
+        lease_token      = (@claim_tokens::uuid[])[array_position((SELECT p.ids FROM picked AS p), j.id)],
         lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint,
         leased_by        = @worker_id::text,
         lease_session    = sqlc.narg(session_key)::integer,
         started_at       = now()
-    FROM numbered
-    WHERE j.id = numbered.id
-    RETURNING numbered.n,
+    -- By primary key, one probe per job, whatever plan the connection
+    -- keeps: a join with the jobs taken may be planned as a hash join
+    -- that reads the whole table.
+    WHERE j.id = ANY ((SELECT p.ids FROM picked AS p)::bigint[])
+    RETURNING array_position((SELECT p.ids FROM picked AS p), j.id) AS n,
               j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
               j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
 )

@@ -337,7 +337,6 @@ func (b *bundle) runWorker(t *testing.T, pool *pgxpool.Pool, cfg worker.Config, 
 	return w, r
 }
 
-// leaseTokens draws n fresh lease tokens, for a claim of n jobs.
 // nextRound is the JobCompleteAndClaim of a worker's round for worker:
 // it completes, with an empty result, the jobs held (rows an earlier claim
 // returned, each with a job) and claims up to claim more.
@@ -351,6 +350,7 @@ func nextRound(worker string, held []db.JobCompleteAndClaimRow, claim int) db.Jo
 	return params
 }
 
+// leaseTokens draws n fresh lease tokens, for a claim of n jobs.
 func leaseTokens(n int) []pgtype.UUID {
 	tokens := make([]pgtype.UUID, n)
 	for i := range tokens {
