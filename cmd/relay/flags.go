@@ -14,6 +14,7 @@ import (
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/worker"
 )
 
 // connectTimeout bounds the first connection to the database.
@@ -50,12 +51,27 @@ func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
 // the database answers. Behind a connection pooler, it runs statements as
 // a transaction-mode pooler needs them (see adaptToPooler).
 func connect(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
+	return open(ctx, logger, dsn, appName, minConns, nil)
+}
+
+// connectWorker is connect for the pool of a worker, whose connections
+// keep a generic plan for each statement (worker.KeepGenericPlans).
+func connectWorker(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
+	return open(ctx, logger, dsn, appName, minConns, worker.KeepGenericPlans)
+}
+
+// open opens a pool as connect says, with adjust, if not nil, applied to
+// its configuration once it is known whether a pooler stands between.
+func open(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32, adjust func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := poolConfig(dsn, appName, minConns)
 	if err != nil {
 		return nil, err
 	}
 	if err := adaptToPooler(ctx, logger, cfg); err != nil {
 		return nil, &connectError{dsn: pgurl.Redact(dsn), err: err}
+	}
+	if adjust != nil {
+		adjust(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

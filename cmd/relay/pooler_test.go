@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -10,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/pgbouncer"
 	"github.com/relayq/relay/internal/relaybin"
@@ -162,5 +165,82 @@ func waitLeasedBy(t *testing.T, ctx context.Context, base, token string, id int6
 			t.Fatalf("job %d runs under %q (attempt %d, last error %q), want %q", id, deref(job.LeasedBy), job.Attempt, deref(job.LastError), worker)
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// TestConnectWorker_KeepsGenericPlansWherePlansAreKept: a worker's pool
+// asks PostgreSQL to keep a generic plan for each statement and to compile
+// none, where its statements are prepared; other pools leave PostgreSQL's
+// defaults; and behind a transaction-mode pooler, which refuses unknown
+// startup settings and where nothing is prepared, a worker's pool asks
+// for neither and still connects.
+func TestConnectWorker_KeepsGenericPlansWherePlansAreKept(t *testing.T) {
+	ctx := testContext(t, 60*time.Second)
+	dsn := emptyDatabaseURL(t)
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bouncer := pgbouncer.ForTest(t, dsn, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction})
+	u, err := url.Parse(bouncer.URL(cfg.Database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Del("default_query_exec_mode")
+	u.RawQuery = q.Encode()
+	pooled := u.String()
+
+	u, err = url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q = u.Query()
+	q.Set("plan_cache_mode", "auto")
+	u.RawQuery = q.Encode()
+	setInURL := u.String()
+
+	// settings reads plan_cache_mode and jit on one of pool's connections.
+	settings := func(t *testing.T, pool interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) [2]string {
+		t.Helper()
+		var got [2]string
+		if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode'), current_setting('jit')`).Scan(&got[0], &got[1]); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	plain, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults := settings(t, plain)
+	plain.Close(ctx)
+
+	type connectFunc func(context.Context, *slog.Logger, string, string, int32) (*pgxpool.Pool, error)
+	tests := []struct {
+		name    string
+		connect connectFunc
+		dsn     string
+		// want are plan_cache_mode and jit.
+		want [2]string
+	}{
+		{"a worker's pool", connectWorker, dsn, [2]string{"force_generic_plan", "off"}},
+		{"another pool", connect, dsn, defaults},
+		{"a worker's pool set otherwise in the URL", connectWorker, setInURL, [2]string{"auto", "off"}},
+		{"a worker's pool behind PgBouncer", connectWorker, pooled, defaults},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pool, err := tt.connect(ctx, slog.New(slog.DiscardHandler), tt.dsn, "relay test", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			if got := settings(t, pool); got != tt.want {
+				t.Errorf("plan_cache_mode, jit = %q; want %q", got, tt.want)
+			}
+		})
 	}
 }

@@ -103,7 +103,8 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	}
 	id := cfg.Worker.ID
 
-	workerPool, err := harness.OpenPool(ctx, cfg.DatabaseURL, "relay-worker-"+id, 0, connectTimeout)
+	// Its connections keep their plans as relay work's do.
+	workerPool, err := harness.OpenPool(ctx, cfg.DatabaseURL, "relay-worker-"+id, 0, connectTimeout, worker.KeepGenericPlans)
 	if err != nil {
 		return fmt.Errorf("chaos worker: worker pool: %w", err)
 	}

@@ -145,9 +145,9 @@ const PoolSize = 8
 // application_name, of at most maxConns connections (pgxpool's default if
 // 0). A connection attempt gives up after connectTimeout, unless dsn sets
 // connect_timeout itself; if connectTimeout is 0, only the context of the
-// attempt bounds it. The pool connects lazily: the database need not be
-// reachable yet.
-func OpenPool(ctx context.Context, dsn, appName string, maxConns int32, connectTimeout time.Duration) (*pgxpool.Pool, error) {
+// attempt bounds it. Each of adjust then changes the configuration. The
+// pool connects lazily: the database need not be reachable yet.
+func OpenPool(ctx context.Context, dsn, appName string, maxConns int32, connectTimeout time.Duration, adjust ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parse the database URL: %w", err)
@@ -158,6 +158,9 @@ func OpenPool(ctx context.Context, dsn, appName string, maxConns int32, connectT
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	for _, f := range adjust {
+		f(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
