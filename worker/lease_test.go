@@ -807,11 +807,6 @@ func (r recorder) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return r.DBTX.Query(ctx, sql, args...)
 }
 
-func (r recorder) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	*r.sql, *r.args = sql, args
-	return r.DBTX.QueryRow(ctx, sql, args...)
-}
-
 func TestReclaim_KeepsJobsPlaceAheadOfLaterJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
