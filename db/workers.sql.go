@@ -24,8 +24,14 @@ freed AS (
 )
 DELETE FROM worker_sessions AS s
 WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
+  -- One probe of jobs_lease_session_idx per session, whatever the
+  -- statistics say: OFFSET 0 keeps the lookup a subplan run for each
+  -- session, which PostgreSQL would otherwise be free to turn into a join
+  -- that hashes every running job, reading the whole table to find them
+  -- while the table has never been analyzed.
   AND NOT EXISTS (
-      SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key)
+      SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key
+      OFFSET 0)
 `
 
 // Forgets the sessions that ended and hold no running job, and frees the

@@ -94,6 +94,14 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: &window})
 			return err
 		}, 200},
+		{"forget the sessions that ended", func(q *db.Queries) error {
+			_, err := q.WorkerForgetEnded(b.ctx)
+			return err
+		}, 1},
+		{"unregister", func(q *db.Queries) error {
+			_, err := q.WorkerUnregister(b.ctx, db.WorkerUnregisterParams{ID: "w", SessionKey: 1})
+			return err
+		}, 1},
 		{"prune", func(q *db.Queries) error {
 			_, err := q.JobPrune(b.ctx, db.JobPruneParams{RetainSucceededMs: &day, RetainDeadMs: &day, RetainCancelledMs: &day, MaxJobs: 1000})
 			return err
