@@ -5,7 +5,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// PlanSettings are the server settings under which a worker's connections
+// planSettings are the server settings under which a worker's connections
 // keep one plan for each statement (KeepGenericPlans).
 //
 // PostgreSQL plans a prepared statement at every call for as long as a
@@ -20,16 +20,18 @@ import (
 // count, and past jit_above_cost a kept plan would be compiled again at
 // every call, which a statement run thousands of times a second never
 // earns back.
-var PlanSettings = map[string]string{
+var planSettings = map[string]string{
 	"plan_cache_mode": "force_generic_plan",
 	"jit":             "off",
 }
 
-// KeepGenericPlans gives the connections of cfg, a worker's pool, each of
-// PlanSettings that its URL does not set. It leaves cfg as it is where
-// statements run unprepared (a default_query_exec_mode other than
-// cache_statement, as behind a transaction-mode pooler, which would also
-// refuse the settings when a connection starts): no plan is kept there.
+// KeepGenericPlans gives the connections of cfg, a worker's pool,
+// plan_cache_mode=force_generic_plan and jit=off, each unless its URL
+// sets it: each statement then keeps one generic plan, and none is
+// compiled. It leaves cfg as it is where statements run unprepared (a
+// default_query_exec_mode other than cache_statement, as behind a
+// transaction-mode pooler, which would also refuse the settings when a
+// connection starts): no plan is kept there.
 // relay work does this for its pool; a program that runs a Worker may do
 // it before it opens the Worker's pool:
 //
@@ -40,7 +42,7 @@ func KeepGenericPlans(cfg *pgxpool.Config) {
 	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		return
 	}
-	for name, value := range PlanSettings {
+	for name, value := range planSettings {
 		if _, ok := cfg.ConnConfig.RuntimeParams[name]; !ok {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}

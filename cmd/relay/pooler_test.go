@@ -28,20 +28,7 @@ func TestEndToEnd_ThroughPgBouncerInTransactionMode(t *testing.T) {
 	relaybin.Path(t)
 	ctx := testContext(t, 120*time.Second)
 	dsn := emptyDatabaseURL(t)
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bouncer := pgbouncer.ForTest(t, dsn, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction})
-	// The pooler's URL as a user would write it, without pgx settings.
-	u, err := url.Parse(bouncer.URL(cfg.Database))
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Del("default_query_exec_mode")
-	u.RawQuery = q.Encode()
-	pooled := u.String()
+	pooled := transactionPoolerURL(t, dsn)
 
 	stdout, stderr, code := runBinary(t, ctx, "migrate", "--database-url", pooled)
 	if code != 0 || !strings.Contains(stdout, "applied migration 3") || !strings.Contains(stderr, "goes through a connection pooler") {
@@ -177,25 +164,12 @@ func waitLeasedBy(t *testing.T, ctx context.Context, base, token string, id int6
 func TestConnectWorker_KeepsGenericPlansWherePlansAreKept(t *testing.T) {
 	ctx := testContext(t, 60*time.Second)
 	dsn := emptyDatabaseURL(t)
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bouncer := pgbouncer.ForTest(t, dsn, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction})
-	u, err := url.Parse(bouncer.URL(cfg.Database))
+	pooled := transactionPoolerURL(t, dsn)
+	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	q := u.Query()
-	q.Del("default_query_exec_mode")
-	u.RawQuery = q.Encode()
-	pooled := u.String()
-
-	u, err = url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q = u.Query()
 	q.Set("plan_cache_mode", "auto")
 	u.RawQuery = q.Encode()
 	setInURL := u.String()
@@ -243,4 +217,24 @@ func TestConnectWorker_KeepsGenericPlansWherePlansAreKept(t *testing.T) {
 			}
 		})
 	}
+}
+
+// transactionPoolerURL starts a PgBouncer in transaction mode in front of
+// dsn's database for the test, and returns its URL as a user would write
+// it, without pgx settings.
+func transactionPoolerURL(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bouncer := pgbouncer.ForTest(t, dsn, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction})
+	u, err := url.Parse(bouncer.URL(cfg.Database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Del("default_query_exec_mode")
+	u.RawQuery = q.Encode()
+	return u.String()
 }
