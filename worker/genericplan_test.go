@@ -20,8 +20,8 @@ import (
 // it, over a backlog of 100,000 jobs and 200 running: before the table
 // was ever analyzed (a queue filled at once, before any worker gathered
 // statistics), once analyzed, and with a history of 100,000 finished jobs
-// too. Each plan reads jobs through an index and touches a few buffers
-// for each job it takes or finds.
+// too. Each plan reads jobs through an index and touches a bounded number
+// of buffers for each job it takes or finds.
 func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -128,7 +128,12 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 						t.Errorf("reads jobs by a %s", n.NodeType)
 					}
 				})
-				if limit := int64(20*tc.taken + 100); root.Buffers() > limit {
+				// A job a statement changes gets a new version in each of
+				// jobs' indexes that its new state enters, a descent of a few
+				// pages each, and rolled-back statements before it leave
+				// entries to step over: about 25 pages a job, measured. A
+				// sequential scan of these tables reads more than 2,000.
+				if limit := int64(40*tc.taken + 200); root.Buffers() > limit {
 					t.Errorf("touched %d buffers, want at most %d", root.Buffers(), limit)
 				}
 				if t.Failed() {
