@@ -254,6 +254,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	fmt.Fprintf(w, "%s on a %s (PostgreSQL %s, autovacuum %s, shared_buffers %s); %s workers, %s jobs of %d ms, %.0f jobs/s offered, samples every %g s\n\n",
 		r.System, r.Server, r.Environment.PostgreSQL.Version, r.Environment.PostgreSQL.Autovacuum, r.Environment.PostgreSQL.SharedBuffers,
 		r.Settings.Workers, r.Settings.JobKind, r.Settings.JobMs, r.Settings.RatePerSec, r.Settings.IntervalS)
+	if r.Settings.RetainSucceededS != 0 {
+		fmt.Fprintf(w, "succeeded jobs kept %g s\n\n", r.Settings.RetainSucceededS)
+	}
 	tw := harness.NewTable(w)
 	fmt.Fprintf(tw, "phase\tseconds\toffered/s\tdone/s\tkept up\tpickup p50/p95/p99 ms\tp95/clean\tsettled after\tbacklog max\ttables+indexes MB\tdead max\tautovacuums\tWAL MB/s\tWAL B/job\thorizon max xids\toldest tx s\tCPU busy\n")
 	for _, p := range r.Phases {

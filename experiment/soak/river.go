@@ -30,6 +30,9 @@ type RiverConfig struct {
 	// WorkArgs are added to every `relaylab-river work` command line
 	// (River's fetch settings, say; none: the adapter's tuned defaults).
 	WorkArgs []string
+	// RetainCompleted is how long River keeps a completed job (its
+	// CompletedJobRetentionPeriod). Zero: River's default.
+	RetainCompleted time.Duration
 }
 
 // riverSystem is River under test: relaylab-river work processes, the jobs
@@ -69,8 +72,12 @@ func (s *riverSystem) Start(ctx context.Context) error {
 	}
 	for i := 1; i <= s.cfg.Workers.Procs; i++ {
 		id := fmt.Sprintf("soak-river-w%d", i)
-		args := append([]string{"work", "--id", id, "--queue", Queue,
-			"--workers", strconv.Itoa(s.cfg.Workers.Slots), "--log-format", "json"}, s.cfg.WorkArgs...)
+		args := []string{"work", "--id", id, "--queue", Queue,
+			"--workers", strconv.Itoa(s.cfg.Workers.Slots), "--log-format", "json"}
+		if s.cfg.RetainCompleted != 0 {
+			args = append(args, "--completed-retention", s.cfg.RetainCompleted.String())
+		}
+		args = append(args, s.cfg.WorkArgs...)
 		p, err := s.procs.Start(ctx, id, args...)
 		if err == nil {
 			waitCtx, cancel := context.WithTimeout(ctx, workerStartTimeout)

@@ -107,6 +107,12 @@ type Config struct {
 	// JobMs is how long each job runs (a builtin sleep job). Default
 	// DefaultJobMs.
 	JobMs int64
+	// RetainSucceeded is how long the workers keep a succeeded job before
+	// they delete it: relay work's --retain-succeeded, River's
+	// CompletedJobRetentionPeriod. Zero: the system's default (a day for
+	// both). It must leave every job in the table until the sample that
+	// counts it has read it: at least MinRetainSucceeded(Interval).
+	RetainSucceeded time.Duration
 	// NewSystem returns the queue under test on the run's database.
 	// Default: Relay (NewRelay).
 	NewSystem func(d *harness.Database, logDir string) System
@@ -168,17 +174,31 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("soak: want at least one worker of one slot, got %s", c.Workers)
 	case c.JobMs < 0 || c.JobMs > builtin.MaxSleepMs:
 		return c, fmt.Errorf("soak: the job duration must be from 0 to %d ms, got %d", builtin.MaxSleepMs, c.JobMs)
+	case c.RetainSucceeded != 0 && c.RetainSucceeded < MinRetainSucceeded(c.Interval):
+		return c, fmt.Errorf("soak: a succeeded job must be kept at least %s, twice the sampling interval and the window's lag, "+
+			"or it may be deleted before the sample that counts it; got %s", MinRetainSucceeded(c.Interval), c.RetainSucceeded)
 	}
 	if c.NewSystem == nil {
-		bin, workers, jobMs := c.RelayBin, c.Workers, c.JobMs
+		rc := RelayConfig{Bin: c.RelayBin, Workers: c.Workers, JobMs: c.JobMs, RetainSucceeded: c.RetainSucceeded}
 		c.NewSystem = func(d *harness.Database, logDir string) System {
-			return NewRelay(RelayConfig{Bin: bin, Database: d, LogDir: logDir, Workers: workers, JobMs: jobMs})
+			rc := rc
+			rc.Database, rc.LogDir = d, logDir
+			return NewRelay(rc)
 		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c, nil
+}
+
+// MinRetainSucceeded is the shortest retention of succeeded jobs a soak
+// sampling every interval accepts: a job finished just after a window
+// began is read interval plus the window's lag later, and twice that
+// leaves the workers' prune, which runs on a schedule of its own, room to
+// be late without deleting a job too soon.
+func MinRetainSucceeded(interval time.Duration) time.Duration {
+	return 2 * (interval + windowLag)
 }
 
 // rate is the offered load of a phase of kind k.
@@ -218,6 +238,9 @@ type Settings struct {
 	JobKind          string             `json:"job_kind"`
 	JobMs            int64              `json:"job_ms"`
 	PhaseSeconds     map[string]float64 `json:"phase_s"`
+	// RetainSucceededS is how long the workers kept a succeeded job, in
+	// seconds; absent, the system's default.
+	RetainSucceededS float64 `json:"retain_succeeded_s,omitempty"`
 }
 
 // phaseSpan places a phase on the database clock.
@@ -460,6 +483,7 @@ func settingsOf(cfg Config) Settings {
 		ReaderIntervalMs: harness.Millis(cfg.ReaderInterval), IntervalS: cfg.Interval.Seconds(),
 		WindowLagS: windowLag.Seconds(), Workers: cfg.Workers.String(),
 		JobKind: builtin.KindSleep, JobMs: cfg.JobMs, PhaseSeconds: map[string]float64{},
+		RetainSucceededS: cfg.RetainSucceeded.Seconds(),
 	}
 	for k, d := range cfg.Phases {
 		if d >= 0 {

@@ -1,7 +1,9 @@
 package soak
 
 import (
+	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,16 +36,20 @@ func shortConfig(t *testing.T) Config {
 }
 
 // TestRun_PhasesPinAndReleaseTheHorizon runs the short soak on a private
-// cluster, as the command does by default, and checks that each phase did
-// what it is for: every phase has samples; the clean phase keeps up with
-// the offered load; the idle transaction's horizon grows older through its
+// cluster, as the command does by default, with the workers keeping a
+// succeeded job as briefly as the soak allows, and checks that each phase
+// did what it is for: every phase has samples; the clean phase keeps up
+// with the offered load; the idle transaction's horizon grows older through its
 // phase and is released after it; the readers' snapshot ages; the overload
 // phase offers more; and the server's settings and the results were
-// written. (On the test server, the soak's WAL would keep the burn-down's
-// test, which waits for the server's counters to settle, from seeing them
-// settle.)
+// written; and the workers pruned succeeded jobs along the way. (On the
+// test server, the soak's WAL would keep the burn-down's test, which waits
+// for the server's counters to settle, from seeing them settle.)
 func TestRun_PhasesPinAndReleaseTheHorizon(t *testing.T) {
-	res, err := Run(t.Context(), shortConfig(t))
+	cfg := shortConfig(t)
+	cfg.RetainSucceeded = MinRetainSucceeded(cfg.Interval)
+	cfg.LogDir = t.TempDir()
+	res, err := Run(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +128,50 @@ func TestRun_PhasesPinAndReleaseTheHorizon(t *testing.T) {
 	}
 	if err := harness.CheckFiles(res.Files, 2); err != nil {
 		t.Error(err)
+	}
+	if got, want := res.Settings.RetainSucceededS, cfg.RetainSucceeded.Seconds(); got != want {
+		t.Errorf("settings record succeeded jobs kept %vs, want %vs", got, want)
+	}
+	if pruned := prunedSucceeded(t, cfg.LogDir); pruned == 0 {
+		t.Errorf("the workers, keeping succeeded jobs %s, logged no succeeded job pruned", cfg.RetainSucceeded)
+	}
+}
+
+// prunedSucceeded adds up the succeeded jobs that the workers whose logs
+// are in dir said they pruned.
+func prunedSucceeded(t *testing.T, dir string) int64 {
+	t.Helper()
+	logs, err := filepath.Glob(filepath.Join(dir, "soak-w*"))
+	if err != nil || len(logs) == 0 {
+		t.Fatalf("no worker logs in %s: %v", dir, err)
+	}
+	var n int64
+	for _, name := range logs {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(data)) {
+			var l struct {
+				Msg       string `json:"msg"`
+				Succeeded int64  `json:"succeeded"`
+			}
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "pruned finished jobs" {
+				n += l.Succeeded
+			}
+		}
+	}
+	return n
+}
+
+// TestRun_RefusesARetentionShorterThanItsSamplesNeed checks that a soak
+// whose workers would delete succeeded jobs before a sample counted them
+// stops before it starts anything.
+func TestRun_RefusesARetentionShorterThanItsSamplesNeed(t *testing.T) {
+	cfg := Config{RelayBin: "/bin/true", Interval: 2 * time.Second, RetainSucceeded: 5 * time.Second}
+	_, err := Run(t.Context(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "must be kept at least 6s") {
+		t.Errorf("soak sampling every 2s with succeeded jobs kept 5s: %v, want a refusal naming 6s", err)
 	}
 }
 

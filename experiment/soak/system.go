@@ -74,6 +74,9 @@ type RelayConfig struct {
 	// JobMs is how long each job runs: a builtin sleep job of that many
 	// milliseconds.
 	JobMs int64
+	// RetainSucceeded is each worker's --retain-succeeded. Zero: relay
+	// work's default.
+	RetainSucceeded time.Duration
 }
 
 // Queue is the queue the soak's jobs are put on.
@@ -111,8 +114,12 @@ func (s *relaySystem) Start(ctx context.Context) error {
 	for i := 1; i <= s.cfg.Workers.Procs; i++ {
 		id := fmt.Sprintf("soak-w%d", i)
 		ids = append(ids, id)
-		if _, err := s.procs.Start(ctx, id, "work", "--id", id, "--queue", Queue,
-			"--slots", strconv.Itoa(s.cfg.Workers.Slots), "--log-format", "json"); err != nil {
+		args := []string{"work", "--id", id, "--queue", Queue,
+			"--slots", strconv.Itoa(s.cfg.Workers.Slots), "--log-format", "json"}
+		if s.cfg.RetainSucceeded != 0 {
+			args = append(args, "--retain-succeeded", s.cfg.RetainSucceeded.String())
+		}
+		if _, err := s.procs.Start(ctx, id, args...); err != nil {
 			s.procs.KillAll()
 			return err
 		}

@@ -52,6 +52,7 @@ names a server ($DATABASE_URL is not used).`)
 	fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "how often the soak samples")
 	fs.StringVar(&workers, "workers", soak.DefaultWorkers.String(), "relay work processes and their slots, PROCSxSLOTS")
 	fs.Int64Var(&cfg.JobMs, "job-ms", soak.DefaultJobMs, "how long each sleep job runs, in milliseconds")
+	fs.DurationVar(&cfg.RetainSucceeded, "retain-succeeded", 0, "how long the workers keep a succeeded job (relay work's --retain-succeeded, River's CompletedJobRetentionPeriod; default the system's, a day)")
 	fs.StringVar(&system, "system", "relay", "the queue under test: relay, or river (River, the reference, through relaylab-river)")
 	fs.StringVar(&riverBin, "river-bin", "", "relaylab-river binary that runs River (default: relaylab-river beside this binary, else on PATH)")
 	if err := parseExperiment(fs, args, stderr); err != nil {
@@ -96,6 +97,11 @@ names a server ($DATABASE_URL is not used).`)
 		return cli.Usagef("experiment soak: --interval must be longer than 1s, got %s", cfg.Interval)
 	case cfg.JobMs < 0:
 		return cli.Usagef("experiment soak: --job-ms must not be negative, got %d", cfg.JobMs)
+	case cfg.RetainSucceeded < 0:
+		return cli.Usagef("experiment soak: --retain-succeeded must not be negative, got %s", cfg.RetainSucceeded)
+	case cfg.RetainSucceeded != 0 && cfg.RetainSucceeded < soak.MinRetainSucceeded(cfg.Interval):
+		return cli.Usagef("experiment soak: --retain-succeeded must be at least %s (twice --interval and the window's lag), "+
+			"or a job may be deleted before the sample that counts it; got %s", soak.MinRetainSucceeded(cfg.Interval), cfg.RetainSucceeded)
 	}
 	cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.relayBin, common.out, common.logDir
 	switch system {
@@ -106,7 +112,7 @@ names a server ($DATABASE_URL is not used).`)
 				return err
 			}
 		}
-		river := soak.RiverConfig{Bin: riverBin, Workers: cfg.Workers, JobMs: cfg.JobMs}
+		river := soak.RiverConfig{Bin: riverBin, Workers: cfg.Workers, JobMs: cfg.JobMs, RetainCompleted: cfg.RetainSucceeded}
 		cfg.NewSystem = func(d *harness.Database, logDir string) soak.System {
 			c := river
 			c.Database, c.LogDir = d, logDir

@@ -43,6 +43,10 @@ type WorkConfig struct {
 	FetchPollInterval time.Duration
 	// StopGrace bounds the stop. Zero: DefaultStopGrace.
 	StopGrace time.Duration
+	// CompletedRetention is how long River keeps a completed job before
+	// its cleaner deletes it (River's CompletedJobRetentionPeriod). Zero:
+	// River's default, a day.
+	CompletedRetention time.Duration
 	// Logger receives River's logs. Nil: none.
 	Logger *slog.Logger
 }
@@ -67,12 +71,13 @@ func Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkConfig) error {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{
-		ID:                cfg.ID,
-		Logger:            cfg.Logger,
-		Workers:           workers(),
-		Queues:            map[string]river.QueueConfig{cfg.Queue: {MaxWorkers: cfg.Workers}},
-		FetchCooldown:     cfg.FetchCooldown,
-		FetchPollInterval: cfg.FetchPollInterval,
+		ID:                          cfg.ID,
+		Logger:                      cfg.Logger,
+		Workers:                     workers(),
+		Queues:                      map[string]river.QueueConfig{cfg.Queue: {MaxWorkers: cfg.Workers}},
+		FetchCooldown:               cfg.FetchCooldown,
+		FetchPollInterval:           cfg.FetchPollInterval,
+		CompletedJobRetentionPeriod: cfg.CompletedRetention,
 	})
 	if err != nil {
 		return fmt.Errorf("river client: %w", err)

@@ -190,6 +190,7 @@ SIGTERM, then stops it: running jobs get --stop-grace to finish.`)
 	fs.DurationVar(&cfg.FetchCooldown, "fetch-cooldown", adapter.DefaultFetchCooldown, "River's FetchCooldown: least time between two fetches")
 	fs.DurationVar(&cfg.FetchPollInterval, "fetch-poll-interval", adapter.DefaultFetchPollInterval, "River's FetchPollInterval: time between fetches with no notification")
 	fs.DurationVar(&cfg.StopGrace, "stop-grace", adapter.DefaultStopGrace, "how long running jobs may finish at shutdown before they are cancelled")
+	fs.DurationVar(&cfg.CompletedRetention, "completed-retention", 0, "River's CompletedJobRetentionPeriod: how long a completed job is kept (default River's, a day)")
 	fs.IntVar(&maxConns, "max-conns", 0, "connections of the client's pool (default pgxpool's: the larger of 4 and the number of CPUs)")
 	url, logger, err := c.parse(fs, args, getenv, stderr)
 	if err != nil {
@@ -197,6 +198,9 @@ SIGTERM, then stops it: running jobs get --stop-grace to finish.`)
 	}
 	if cfg.Workers < 1 || cfg.Queue == "" || maxConns < 0 || cfg.StopGrace <= 0 {
 		return cli.Usagef("work: want --workers of at least 1, a --queue, --max-conns of zero or more and a positive --stop-grace")
+	}
+	if cfg.CompletedRetention < 0 {
+		return cli.Usagef("work: --completed-retention must not be negative, got %s", cfg.CompletedRetention)
 	}
 	if cfg.FetchCooldown <= 0 || cfg.FetchPollInterval < cfg.FetchCooldown {
 		return cli.Usagef("work: want a positive --fetch-cooldown no longer than --fetch-poll-interval, got %s and %s", cfg.FetchCooldown, cfg.FetchPollInterval)
@@ -208,7 +212,8 @@ SIGTERM, then stops it: running jobs get --stop-grace to finish.`)
 	defer pool.Close()
 	cfg.Logger = logger
 	logger.Info("working", "queue", cfg.Queue, "workers", cfg.Workers,
-		"fetch_cooldown", cfg.FetchCooldown.String(), "fetch_poll_interval", cfg.FetchPollInterval.String(), "max_conns", pool.Config().MaxConns)
+		"fetch_cooldown", cfg.FetchCooldown.String(), "fetch_poll_interval", cfg.FetchPollInterval.String(), "max_conns", pool.Config().MaxConns,
+		"completed_retention", cfg.CompletedRetention.String())
 	if err := adapter.Work(ctx, pool, cfg); err != nil {
 		return fmt.Errorf("work: %w", err)
 	}

@@ -23,6 +23,7 @@ func TestRun_RejectsAMistakenCommandLineAsUsage(t *testing.T) {
 		{"insert", "--batch", "0"},
 		{"work", "--workers", "0"},
 		{"work", "--fetch-cooldown", "50ms", "--fetch-poll-interval", "20ms"},
+		{"work", "--completed-retention", "-1s"},
 		{"migrate", "extra"},
 	} {
 		err := run(t.Context(), append([]string{"relaylab-river"}, args...), getenv, &bytes.Buffer{})
