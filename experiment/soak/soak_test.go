@@ -111,8 +111,17 @@ func TestRun_PhasesPinAndReleaseTheHorizon(t *testing.T) {
 	readers := phase[PhaseRepeatableRead].Readers
 	if readers == nil || readers.Readers != 4 || readers.Counts < 4 {
 		t.Errorf("repeatable-read: readers %+v; want 4 readers that counted", readers)
-	} else if rr := byKind[string(PhaseRepeatableRead)]; len(rr) > 0 && rr[len(rr)-1].XminAge <= rr[0].XminAge {
-		t.Errorf("repeatable-read: the oldest backend_xmin aged from %d to %d; want it to grow", rr[0].XminAge, rr[len(rr)-1].XminAge)
+	} else if rr := byKind[string(PhaseRepeatableRead)]; len(rr) > 0 {
+		// As for the idle transaction, the phase's last sample may be
+		// taken as the readers end: the age the snapshot reached is the
+		// oldest any sample of the phase saw.
+		peak := rr[0].XminAge
+		for _, s := range rr {
+			peak = max(peak, s.XminAge)
+		}
+		if peak <= rr[0].XminAge {
+			t.Errorf("repeatable-read: the oldest backend_xmin aged from %d to at most %d; want it to grow", rr[0].XminAge, peak)
+		}
 	}
 
 	if o := phase[PhaseOverload]; o.EnqueuedPerSec < 1.2*clean.EnqueuedPerSec {
