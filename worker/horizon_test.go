@@ -82,9 +82,10 @@ type explained struct {
 	plan    string
 }
 
-// explain runs call, which sends one statement through the queries given,
-// and explains that statement with its arguments, in a transaction rolled
-// back; check, if not nil, then runs in that transaction.
+// explain explains the one statement that call sends through the queries
+// given, with its arguments, running it once under EXPLAIN ANALYZE in a
+// transaction rolled back; check, if not nil, then runs in that
+// transaction and sees what the statement did.
 func explain(t *testing.T, b *bundle, call func(q *db.Queries) error, check func(tx pgx.Tx)) explained {
 	t.Helper()
 	tx, err := b.pool.Begin(b.ctx)
@@ -92,23 +93,12 @@ func explain(t *testing.T, b *bundle, call func(q *db.Queries) error, check func
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx)
-	var sql string
-	var args []any
-	if err := call(db.New(captureQuery(&sql, &args)(tx))); err != nil {
-		t.Fatal(err)
-	}
-	var out []byte
-	if err := tx.QueryRow(b.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&out); err != nil {
-		t.Fatal(err)
-	}
-	root, err := pgplan.Parse(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sql, args := statementOf(t, call)
+	root, plan := explainJSON(t, b, tx, sql, args...)
 	if check != nil {
 		check(tx)
 	}
-	return explained{buffers: root.Buffers(), root: root, plan: string(out)}
+	return explained{buffers: root.Buffers(), root: root, plan: plan}
 }
 
 func TestClaim_FromACursorStepsOverTheJobsClaimedUnderAPinnedHorizon(t *testing.T) {

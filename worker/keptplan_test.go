@@ -104,12 +104,12 @@ func prepareGeneric(t *testing.T, b *bundle, q db.DBTX, name string, call func(q
 	return `EXECUTE ` + name + `(` + strings.Join(literals, ", ") + `)`
 }
 
-// explainJSON runs stmt on q under EXPLAIN (ANALYZE, BUFFERS) and returns
-// the root of its plan and the plan as JSON.
-func explainJSON(t *testing.T, b *bundle, q db.DBTX, stmt string) (pgplan.Node, string) {
+// explainJSON runs stmt with args on q under EXPLAIN (ANALYZE, BUFFERS)
+// and returns the root of its plan and the plan as JSON.
+func explainJSON(t *testing.T, b *bundle, q db.DBTX, stmt string, args ...any) (pgplan.Node, string) {
 	t.Helper()
 	var out []byte
-	if err := q.QueryRow(b.ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+stmt).Scan(&out); err != nil {
+	if err := q.QueryRow(b.ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+stmt, args...).Scan(&out); err != nil {
 		t.Fatalf("%.60s: %v", stmt, err)
 	}
 	root, err := pgplan.Parse(out)

@@ -1,7 +1,6 @@
 package worker_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -788,23 +787,6 @@ func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) 
 			}
 		})
 	}
-}
-
-// captureQuery wraps a db.DBTX so that the SQL and arguments of the
-// statements sent through it are recorded.
-func captureQuery(sql *string, args *[]any) func(db.DBTX) db.DBTX {
-	return func(inner db.DBTX) db.DBTX { return recorder{inner, sql, args} }
-}
-
-type recorder struct {
-	db.DBTX
-	sql  *string
-	args *[]any
-}
-
-func (r recorder) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	*r.sql, *r.args = sql, args
-	return r.DBTX.Query(ctx, sql, args...)
 }
 
 func TestReclaim_KeepsJobsPlaceAheadOfLaterJobs(t *testing.T) {
