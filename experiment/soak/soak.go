@@ -108,10 +108,12 @@ type Config struct {
 	// DefaultJobMs.
 	JobMs int64
 	// RetainSucceeded is how long the workers keep a succeeded job before
-	// they delete it: relay work's --retain-succeeded, River's
-	// CompletedJobRetentionPeriod. Zero: the system's default (a day for
-	// both). It must leave every job in the table until the sample that
-	// counts it has read it: at least MinRetainSucceeded(Interval).
+	// they delete it, as the result records it. Zero: the system's default
+	// (a day for Relay and River). The default system, Relay, passes it to
+	// relay work's --retain-succeeded; a NewSystem given must give its own
+	// workers the same (RiverConfig.RetainCompleted). It must leave every
+	// job in the table until the sample that counts it has read it: at
+	// least MinRetainSucceeded(Interval).
 	RetainSucceeded time.Duration
 	// NewSystem returns the queue under test on the run's database.
 	// Default: Relay (NewRelay).
