@@ -6,8 +6,10 @@
 // the CPU time of the database's backends. It runs each configuration on
 // Relay (relay work) and on River, the reference system (relaylab-river
 // work), one after the other, each on a database of its own, so that both
-// see the same conditions. Run runs it; `relaylab burndown` is its
-// command.
+// see the same conditions, and records the machine's CPU steal beside
+// each run. Config.Rounds repeats the whole, the systems' order reversed
+// every other round, and sums up the ratios by their median. Run runs it;
+// `relaylab burndown` is its command.
 package burndown
 
 import (
@@ -73,6 +75,12 @@ type Config struct {
 	Configs []harness.ProcSlots
 	// Timeout bounds each configuration's burn-down. Default 10 minutes.
 	Timeout time.Duration
+	// Rounds is how many times every configuration runs on every system.
+	// Each round runs the configurations in order and, in each, the
+	// systems in Systems' order in odd rounds and in the reverse order in
+	// even ones, so that a machine whose speed drifts through the rounds
+	// favours neither. Default 1.
+	Rounds int
 	// WorkersFirst starts the workers on the empty queue, has them run
 	// WarmUpJobs jobs enqueued one at a time, and only then fills the
 	// queue, in one transaction: a burst into a queue that stood idle.
@@ -116,15 +124,19 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Timeout == 0 {
 		c.Timeout = 10 * time.Minute
 	}
-	if c.Jobs < 1 || c.Timeout < 0 {
-		return c, fmt.Errorf("burndown: jobs must be at least 1 and the timeout positive, got %d and %s", c.Jobs, c.Timeout)
+	if c.Rounds == 0 {
+		c.Rounds = 1
+	}
+	if c.Jobs < 1 || c.Timeout < 0 || c.Rounds < 1 {
+		return c, fmt.Errorf("burndown: jobs and rounds must be at least 1 and the timeout positive, got %d, %d and %s", c.Jobs, c.Rounds, c.Timeout)
 	}
 	return c, nil
 }
 
 // Result is the record of one burn-down: its settings, the environment,
-// one ConfigRun per configuration and system, and, when both systems ran,
-// one Comparison per configuration.
+// one ConfigRun per round, configuration and system, and, when both
+// systems ran, one Comparison per round and configuration, and one
+// RatioSummary per configuration.
 type Result struct {
 	Experiment  string              `json:"experiment"`
 	Environment harness.Environment `json:"environment"`
@@ -136,17 +148,22 @@ type Result struct {
 	JobKind string   `json:"job_kind"`
 	Configs []string `json:"configs"`
 	Systems []string `json:"systems"`
+	Rounds  int      `json:"rounds"`
 	// River is the River that ran, if it did.
 	River       *RiverInfo   `json:"river,omitempty"`
 	Runs        []ConfigRun  `json:"runs"`
 	Comparisons []Comparison `json:"comparisons,omitempty"`
-	Files       []string     `json:"files,omitempty"`
+	// Ratios sums up each configuration's Comparisons over the rounds.
+	Ratios []RatioSummary `json:"ratios,omitempty"`
+	Files  []string       `json:"files,omitempty"`
 }
 
 // ConfigRun is one configuration's burn-down on one system. Per-job
 // figures divide a counter's growth over the burn-down (from the workers'
 // start to their exit) by Jobs.
 type ConfigRun struct {
+	// Round counts from 1 (Config.Rounds).
+	Round  int    `json:"round"`
 	System string `json:"system"`
 	Config string `json:"config"`
 	Procs  int    `json:"procs"`
@@ -194,19 +211,39 @@ type ConfigRun struct {
 	// WorkerCPUMsPerJob is the CPU time of the worker processes over the
 	// same span as PostgresCPUMsPerJob, read from /proc.
 	WorkerCPUMsPerJob float64 `json:"worker_cpu_ms_per_job"`
+	// MachineCPUBusy is the share of the machine's CPU time that was busy
+	// over the same span, and MachineStealSec the CPU time the hypervisor
+	// gave to other machines meanwhile (/proc/stat): the machine's speed
+	// drifts with it, so runs that lost much to it are slower for reasons
+	// of their own. Zero where /proc/stat cannot be read.
+	MachineCPUBusy  float64 `json:"machine_cpu_busy"`
+	MachineStealSec float64 `json:"machine_cpu_steal_seconds"`
 }
 
-// Comparison sets Relay's throughput beside River's at one configuration:
-// Ratio is Relay's jobs/s over River's.
+// Comparison sets Relay's throughput beside River's at one configuration
+// in one round: Ratio is Relay's jobs/s over River's.
 type Comparison struct {
+	Round           int     `json:"round"`
 	Config          string  `json:"config"`
 	RelayJobsPerSec float64 `json:"relay_jobs_per_sec"`
 	RiverJobsPerSec float64 `json:"river_jobs_per_sec"`
 	Ratio           float64 `json:"ratio"`
 }
 
+// RatioSummary is one configuration's Relay-over-River ratios across the
+// rounds: each round's ratio sets two runs side by side minutes apart, and
+// the median of them is the figure to quote.
+type RatioSummary struct {
+	Config string  `json:"config"`
+	Rounds int     `json:"rounds"`
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
 // Run burns down cfg.Jobs no-op jobs at each configuration on each system,
-// each on a database of its own, and writes the result under cfg.OutDir.
+// cfg.Rounds times, each on a database of its own, and writes the result
+// under cfg.OutDir.
 func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
@@ -217,7 +254,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		return nil, err
 	}
 	defer cleanLogs()
-	res := &Result{Experiment: "burndown", Server: "given server", Jobs: cfg.Jobs, JobKind: builtin.KindNoop, Systems: cfg.Systems}
+	res := &Result{Experiment: "burndown", Server: "given server", Jobs: cfg.Jobs, JobKind: builtin.KindNoop, Systems: cfg.Systems, Rounds: cfg.Rounds}
 	if cfg.PrivateCluster {
 		cluster, err := harness.StartCluster(ctx, slog.New(slog.DiscardHandler))
 		if err != nil {
@@ -242,18 +279,28 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	}
 	for _, pc := range cfg.Configs {
 		res.Configs = append(res.Configs, pc.String())
-		for _, sys := range systems {
-			run, env, err := runConfig(ctx, cfg, sys, pc, logDir, res.River)
-			if err != nil {
-				return nil, fmt.Errorf("%s, configuration %s: %w", sys.name, pc, err)
-			}
-			if len(res.Runs) == 0 {
-				res.Environment = env
-			}
-			res.Runs = append(res.Runs, *run)
-		}
-		res.compare(pc.String())
 	}
+	for round := 1; round <= cfg.Rounds; round++ {
+		order := slices.Clone(systems)
+		if round%2 == 0 {
+			slices.Reverse(order)
+		}
+		for _, pc := range cfg.Configs {
+			for _, sys := range order {
+				run, env, err := runConfig(ctx, cfg, sys, pc, logDir, res.River)
+				if err != nil {
+					return nil, fmt.Errorf("round %d, %s, configuration %s: %w", round, sys.name, pc, err)
+				}
+				if len(res.Runs) == 0 {
+					res.Environment = env
+				}
+				run.Round = round
+				res.Runs = append(res.Runs, *run)
+			}
+			res.compare(round, pc.String())
+		}
+	}
+	res.summarize()
 	res.Environment.LoadAverageEnd = harness.LoadAverage()
 	if cfg.OutDir != "" {
 		base, err := harness.ResultBase(cfg.OutDir, "burndown", res.Environment.Date)
@@ -268,11 +315,12 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	return res, nil
 }
 
-// compare adds the Comparison of config, if both systems ran it.
-func (r *Result) compare(config string) {
-	c := Comparison{Config: config}
+// compare adds the Comparison of config in round, if both systems ran
+// it.
+func (r *Result) compare(round int, config string) {
+	c := Comparison{Round: round, Config: config}
 	for _, run := range r.Runs {
-		if run.Config != config {
+		if run.Round != round || run.Config != config {
 			continue
 		}
 		switch run.System {
@@ -287,6 +335,31 @@ func (r *Result) compare(config string) {
 	}
 	c.Ratio = harness.Round2(c.RelayJobsPerSec / c.RiverJobsPerSec)
 	r.Comparisons = append(r.Comparisons, c)
+}
+
+// summarize adds a RatioSummary for each configuration compared.
+func (r *Result) summarize() {
+	for _, config := range r.Configs {
+		var ratios []float64
+		for _, c := range r.Comparisons {
+			if c.Config == config {
+				ratios = append(ratios, c.Ratio)
+			}
+		}
+		if len(ratios) == 0 {
+			continue
+		}
+		slices.Sort(ratios)
+		n := len(ratios)
+		median := ratios[n/2]
+		if n%2 == 0 {
+			median = (ratios[n/2-1] + ratios[n/2]) / 2
+		}
+		r.Ratios = append(r.Ratios, RatioSummary{
+			Config: config, Rounds: n,
+			Median: harness.Round2(median), Min: ratios[0], Max: ratios[n-1],
+		})
+	}
 }
 
 // runConfig burns down one configuration on one system, on a database of
@@ -357,6 +430,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	}
 	cpuBefore := harness.SamplePostgresCPU(d.Name)
 	workersBefore := workersCPU(workers)
+	machineBefore, machineOK := harness.ReadCPU()
 	if !cfg.WorkersFirst {
 		if err := start(); err != nil {
 			return nil, env, err
@@ -370,6 +444,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	// own backends are left out of the database's CPU.
 	cpuAfter := harness.SamplePostgresCPU(d.Name)
 	workersAfter := workersCPU(workers)
+	machineAfter, machineAfterOK := harness.ReadCPU()
 	own, err := d.Lab.BurndownOwnBackends(ctx, harness.ApplicationName)
 	if err != nil {
 		return nil, env, fmt.Errorf("list the harness's own sessions: %w", err)
@@ -440,6 +515,10 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	}
 	if seconds > 0 {
 		run.JobsPerSec = harness.Round2(n / seconds)
+	}
+	if machineOK && machineAfterOK {
+		run.MachineCPUBusy = harness.Round3(machineBefore.Utilization(machineAfter))
+		run.MachineStealSec = harness.Round3((machineAfter.Steal - machineBefore.Steal).Seconds())
 	}
 	return run, env, nil
 }
@@ -568,17 +647,18 @@ func waitDrained(ctx context.Context, q *labdb.Queries, sys system, procs *harne
 }
 
 // WriteSummary prints the result as a table, then Relay's throughput
-// beside River's.
+// beside River's, round by round and, over several rounds, their medians.
 func (r *Result) WriteSummary(w io.Writer) error {
 	if slices.ContainsFunc(r.Runs, func(run ConfigRun) bool { return run.WorkersFirst }) {
 		fmt.Fprintf(w, "The workers started on the empty queue and ran %d jobs, enqueued one at a time, before it was filled.\n", WarmUpJobs)
 	}
 	tw := harness.NewTable(w)
-	fmt.Fprintf(tw, "system\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tall once\n")
+	fmt.Fprintf(tw, "round\tsystem\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tCPU busy\tsteal s\tall once\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%v\n",
-			run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
-			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, optional(run.IndexEntriesPerJob), run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob, run.OK)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%.0f%%\t%.2f\t%v\n",
+			run.Round, run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
+			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, optional(run.IndexEntriesPerJob), run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob,
+			100*run.MachineCPUBusy, run.MachineStealSec, run.OK)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -586,9 +666,20 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if len(r.Comparisons) > 0 {
 		fmt.Fprintf(w, "\nRelay beside River %s (%s):\n", r.River.Version, r.River.settings())
 		tw := harness.NewTable(w)
-		fmt.Fprintf(tw, "config\trelay jobs/s\triver jobs/s\trelay/river\n")
+		fmt.Fprintf(tw, "round\tconfig\trelay jobs/s\triver jobs/s\trelay/river\n")
 		for _, c := range r.Comparisons {
-			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.2f\n", c.Config, c.RelayJobsPerSec, c.RiverJobsPerSec, c.Ratio)
+			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%.2f\n", c.Round, c.Config, c.RelayJobsPerSec, c.RiverJobsPerSec, c.Ratio)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if r.Rounds > 1 && len(r.Ratios) > 0 {
+		fmt.Fprintf(w, "\nRelay/River over %d rounds:\n", r.Rounds)
+		tw := harness.NewTable(w)
+		fmt.Fprintf(tw, "config\tmedian\tmin\tmax\n")
+		for _, s := range r.Ratios {
+			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\n", s.Config, s.Median, s.Min, s.Max)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -2,6 +2,7 @@ package burndown
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,10 @@ func TestRun_Short(t *testing.T) {
 			if run.WorkerCPUMsPerJob <= 0 {
 				t.Errorf("worker processes' CPU %v ms per job, want more than none", run.WorkerCPUMsPerJob)
 			}
+			// The machine's CPU was read over the same span.
+			if run.MachineCPUBusy <= 0 || run.MachineCPUBusy > 1 || run.MachineStealSec < 0 {
+				t.Errorf("machine %v busy, %v s stolen; want a share above none and at most all, and no negative steal", run.MachineCPUBusy, run.MachineStealSec)
+			}
 			if run.HOTUpdatesPerJob > run.UpdatesPerJob {
 				t.Errorf("%v HOT updates per job, more than the %v updates", run.HOTUpdatesPerJob, run.UpdatesPerJob)
 			}
@@ -81,6 +86,54 @@ func TestRun_Short(t *testing.T) {
 	}
 	if err := harness.CheckFiles(res.Files, 1); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestRun_RoundsAlternateTheSystemsAndSumUpTheRatios runs two rounds of
+// one configuration on both systems, and checks that the second round
+// runs them in the other order, that each round is compared on its own,
+// and that the summary is the median of the rounds' ratios.
+func TestRun_RoundsAlternateTheSystemsAndSumUpTheRatios(t *testing.T) {
+	const jobs = 300
+	res, err := Run(t.Context(), Config{
+		AdminURL: dbtest.NewURL(t),
+		RelayBin: relaybin.Path(t),
+		RiverBin: riverBin(t),
+		Jobs:     jobs,
+		Configs:  []harness.ProcSlots{{Procs: 1, Slots: 10}},
+		Timeout:  2 * time.Minute,
+		Rounds:   2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.WriteSummary(t.Output()); err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, run := range res.Runs {
+		order = append(order, fmt.Sprintf("%d %s", run.Round, run.System))
+		checkEveryJobOnce(t, run, jobs)
+	}
+	if got, want := strings.Join(order, ", "), "1 relay, 1 river, 2 river, 2 relay"; got != want || res.Rounds != 2 {
+		t.Errorf("ran %s over %d rounds, want %s over 2", got, res.Rounds, want)
+	}
+	if len(res.Comparisons) != 2 || res.Comparisons[0].Round != 1 || res.Comparisons[1].Round != 2 {
+		t.Fatalf("comparisons %+v, want one for each round", res.Comparisons)
+	}
+	for _, c := range res.Comparisons {
+		relay, river := res.Runs[2*c.Round-2], res.Runs[2*c.Round-1]
+		if c.Round == 2 {
+			relay, river = river, relay
+		}
+		if c.RelayJobsPerSec != relay.JobsPerSec || c.RiverJobsPerSec != river.JobsPerSec {
+			t.Errorf("round %d compares %v with %v jobs/s, want its own runs' %v and %v", c.Round, c.RelayJobsPerSec, c.RiverJobsPerSec, relay.JobsPerSec, river.JobsPerSec)
+		}
+	}
+	r1, r2 := res.Comparisons[0].Ratio, res.Comparisons[1].Ratio
+	want := RatioSummary{Config: "1x10", Rounds: 2, Median: harness.Round2((r1 + r2) / 2), Min: min(r1, r2), Max: max(r1, r2)}
+	if len(res.Ratios) != 1 || res.Ratios[0] != want {
+		t.Errorf("ratios summed up as %+v, want [%+v]", res.Ratios, want)
 	}
 }
 

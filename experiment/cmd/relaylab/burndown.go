@@ -33,6 +33,9 @@ relaylab-river, on a database River migrated itself). Records what each
 job cost the server: WAL records and bytes, commits, updates of the
 queue's table (HOT or not) and the index entries they wrote, and the CPU
 time of the database's backends; and Relay's throughput over River's.
+With --rounds, the whole sequence runs again, the systems in the other
+order every other round, and the ratios' median is reported: a virtual
+machine's speed drifts by minutes, which each run's CPU steal shows.
 
 It runs on a private PostgreSQL cluster that it starts with PostgreSQL's
 defaults (autovacuum on) and removes at the end, unless --database-url
@@ -44,6 +47,7 @@ names a server ($DATABASE_URL is not used).`)
 	fs.StringVar(&cfg.RiverBin, "river-bin", "", "relaylab-river binary that runs River (default: relaylab-river beside this binary, else on PATH)")
 	fs.StringVar(&riverFlags, "river-flags", "", `extra flags for River's workers, e.g. "--fetch-cooldown 5ms" (default: none, the adapter's tuned fetch settings)`)
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "bound on each configuration's burn-down (default 10m)")
+	fs.IntVar(&cfg.Rounds, "rounds", 1, "times to run every configuration on every system, the systems' order reversed in every other round; the ratios' median over the rounds is reported")
 	fs.BoolVar(&cfg.WorkersFirst, "workers-first", false, fmt.Sprintf("start the workers on the empty queue and run %d jobs enqueued one at a time before filling it at once", burndown.WarmUpJobs))
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
@@ -69,6 +73,9 @@ names a server ($DATABASE_URL is not used).`)
 	}
 	if cfg.Jobs < 1 {
 		return cli.Usagef("experiment burndown: --jobs must be at least 1, got %d", cfg.Jobs)
+	}
+	if cfg.Rounds < 1 {
+		return cli.Usagef("experiment burndown: --rounds must be at least 1, got %d", cfg.Rounds)
 	}
 	if cfg.Timeout < 0 {
 		return cli.Usagef("experiment burndown: --timeout must not be negative, got %s", cfg.Timeout)
