@@ -212,10 +212,12 @@ type ConfigRun struct {
 	// same span as PostgresCPUMsPerJob, read from /proc.
 	WorkerCPUMsPerJob float64 `json:"worker_cpu_ms_per_job"`
 	// MachineCPUBusy is the share of the machine's CPU time that was busy
-	// over the same span, and MachineStealSec the CPU time the hypervisor
-	// gave to other machines meanwhile (/proc/stat): the machine's speed
-	// drifts with it, so runs that lost much to it are slower for reasons
-	// of their own. Zero where /proc/stat cannot be read.
+	// from the first claim to the last finish, and MachineStealSec the CPU
+	// time the hypervisor gave to other machines meanwhile: the machine's
+	// speed drifts with it, so runs that lost much to it are slower for
+	// reasons of their own. Both are read from /proc/stat, sampled every
+	// cpuTraceInterval, between the samples around that span. Zero where
+	// /proc/stat cannot be read.
 	MachineCPUBusy  float64 `json:"machine_cpu_busy"`
 	MachineStealSec float64 `json:"machine_cpu_steal_seconds"`
 }
@@ -405,7 +407,11 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		}
 	}
 	// With the workers already running, they start on the jobs as the
-	// fill commits, a few milliseconds before the counters are read.
+	// fill commits, a few milliseconds before the counters are read; the
+	// machine's CPU is traced from before the fill, so that its trace
+	// covers the first claim.
+	machine := harness.TraceCPU(cpuTraceInterval)
+	defer machine.Stop()
 	prog.Note("inserting %d no-op jobs", cfg.Jobs)
 	if err := sys.fill(runCtx, d, procs, cfg.Jobs, cfg.WorkersFirst); err != nil {
 		return nil, env, err
@@ -430,7 +436,6 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	}
 	cpuBefore := harness.SamplePostgresCPU(d.Name)
 	workersBefore := workersCPU(workers)
-	machineBefore, machineOK := harness.ReadCPU()
 	if !cfg.WorkersFirst {
 		if err := start(); err != nil {
 			return nil, env, err
@@ -444,7 +449,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	// own backends are left out of the database's CPU.
 	cpuAfter := harness.SamplePostgresCPU(d.Name)
 	workersAfter := workersCPU(workers)
-	machineAfter, machineAfterOK := harness.ReadCPU()
+	machine.Stop()
 	own, err := d.Lab.BurndownOwnBackends(ctx, harness.ApplicationName)
 	if err != nil {
 		return nil, env, fmt.Errorf("list the harness's own sessions: %w", err)
@@ -516,9 +521,9 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	if seconds > 0 {
 		run.JobsPerSec = harness.Round2(n / seconds)
 	}
-	if machineOK && machineAfterOK {
-		run.MachineCPUBusy = harness.Round3(machineBefore.Utilization(machineAfter))
-		run.MachineStealSec = harness.Round3((machineAfter.Steal - machineBefore.Steal).Seconds())
+	if busy, steal, ok := machine.Over(sp.FirstClaim, sp.LastFinish); ok {
+		run.MachineCPUBusy = harness.Round3(busy)
+		run.MachineStealSec = harness.Round3(steal.Seconds())
 	}
 	return run, env, nil
 }
@@ -612,6 +617,10 @@ func databaseCounters(c labdb.BurndownCountersRow) labdb.BurndownCountersRow {
 	c.WalRecords, c.WalFpi, c.WalBytes = 0, 0, 0
 	return c
 }
+
+// cpuTraceInterval is how often the machine's CPU time is sampled during
+// a burn-down, for its busy share over the burn-down's own span.
+const cpuTraceInterval = 100 * time.Millisecond
 
 // drainPoll is how often waitDrained counts the finished jobs. The count
 // reads the whole queue (29 ms over 100,000 jobs on the 2-core machine

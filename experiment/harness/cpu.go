@@ -1,9 +1,12 @@
 package harness
 
 import (
+	"context"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -175,4 +178,85 @@ func SamplePostgresCPU(dbName string) PostgresCPU {
 func IsPostgres(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
 	return err == nil && strings.TrimSpace(string(b)) == "postgres"
+}
+
+// CPUTrace holds samples of the machine's CPU time (ReadCPU), taken at a
+// fixed interval, so that how busy the machine was over a span known
+// only afterwards (a burn-down's first claim to its last finish, on the
+// database's clock) can be read from it.
+type CPUTrace struct {
+	mu      sync.Mutex
+	samples []timedCPU
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// timedCPU is one sample of a CPUTrace and when it was taken.
+type timedCPU struct {
+	at  time.Time
+	cpu CPUSample
+}
+
+// TraceCPU samples the machine's CPU time every interval until Stop. It
+// returns nil where /proc/stat cannot be read.
+func TraceCPU(interval time.Duration) *CPUTrace {
+	first, ok := ReadCPU()
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &CPUTrace{samples: []timedCPU{{time.Now(), first}}, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(t.done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				t.sample()
+				return
+			case <-tick.C:
+				t.sample()
+			}
+		}
+	}()
+	return t
+}
+
+func (t *CPUTrace) sample() {
+	if s, ok := ReadCPU(); ok {
+		t.mu.Lock()
+		t.samples = append(t.samples, timedCPU{time.Now(), s})
+		t.mu.Unlock()
+	}
+}
+
+// Stop takes a last sample and ends the trace. A nil trace does nothing.
+func (t *CPUTrace) Stop() {
+	if t == nil {
+		return
+	}
+	t.cancel()
+	<-t.done
+}
+
+// Over returns the share of the machine's CPU time that was busy, and the
+// time stolen from it, between the last sample taken at or before from
+// and the first taken at or after to: the span and at most a sampling
+// interval on either side. ok is false where the trace does not cover the
+// span, or is nil.
+func (t *CPUTrace) Over(from, to time.Time) (busy float64, steal time.Duration, ok bool) {
+	if t == nil || to.Before(from) {
+		return 0, 0, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// The samples are in the order taken, so by time.
+	i := sort.Search(len(t.samples), func(i int) bool { return t.samples[i].at.After(from) }) - 1
+	j := sort.Search(len(t.samples), func(i int) bool { return !t.samples[i].at.Before(to) })
+	if i < 0 || j == len(t.samples) {
+		return 0, 0, false
+	}
+	a, b := t.samples[i].cpu, t.samples[j].cpu
+	return a.Utilization(b), b.Steal - a.Steal, true
 }

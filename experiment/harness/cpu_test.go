@@ -38,3 +38,64 @@ func TestParseCPULine(t *testing.T) {
 		})
 	}
 }
+
+// TestCPUTrace_OverReadsTheSamplesAroundTheSpan checks which samples a
+// span is read between: the last at or before its start and the first at
+// or after its end, and that a span the trace does not cover reads
+// nothing.
+func TestCPUTrace_OverReadsTheSamplesAroundTheSpan(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 14, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// Every 100 ms, 200 ms of CPU time over 2 CPUs: the first 100 ms idle,
+	// then busy at 50%, then busy at 100% with 50 ms stolen each time.
+	tr := &CPUTrace{samples: []timedCPU{
+		{at(0), CPUSample{Busy: 0, Steal: 0, Total: 0}},
+		{at(100), CPUSample{Busy: 0, Steal: 0, Total: 200 * time.Millisecond}},
+		{at(200), CPUSample{Busy: 100 * time.Millisecond, Steal: 0, Total: 400 * time.Millisecond}},
+		{at(300), CPUSample{Busy: 250 * time.Millisecond, Steal: 50 * time.Millisecond, Total: 600 * time.Millisecond}},
+	}}
+	tests := []struct {
+		name      string
+		from, to  time.Time
+		wantBusy  float64
+		wantSteal time.Duration
+		wantOK    bool
+	}{
+		{"on the samples", at(100), at(200), 0.5, 0, true},
+		{"between them, widened to the samples around", at(150), at(250), 250.0 / 400, 50 * time.Millisecond, true},
+		{"the whole trace", at(0), at(300), 250.0 / 600, 50 * time.Millisecond, true},
+		{"a moment", at(120), at(120), 0.5, 0, true},
+		{"ends after the last sample", at(100), at(301), 0, 0, false},
+		{"starts before the first sample", at(-1), at(200), 0, 0, false},
+		{"ends before it starts", at(200), at(100), 0, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			busy, steal, ok := tr.Over(tt.from, tt.to)
+			if ok != tt.wantOK || busy != tt.wantBusy || steal != tt.wantSteal {
+				t.Errorf("Over = %v, %v, %v; want %v, %v, %v", busy, steal, ok, tt.wantBusy, tt.wantSteal, tt.wantOK)
+			}
+		})
+	}
+	if _, _, ok := (*CPUTrace)(nil).Over(at(0), at(100)); ok {
+		t.Errorf("a nil trace read a span")
+	}
+}
+
+// TestTraceCPU_SeesTheMachineBusy keeps a CPU busy while a trace runs and
+// reads the span from the trace.
+func TestTraceCPU_SeesTheMachineBusy(t *testing.T) {
+	tr := TraceCPU(10 * time.Millisecond)
+	if tr == nil {
+		t.Skip("no /proc/stat here")
+	}
+	from := time.Now()
+	for time.Since(from) < 200*time.Millisecond {
+	}
+	to := time.Now()
+	tr.Stop()
+	busy, steal, ok := tr.Over(from, to)
+	if !ok || busy <= 0 || busy > 1 || steal < 0 {
+		t.Errorf("Over = %v busy, %v stolen, %v; want a share above none and at most all, covered", busy, steal, ok)
+	}
+}
