@@ -158,7 +158,7 @@ type Result struct {
 	Files  []string       `json:"files,omitempty"`
 }
 
-// ConfigRun is one configuration's burn-down on one system. Per-job
+// ConfigRun is one configuration's burn-down on one system in one round. Per-job
 // figures divide a counter's growth over the burn-down (from the workers'
 // start to their exit) by Jobs.
 type ConfigRun struct {
@@ -351,15 +351,9 @@ func (r *Result) summarize() {
 		if len(ratios) == 0 {
 			continue
 		}
-		slices.Sort(ratios)
-		n := len(ratios)
-		median := ratios[n/2]
-		if n%2 == 0 {
-			median = (ratios[n/2-1] + ratios[n/2]) / 2
-		}
 		r.Ratios = append(r.Ratios, RatioSummary{
-			Config: config, Rounds: n,
-			Median: harness.Round2(median), Min: ratios[0], Max: ratios[n-1],
+			Config: config, Rounds: len(ratios),
+			Median: harness.Round2(harness.Median(ratios)), Min: slices.Min(ratios), Max: slices.Max(ratios),
 		})
 	}
 }

@@ -95,7 +95,7 @@ func TestRun_Short(t *testing.T) {
 // and that the summary is the median of the rounds' ratios.
 func TestRun_RoundsAlternateTheSystemsAndSumUpTheRatios(t *testing.T) {
 	const jobs = 300
-	res, err := Run(t.Context(), Config{
+	res := runSummarized(t, Config{
 		AdminURL: dbtest.NewURL(t),
 		RelayBin: relaybin.Path(t),
 		RiverBin: riverBin(t),
@@ -104,12 +104,6 @@ func TestRun_RoundsAlternateTheSystemsAndSumUpTheRatios(t *testing.T) {
 		Timeout:  2 * time.Minute,
 		Rounds:   2,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.WriteSummary(t.Output()); err != nil {
-		t.Fatal(err)
-	}
 	var order []string
 	for _, run := range res.Runs {
 		order = append(order, fmt.Sprintf("%d %s", run.Round, run.System))
@@ -208,9 +202,8 @@ func TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs(t *testing.T) {
 	}
 }
 
-// runBoth runs cfg, prints its summary, and checks that it ran on Relay
-// and on River.
-func runBoth(t *testing.T, cfg Config) *Result {
+// runSummarized runs cfg and prints its summary.
+func runSummarized(t *testing.T, cfg Config) *Result {
 	t.Helper()
 	res, err := Run(t.Context(), cfg)
 	if err != nil {
@@ -219,6 +212,14 @@ func runBoth(t *testing.T, cfg Config) *Result {
 	if err := res.WriteSummary(t.Output()); err != nil {
 		t.Fatal(err)
 	}
+	return res
+}
+
+// runBoth runs cfg, prints its summary, and checks that it ran on Relay
+// and on River.
+func runBoth(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	res := runSummarized(t, cfg)
 	if len(res.Runs) != 2 {
 		t.Fatalf("%d runs, want 2: Relay's and River's", len(res.Runs))
 	}

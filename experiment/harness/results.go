@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -210,20 +211,28 @@ func Round3(v float64) float64 { return math.Round(v*1000) / 1000 }
 // Round2 keeps two decimals.
 func Round2(v float64) float64 { return math.Round(v*100) / 100 }
 
-// median and worst of a list of milliseconds.
-func MedianWorst(vals []float64) (median, worst float64) {
+// Median is the median of vals, the mean of the middle two where they
+// are even in number, unrounded; 0 for none. vals is left as it was.
+func Median(vals []float64) float64 {
 	if len(vals) == 0 {
-		return 0, 0
+		return 0
 	}
 	s := append([]float64(nil), vals...)
 	sort.Float64s(s)
 	n := len(s)
 	if n%2 == 1 {
-		median = s[n/2]
-	} else {
-		median = (s[n/2-1] + s[n/2]) / 2
+		return s[n/2]
 	}
-	return Round3(median), s[n-1]
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// MedianWorst returns the median of a list of milliseconds, to the
+// microsecond, and the largest.
+func MedianWorst(vals []float64) (median, worst float64) {
+	if len(vals) == 0 {
+		return 0, 0
+	}
+	return Round3(Median(vals)), slices.Max(vals)
 }
 
 // RunStamp names the files of a run started at t.

@@ -3,6 +3,7 @@ package harness
 import (
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -18,6 +19,27 @@ func TestPercentiles(t *testing.T) {
 	}
 	if m, w := MedianWorst([]float64{3, 1, 2, 10}); m != 2.5 || w != 10 {
 		t.Errorf("medianWorst = %v, %v", m, w)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, tt := range []struct {
+		vals []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{7}, 7},
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{1.5, 1.25}, 1.375},
+		{[]float64{3, 1, 2, 10}, 2.5},
+	} {
+		in := append([]float64(nil), tt.vals...)
+		if got := Median(tt.vals); got != tt.want {
+			t.Errorf("Median(%v) = %v, want %v", tt.vals, got, tt.want)
+		}
+		if !slices.Equal(in, tt.vals) {
+			t.Errorf("Median reordered its input to %v", tt.vals)
+		}
 	}
 }
 
