@@ -3,6 +3,7 @@ module github.com/relayq/relay/experiment
 go 1.26.8
 
 require (
+	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/relayq/relay v0.0.0

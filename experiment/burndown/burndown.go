@@ -220,6 +220,13 @@ type ConfigRun struct {
 	// /proc/stat cannot be read.
 	MachineCPUBusy  float64 `json:"machine_cpu_busy"`
 	MachineStealSec float64 `json:"machine_cpu_steal_seconds"`
+	// Backends is what the database's client sessions other than the
+	// harness's (the workers') did from the first claim to the last
+	// finish, on average over samples of pg_stat_activity taken every
+	// sessionTraceInterval: how many were running (or ready to run), how
+	// many waited for the WAL (a commit's flush above all), and what else
+	// held them up. Nil where no sample fell in the span.
+	Backends *harness.SessionActivity `json:"backends,omitempty"`
 }
 
 // Comparison sets Relay's throughput beside River's at one configuration
@@ -406,6 +413,8 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	// covers the first claim.
 	machine := harness.TraceCPU(cpuTraceInterval)
 	defer machine.Stop()
+	sessions := harness.TraceSessions(d.Lab, harness.ApplicationName, sessionTraceInterval)
+	defer sessions.Stop()
 	prog.Note("inserting %d no-op jobs", cfg.Jobs)
 	if err := sys.fill(runCtx, d, procs, cfg.Jobs, cfg.WorkersFirst); err != nil {
 		return nil, env, err
@@ -444,6 +453,9 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	cpuAfter := harness.SamplePostgresCPU(d.Name)
 	workersAfter := workersCPU(workers)
 	machine.Stop()
+	if err := sessions.Stop(); err != nil {
+		return nil, env, err
+	}
 	own, err := d.Lab.BurndownOwnBackends(ctx, harness.ApplicationName)
 	if err != nil {
 		return nil, env, fmt.Errorf("list the harness's own sessions: %w", err)
@@ -518,6 +530,9 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	if busy, steal, ok := machine.Over(sp.FirstClaim, sp.LastFinish); ok {
 		run.MachineCPUBusy = harness.Round3(busy)
 		run.MachineStealSec = harness.Round3(steal.Seconds())
+	}
+	if a, ok := sessions.Over(sp.FirstClaim, sp.LastFinish); ok {
+		run.Backends = &a
 	}
 	return run, env, nil
 }
@@ -616,6 +631,12 @@ func databaseCounters(c labdb.BurndownCountersRow) labdb.BurndownCountersRow {
 // a burn-down, for its busy share over the burn-down's own span.
 const cpuTraceInterval = 100 * time.Millisecond
 
+// sessionTraceInterval is how often the workers' sessions are sampled
+// during a burn-down (ConfigRun.Backends). Each sample is a statement on
+// the harness's own connection, a fraction of a millisecond of the
+// server's CPU: 50 a second cost the machine about 1%.
+const sessionTraceInterval = 20 * time.Millisecond
+
 // drainPoll is how often waitDrained counts the finished jobs. The count
 // reads the whole queue (29 ms over 100,000 jobs on the 2-core machine
 // of docs/experiments.md), and its backend competes with the queue's for
@@ -656,12 +677,13 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(w, "The workers started on the empty queue and ran %d jobs, enqueued one at a time, before it was filled.\n", WarmUpJobs)
 	}
 	tw := harness.NewTable(w)
-	fmt.Fprintf(tw, "round\tsystem\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tCPU busy\tsteal s\tall once\n")
+	fmt.Fprintf(tw, "round\tsystem\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tCPU busy\tsteal s\tbackends running\tWAL waits\tother waits\tall once\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%.0f%%\t%.2f\t%v\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%.0f%%\t%.2f\t%s\t%s\t%s\t%v\n",
 			run.Round, run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
 			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, optional(run.IndexEntriesPerJob), run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob,
-			100*run.MachineCPUBusy, run.MachineStealSec, run.OK)
+			100*run.MachineCPUBusy, run.MachineStealSec, backends(run.Backends, isRunning), backends(run.Backends, harness.IsWALWait),
+			backends(run.Backends, isOtherWait), run.OK)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -692,6 +714,24 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(w, "wrote %s\n", f)
 	}
 	return nil
+}
+
+// backends formats the average number of sessions in the activities for
+// which match is true, "-" where the sessions were not sampled.
+func backends(a *harness.SessionActivity, match func(activity string) bool) string {
+	if a == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(a.Sum(match), 'f', 2, 64)
+}
+
+// isRunning and isOtherWait sort the activities of a burn-down's
+// sessions for its summary: running, waiting for the WAL
+// (harness.IsWALWait), or held up by anything else but their client.
+func isRunning(activity string) bool { return activity == harness.ActivityRunning }
+
+func isOtherWait(activity string) bool {
+	return activity != harness.ActivityRunning && activity != harness.ActivityIdle && !harness.IsWALWait(activity)
 }
 
 // optional formats a figure that may not have been measured.

@@ -71,6 +71,14 @@ func TestRun_Short(t *testing.T) {
 			if run.MachineCPUBusy <= 0 || run.MachineCPUBusy > 1 || run.MachineStealSec < 0 {
 				t.Errorf("machine %v busy, %v s stolen; want a share above none and at most all, and no negative steal", run.MachineCPUBusy, run.MachineStealSec)
 			}
+			// The workers' sessions were sampled over the same span:
+			// connected, some of them busy, and never more of them in
+			// an activity than connected.
+			all := func(string) bool { return true }
+			busy := func(a string) bool { return a != harness.ActivityIdle }
+			if b := run.Backends; b == nil || b.Samples < 1 || b.Sessions <= 0 || b.Sum(busy) <= 0 || b.Sum(all) > b.Sessions+0.01 {
+				t.Errorf("the workers' sessions sampled as %+v; want samples of connected sessions, some busy", b)
+			}
 			if run.HOTUpdatesPerJob > run.UpdatesPerJob {
 				t.Errorf("%v HOT updates per job, more than the %v updates", run.HOTUpdatesPerJob, run.UpdatesPerJob)
 			}

@@ -137,6 +137,57 @@ func (q *Queries) BurndownOwnBackends(ctx context.Context, ownApplicationName st
 	return items, nil
 }
 
+const burndownSessionActivity = `-- name: BurndownSessionActivity :many
+SELECT COALESCE(a.state, '')::text           AS state,
+       COALESCE(a.wait_event_type, '')::text AS wait_event_type,
+       COALESCE(a.wait_event, '')::text      AS wait_event,
+       count(*)::integer                     AS sessions
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.pid <> pg_backend_pid()
+  AND a.application_name <> $1::text
+GROUP BY 1, 2, 3
+`
+
+type BurndownSessionActivityRow struct {
+	State         string
+	WaitEventType string
+	WaitEvent     string
+	Sessions      int32
+}
+
+// What the client sessions on this database, other than the harness's own
+// (whose application_name is given), are doing at this instant, counted
+// by state and wait event: an active session with no wait event is
+// running on a CPU, or ready to and waiting for one; an idle one waits for
+// its client's next statement. Sampled through a burn-down, it shows how
+// many backends the workers kept busy and what held the others up.
+func (q *Queries) BurndownSessionActivity(ctx context.Context, ownApplicationName string) ([]BurndownSessionActivityRow, error) {
+	rows, err := q.db.Query(ctx, burndownSessionActivity, ownApplicationName)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []BurndownSessionActivityRow{}
+	for rows.Next() {
+		var i BurndownSessionActivityRow
+		if err := rows.Scan(
+			&i.State,
+			&i.WaitEventType,
+			&i.WaitEvent,
+			&i.Sessions,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const burndownSpan = `-- name: BurndownSpan :one
 SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint AS succeeded,
        count(*) FILTER (WHERE j.attempt <> 1)::bigint        AS retried,

@@ -68,3 +68,21 @@ WHERE a.datname = current_database()
 DELETE FROM jobs AS j
 WHERE j.queue = @queue
   AND j.state IN ('succeeded', 'dead', 'cancelled');
+
+-- name: BurndownSessionActivity :many
+-- What the client sessions on this database, other than the harness's own
+-- (whose application_name is given), are doing at this instant, counted
+-- by state and wait event: an active session with no wait event is
+-- running on a CPU, or ready to and waiting for one; an idle one waits for
+-- its client's next statement. Sampled through a burn-down, it shows how
+-- many backends the workers kept busy and what held the others up.
+SELECT COALESCE(a.state, '')::text           AS state,
+       COALESCE(a.wait_event_type, '')::text AS wait_event_type,
+       COALESCE(a.wait_event, '')::text      AS wait_event,
+       count(*)::integer                     AS sessions
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.pid <> pg_backend_pid()
+  AND a.application_name <> @own_application_name::text
+GROUP BY 1, 2, 3;
