@@ -300,7 +300,8 @@ VERSION  STATE    MIGRATION
 8        pending  00008_notify_returned_jobs.sql
 9        pending  00009_index_leases_by_their_columns.sql
 10       pending  00010_index_ready_jobs_by_their_columns.sql
-11       pending  00011_index_listings_apart_for_backlog_and_history.sql`},
+11       pending  00011_index_listings_apart_for_backlog_and_history.sql
+12       pending  00012_list_history_queue_by_queue.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
@@ -312,7 +313,8 @@ applied migration 7 00007_index_finished_jobs.sql
 applied migration 8 00008_notify_returned_jobs.sql
 applied migration 9 00009_index_leases_by_their_columns.sql
 applied migration 10 00010_index_ready_jobs_by_their_columns.sql
-applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql`},
+applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql
+applied migration 12 00012_list_history_queue_by_queue.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -327,7 +329,10 @@ VERSION  STATE    MIGRATION
 8        applied  00008_notify_returned_jobs.sql
 9        applied  00009_index_leases_by_their_columns.sql
 10       applied  00010_index_ready_jobs_by_their_columns.sql
-11       applied  00011_index_listings_apart_for_backlog_and_history.sql`},
+11       applied  00011_index_listings_apart_for_backlog_and_history.sql
+12       applied  00012_list_history_queue_by_queue.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 12 00012_list_history_queue_by_queue.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 11 00011_index_listings_apart_for_backlog_and_history.sql`},
 		{[]string{"migrate", "down"}, `
@@ -350,7 +355,8 @@ VERSION  STATE    MIGRATION
 8        pending  00008_notify_returned_jobs.sql
 9        pending  00009_index_leases_by_their_columns.sql
 10       pending  00010_index_ready_jobs_by_their_columns.sql
-11       pending  00011_index_listings_apart_for_backlog_and_history.sql`},
+11       pending  00011_index_listings_apart_for_backlog_and_history.sql
+12       pending  00012_list_history_queue_by_queue.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "down"}, `
@@ -376,7 +382,8 @@ applied migration 7 00007_index_finished_jobs.sql
 applied migration 8 00008_notify_returned_jobs.sql
 applied migration 9 00009_index_leases_by_their_columns.sql
 applied migration 10 00010_index_ready_jobs_by_their_columns.sql
-applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql`},
+applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql
+applied migration 12 00012_list_history_queue_by_queue.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
