@@ -220,6 +220,12 @@ type ConfigRun struct {
 	// /proc/stat cannot be read.
 	MachineCPUBusy  float64 `json:"machine_cpu_busy"`
 	MachineStealSec float64 `json:"machine_cpu_steal_seconds"`
+	// JobsPerBusySec is JobsPerSec over MachineCPUBusy: the jobs a second
+	// of the whole machine kept busy would run at the cost per job this
+	// run paid, so that systems that leave different shares of the
+	// machine idle can be compared by what a job costs them. Zero where
+	// the busy share is.
+	JobsPerBusySec float64 `json:"jobs_per_busy_sec,omitempty"`
 	// Backends is what the database's client sessions other than the
 	// harness's (the workers') did from the first claim to the last
 	// finish, on average over samples of pg_stat_activity taken every
@@ -230,24 +236,31 @@ type ConfigRun struct {
 }
 
 // Comparison sets Relay's throughput beside River's at one configuration
-// in one round: Ratio is Relay's jobs/s over River's.
+// in one round: Ratio is Relay's jobs/s over River's, and BusyRatio the
+// same over the jobs each ran per second of busy machine
+// (ConfigRun.JobsPerBusySec), zero where either is.
 type Comparison struct {
-	Round           int     `json:"round"`
-	Config          string  `json:"config"`
-	RelayJobsPerSec float64 `json:"relay_jobs_per_sec"`
-	RiverJobsPerSec float64 `json:"river_jobs_per_sec"`
-	Ratio           float64 `json:"ratio"`
+	Round               int     `json:"round"`
+	Config              string  `json:"config"`
+	RelayJobsPerSec     float64 `json:"relay_jobs_per_sec"`
+	RiverJobsPerSec     float64 `json:"river_jobs_per_sec"`
+	Ratio               float64 `json:"ratio"`
+	RelayJobsPerBusySec float64 `json:"relay_jobs_per_busy_sec,omitempty"`
+	RiverJobsPerBusySec float64 `json:"river_jobs_per_busy_sec,omitempty"`
+	BusyRatio           float64 `json:"busy_ratio,omitempty"`
 }
 
 // RatioSummary is one configuration's Relay-over-River ratios across the
 // rounds: each round's ratio sets two runs side by side minutes apart, and
-// the median of them is the figure to quote.
+// the median of them is the figure to quote. BusyMedian is the median of
+// the rounds' BusyRatio, where every round has one.
 type RatioSummary struct {
-	Config string  `json:"config"`
-	Rounds int     `json:"rounds"`
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
+	Config     string  `json:"config"`
+	Rounds     int     `json:"rounds"`
+	Median     float64 `json:"median"`
+	Min        float64 `json:"min"`
+	Max        float64 `json:"max"`
+	BusyMedian float64 `json:"busy_median,omitempty"`
 }
 
 // Run burns down cfg.Jobs no-op jobs at each configuration on each system,
@@ -334,34 +347,44 @@ func (r *Result) compare(round int, config string) {
 		}
 		switch run.System {
 		case SystemRelay:
-			c.RelayJobsPerSec = run.JobsPerSec
+			c.RelayJobsPerSec, c.RelayJobsPerBusySec = run.JobsPerSec, run.JobsPerBusySec
 		case SystemRiver:
-			c.RiverJobsPerSec = run.JobsPerSec
+			c.RiverJobsPerSec, c.RiverJobsPerBusySec = run.JobsPerSec, run.JobsPerBusySec
 		}
 	}
 	if c.RelayJobsPerSec == 0 || c.RiverJobsPerSec == 0 {
 		return
 	}
 	c.Ratio = harness.Round2(c.RelayJobsPerSec / c.RiverJobsPerSec)
+	if c.RelayJobsPerBusySec > 0 && c.RiverJobsPerBusySec > 0 {
+		c.BusyRatio = harness.Round2(c.RelayJobsPerBusySec / c.RiverJobsPerBusySec)
+	}
 	r.Comparisons = append(r.Comparisons, c)
 }
 
 // summarize adds a RatioSummary for each configuration compared.
 func (r *Result) summarize() {
 	for _, config := range r.Configs {
-		var ratios []float64
+		var ratios, busy []float64
 		for _, c := range r.Comparisons {
 			if c.Config == config {
 				ratios = append(ratios, c.Ratio)
+				if c.BusyRatio > 0 {
+					busy = append(busy, c.BusyRatio)
+				}
 			}
 		}
 		if len(ratios) == 0 {
 			continue
 		}
-		r.Ratios = append(r.Ratios, RatioSummary{
+		s := RatioSummary{
 			Config: config, Rounds: len(ratios),
 			Median: harness.Round2(harness.Median(ratios)), Min: slices.Min(ratios), Max: slices.Max(ratios),
-		})
+		}
+		if len(busy) == len(ratios) {
+			s.BusyMedian = harness.Round2(harness.Median(busy))
+		}
+		r.Ratios = append(r.Ratios, s)
 	}
 }
 
@@ -530,6 +553,9 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	if busy, steal, ok := machine.Over(sp.FirstClaim, sp.LastFinish); ok {
 		run.MachineCPUBusy = harness.Round3(busy)
 		run.MachineStealSec = harness.Round3(steal.Seconds())
+		if busy > 0 && seconds > 0 {
+			run.JobsPerBusySec = harness.Round2(n / seconds / busy)
+		}
 	}
 	if a, ok := sessions.Over(sp.FirstClaim, sp.LastFinish); ok {
 		run.Backends = &a
@@ -677,12 +703,12 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(w, "The workers started on the empty queue and ran %d jobs, enqueued one at a time, before it was filled.\n", WarmUpJobs)
 	}
 	tw := harness.NewTable(w)
-	fmt.Fprintf(tw, "round\tsystem\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tCPU busy\tsteal s\tbackends running\tWAL waits\tother waits\tall once\n")
+	fmt.Fprintf(tw, "round\tsystem\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tCPU busy\tjobs/busy s\tsteal s\tbackends running\tWAL waits\tother waits\tall once\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%.0f%%\t%.2f\t%s\t%s\t%s\t%v\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%.0f%%\t%.0f\t%.2f\t%s\t%s\t%s\t%v\n",
 			run.Round, run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
 			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, optional(run.IndexEntriesPerJob), run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob,
-			100*run.MachineCPUBusy, run.MachineStealSec, backends(run.Backends, isRunning), backends(run.Backends, harness.IsWALWait),
+			100*run.MachineCPUBusy, run.JobsPerBusySec, run.MachineStealSec, backends(run.Backends, isRunning), backends(run.Backends, harness.IsWALWait),
 			backends(run.Backends, isOtherWait), run.OK)
 	}
 	if err := tw.Flush(); err != nil {
@@ -691,9 +717,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if len(r.Comparisons) > 0 {
 		fmt.Fprintf(w, "\nRelay beside River %s (%s):\n", r.River.Version, r.River.settings())
 		tw := harness.NewTable(w)
-		fmt.Fprintf(tw, "round\tconfig\trelay jobs/s\triver jobs/s\trelay/river\n")
+		fmt.Fprintf(tw, "round\tconfig\trelay jobs/s\triver jobs/s\trelay/river\tper busy s\n")
 		for _, c := range r.Comparisons {
-			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%.2f\n", c.Round, c.Config, c.RelayJobsPerSec, c.RiverJobsPerSec, c.Ratio)
+			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%.2f\t%.2f\n", c.Round, c.Config, c.RelayJobsPerSec, c.RiverJobsPerSec, c.Ratio, c.BusyRatio)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -702,9 +728,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if r.Rounds > 1 && len(r.Ratios) > 0 {
 		fmt.Fprintf(w, "\nRelay/River over %d rounds:\n", r.Rounds)
 		tw := harness.NewTable(w)
-		fmt.Fprintf(tw, "config\tmedian\tmin\tmax\n")
+		fmt.Fprintf(tw, "config\tmedian\tmin\tmax\tper busy s, median\n")
 		for _, s := range r.Ratios {
-			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\n", s.Config, s.Median, s.Min, s.Max)
+			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\n", s.Config, s.Median, s.Min, s.Max, s.BusyMedian)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

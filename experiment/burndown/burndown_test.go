@@ -71,6 +71,11 @@ func TestRun_Short(t *testing.T) {
 			if run.MachineCPUBusy <= 0 || run.MachineCPUBusy > 1 || run.MachineStealSec < 0 {
 				t.Errorf("machine %v busy, %v s stolen; want a share above none and at most all, and no negative steal", run.MachineCPUBusy, run.MachineStealSec)
 			}
+			// A second of the whole machine busy runs at least the jobs a
+			// second of this run did, which kept it busy part of the time.
+			if run.JobsPerBusySec < run.JobsPerSec {
+				t.Errorf("%v jobs per busy second, fewer than the %v jobs/s at %v busy", run.JobsPerBusySec, run.JobsPerSec, run.MachineCPUBusy)
+			}
 			// The workers' sessions were sampled over the same span:
 			// connected, some of them busy, and never more of them in
 			// an activity than connected.
@@ -131,9 +136,22 @@ func TestRun_RoundsAlternateTheSystemsAndSumUpTheRatios(t *testing.T) {
 		if c.RelayJobsPerSec != relay.JobsPerSec || c.RiverJobsPerSec != river.JobsPerSec {
 			t.Errorf("round %d compares %v with %v jobs/s, want its own runs' %v and %v", c.Round, c.RelayJobsPerSec, c.RiverJobsPerSec, relay.JobsPerSec, river.JobsPerSec)
 		}
+		// The same per second of busy machine, where both runs read the
+		// machine busy.
+		var busy float64
+		if relay.JobsPerBusySec > 0 && river.JobsPerBusySec > 0 {
+			busy = harness.Round2(relay.JobsPerBusySec / river.JobsPerBusySec)
+		}
+		if c.RelayJobsPerBusySec != relay.JobsPerBusySec || c.RiverJobsPerBusySec != river.JobsPerBusySec || c.BusyRatio != busy {
+			t.Errorf("round %d compares %v with %v jobs per busy second (%v), want its own runs' %v and %v (%v)",
+				c.Round, c.RelayJobsPerBusySec, c.RiverJobsPerBusySec, c.BusyRatio, relay.JobsPerBusySec, river.JobsPerBusySec, busy)
+		}
 	}
 	r1, r2 := res.Comparisons[0].Ratio, res.Comparisons[1].Ratio
 	want := RatioSummary{Config: "1x10", Rounds: 2, Median: harness.Round2((r1 + r2) / 2), Min: min(r1, r2), Max: max(r1, r2)}
+	if b1, b2 := res.Comparisons[0].BusyRatio, res.Comparisons[1].BusyRatio; b1 > 0 && b2 > 0 {
+		want.BusyMedian = harness.Round2((b1 + b2) / 2)
+	}
 	if len(res.Ratios) != 1 || res.Ratios[0] != want {
 		t.Errorf("ratios summed up as %+v, want [%+v]", res.Ratios, want)
 	}
