@@ -425,18 +425,12 @@ type JobListParams struct {
 // finished and one among the finished, since each reads another index
 // (migrations/00011):
 //   - A finished state reads an index over the finished jobs, led by the
-//     queue, then the kind when the filter names one, then state, then id
-//     (jobs_finished_queue_state_idx, jobs_finished_queue_kind_state_idx),
-//     from after_id on, in index order, and stops after max_jobs rows.
-//     A filter that names the queue reads its range alone; one that does
-//     not (by state alone, or by kind) reads the range of each queue that
-//     holds finished jobs, found one descent per queue as JobQueueStats
-//     finds them (history_queues), max_jobs rows at most from each. A page
-//     costs the same however long the history, and grows with the number
-//     of queues; a filter that matches nothing costs a few index pages
-//     per queue. (Two indexes led by state and by kind would spare the
-//     descents per queue, at the price of two more entries written by
-//     every job as it finishes; migrations/00012.)
+//     filter's columns, then state, then id (jobs_finished_state_idx,
+//     jobs_finished_queue_state_idx, jobs_finished_kind_state_idx,
+//     jobs_finished_queue_kind_state_idx), from after_id on, in index
+//     order, and stops after max_jobs rows: a page costs the same however
+//     long the history, and a filter that matches nothing costs a few
+//     index pages.
 //   - A state of the backlog (available, running) reads
 //     jobs_active_state_idx, over the jobs not finished, by state and id,
 //     and checks each job's queue and kind: a filter that matches little
@@ -465,9 +459,6 @@ type JobListParams struct {
 //   - A queue filtered with a kind among the finished jobs is compared in
 //     the "C" collation, which only jobs_finished_queue_kind_state_idx
 //     uses (see JobListByQueueKind).
-//   - A queue found by history_queues is matched the same way as one given,
-//     with = ANY of a one-element array, inside a LATERAL subquery that
-//     stops after max_jobs rows.
 func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobList, arg.AfterID, arg.MaxJobs)
 	if err != nil {
@@ -507,16 +498,6 @@ func (q *Queries) JobList(ctx context.Context, arg JobListParams) ([]JobSummary,
 }
 
 const jobListByKind = `-- name: JobListByKind :many
-WITH RECURSIVE history_queues AS (
-    -- As in JobListByState.
-    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j
-            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM history_queues AS q
-    WHERE q.queue IS NOT NULL
-)
 SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
     (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
      WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
@@ -530,41 +511,26 @@ SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, c
        AND j.id > (SELECT $2::bigint)
      ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
     UNION ALL
-    (SELECT p.id, p.queue, p.kind, p.state, p.priority, p.attempt, p.max_attempts, p.fence, p.run_at, p.created_at, p.started_at, p.finished_at, p.leased_by, p.lease_expires_at, p.cancel_requested_at, p.last_error, p.error_count FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT $1::text)
-           AND j.state = 'succeeded'
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT $2::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $3::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT $3::integer))
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $3::integer))
     UNION ALL
-    (SELECT p.id, p.queue, p.kind, p.state, p.priority, p.attempt, p.max_attempts, p.fence, p.run_at, p.created_at, p.started_at, p.finished_at, p.leased_by, p.lease_expires_at, p.cancel_requested_at, p.last_error, p.error_count FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT $1::text)
-           AND j.state = 'dead'
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT $2::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $3::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT $3::integer))
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $3::integer))
     UNION ALL
-    (SELECT p.id, p.queue, p.kind, p.state, p.priority, p.attempt, p.max_attempts, p.fence, p.run_at, p.created_at, p.started_at, p.finished_at, p.leased_by, p.lease_expires_at, p.cancel_requested_at, p.last_error, p.error_count FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT $1::text)
-           AND j.state = 'cancelled'
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT $2::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $3::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT $3::integer))
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $1::text)])
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $3::integer))
 ) AS u
 ORDER BY u.id
 LIMIT (SELECT $3::integer)
@@ -577,9 +543,8 @@ type JobListByKindParams struct {
 }
 
 // Lists the jobs of one kind, as JobList says: those not finished through
-// jobs_active_state_idx, the finished queue by queue through
-// jobs_finished_queue_kind_state_idx, whose queue is in the "C" collation
-// (see JobListByQueueKind).
+// jobs_active_state_idx, the finished through
+// jobs_finished_kind_state_idx.
 func (q *Queries) JobListByKind(ctx context.Context, arg JobListByKindParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByKind, arg.Kind, arg.AfterID, arg.MaxJobs)
 	if err != nil {
@@ -619,16 +584,6 @@ func (q *Queries) JobListByKind(ctx context.Context, arg JobListByKindParams) ([
 }
 
 const jobListByKindState = `-- name: JobListByKindState :many
-WITH RECURSIVE history_queues AS (
-    -- As in JobListByState.
-    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j
-            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM history_queues AS q
-    WHERE q.queue IS NOT NULL
-)
 SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
     (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
      WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)]) AND j.finished_at IS NULL
@@ -636,17 +591,12 @@ SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, c
        AND j.id > (SELECT $3::bigint)
      ORDER BY j.state, j.id LIMIT (SELECT $4::integer))
     UNION ALL
-    (SELECT p.id, p.queue, p.kind, p.state, p.priority, p.attempt, p.max_attempts, p.fence, p.run_at, p.created_at, p.started_at, p.finished_at, p.leased_by, p.lease_expires_at, p.cancel_requested_at, p.last_error, p.error_count FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT $2::text)
-           AND j.state = (SELECT $1::job_state)
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT $3::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT $4::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT $4::integer))
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT $2::text)])
+       AND j.state = (SELECT $1::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $3::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT $4::integer))
 ) AS u
 ORDER BY u.id
 LIMIT (SELECT $4::integer)
@@ -660,8 +610,7 @@ type JobListByKindStateParams struct {
 }
 
 // Lists the jobs of one kind in one state, as JobList says, through
-// jobs_active_state_idx, or queue by queue through
-// jobs_finished_queue_kind_state_idx (see JobListByKind).
+// jobs_active_state_idx or jobs_finished_kind_state_idx.
 func (q *Queries) JobListByKindState(ctx context.Context, arg JobListByKindStateParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByKindState,
 		arg.State,
@@ -1042,33 +991,17 @@ func (q *Queries) JobListByQueueState(ctx context.Context, arg JobListByQueueSta
 }
 
 const jobListByState = `-- name: JobListByState :many
-WITH RECURSIVE history_queues AS (
-    -- Each queue that holds finished jobs, one descent of
-    -- jobs_finished_queue_state_idx each, as JobQueueStats finds them.
-    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j
-            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM history_queues AS q
-    WHERE q.queue IS NOT NULL
-)
 SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM (
     (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
      WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)]) AND j.finished_at IS NULL
        AND j.id > (SELECT $2::bigint)
      ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
     UNION ALL
-    (SELECT p.id, p.queue, p.kind, p.state, p.priority, p.attempt, p.max_attempts, p.fence, p.run_at, p.created_at, p.started_at, p.finished_at, p.leased_by, p.lease_expires_at, p.cancel_requested_at, p.last_error, p.error_count FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
-         WHERE j.queue = ANY (ARRAY[hq.queue])
-           AND j.state = (SELECT $1::job_state)
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT $2::bigint)
-         ORDER BY j.queue, j.id LIMIT (SELECT $3::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT $3::integer))
+    (SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT $1::job_state)])
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT $2::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT $3::integer))
 ) AS u
 ORDER BY u.id
 LIMIT (SELECT $3::integer)
@@ -1081,8 +1014,7 @@ type JobListByStateParams struct {
 }
 
 // Lists the jobs in one state, as JobList says: not finished through
-// jobs_active_state_idx, finished queue by queue through
-// jobs_finished_queue_state_idx.
+// jobs_active_state_idx, finished through jobs_finished_state_idx.
 func (q *Queries) JobListByState(ctx context.Context, arg JobListByStateParams) ([]JobSummary, error) {
 	rows, err := q.db.Query(ctx, jobListByState, arg.State, arg.AfterID, arg.MaxJobs)
 	if err != nil {

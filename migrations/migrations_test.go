@@ -321,3 +321,30 @@ func TestMigrations_ListHistoryQueueByQueueOverAPopulatedDatabase(t *testing.T) 
 			after: "jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
 				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)"})
 }
+
+// TestMigrations_IndexHistoryByStateAndKindAgainOverAPopulatedDatabase
+// carries available, running and finished jobs over 00013 and back: up
+// builds the history's indexes by state and by kind again, over the
+// finished jobs alone; down drops them; the jobs are the same throughout.
+func TestMigrations_IndexHistoryByStateAndKindAgainOverAPopulatedDatabase(t *testing.T) {
+	carryOver(t, 12, 13, `
+		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
+		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now()
+		FROM generate_series(1, 40);
+		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+		SELECT 'done', (ARRAY['succeeded', 'dead', 'cancelled'])[1 + i % 3]::job_state, 1, 1, now(), now()
+		FROM generate_series(1, 1000) AS i;
+		ANALYZE jobs;`,
+		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
+		carriedOver{what: "the history's indexes, valid, entries and predicate", query: `
+			SELECT string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ',' ORDER BY c.relname)
+			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+			WHERE c.relname ~ '^jobs_finished_.*state_idx$'`,
+			before: "jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)",
+			after: "jobs_finished_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+				"jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)," +
+				"jobs_finished_state_idx t 1000 (finished_at IS NOT NULL)"})
+}

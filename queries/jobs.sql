@@ -74,18 +74,12 @@ SELECT * FROM jobs WHERE queue = @queue AND idempotency_key = @idempotency_key;
 -- finished and one among the finished, since each reads another index
 -- (migrations/00011):
 --   - A finished state reads an index over the finished jobs, led by the
---     queue, then the kind when the filter names one, then state, then id
---     (jobs_finished_queue_state_idx, jobs_finished_queue_kind_state_idx),
---     from after_id on, in index order, and stops after max_jobs rows.
---     A filter that names the queue reads its range alone; one that does
---     not (by state alone, or by kind) reads the range of each queue that
---     holds finished jobs, found one descent per queue as JobQueueStats
---     finds them (history_queues), max_jobs rows at most from each. A page
---     costs the same however long the history, and grows with the number
---     of queues; a filter that matches nothing costs a few index pages
---     per queue. (Two indexes led by state and by kind would spare the
---     descents per queue, at the price of two more entries written by
---     every job as it finishes; migrations/00012.)
+--     filter's columns, then state, then id (jobs_finished_state_idx,
+--     jobs_finished_queue_state_idx, jobs_finished_kind_state_idx,
+--     jobs_finished_queue_kind_state_idx), from after_id on, in index
+--     order, and stops after max_jobs rows: a page costs the same however
+--     long the history, and a filter that matches nothing costs a few
+--     index pages.
 --   - A state of the backlog (available, running) reads
 --     jobs_active_state_idx, over the jobs not finished, by state and id,
 --     and checks each job's queue and kind: a filter that matches little
@@ -113,9 +107,6 @@ SELECT * FROM jobs WHERE queue = @queue AND idempotency_key = @idempotency_key;
 --   - A queue filtered with a kind among the finished jobs is compared in
 --     the "C" collation, which only jobs_finished_queue_kind_state_idx
 --     uses (see JobListByQueueKind).
---   - A queue found by history_queues is matched the same way as one given,
---     with = ANY of a one-element array, inside a LATERAL subquery that
---     stops after max_jobs rows.
 SELECT * FROM job_summaries AS j
 WHERE j.id > (SELECT @after_id::bigint)
 ORDER BY j.id
@@ -123,35 +114,18 @@ LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByState :many
 -- Lists the jobs in one state, as JobList says: not finished through
--- jobs_active_state_idx, finished queue by queue through
--- jobs_finished_queue_state_idx.
-WITH RECURSIVE history_queues AS (
-    -- Each queue that holds finished jobs, one descent of
-    -- jobs_finished_queue_state_idx each, as JobQueueStats finds them.
-    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j
-            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM history_queues AS q
-    WHERE q.queue IS NOT NULL
-)
+-- jobs_active_state_idx, finished through jobs_finished_state_idx.
 SELECT * FROM (
     (SELECT * FROM job_summaries AS j
      WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)]) AND j.finished_at IS NULL
        AND j.id > (SELECT @after_id::bigint)
      ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
     UNION ALL
-    (SELECT p.* FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT * FROM job_summaries AS j
-         WHERE j.queue = ANY (ARRAY[hq.queue])
-           AND j.state = (SELECT @state::job_state)
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT @after_id::bigint)
-         ORDER BY j.queue, j.id LIMIT (SELECT @max_jobs::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT @max_jobs::integer))
+    (SELECT * FROM job_summaries AS j
+     WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)])
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
 ) AS u
 ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
@@ -219,19 +193,8 @@ LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByKind :many
 -- Lists the jobs of one kind, as JobList says: those not finished through
--- jobs_active_state_idx, the finished queue by queue through
--- jobs_finished_queue_kind_state_idx, whose queue is in the "C" collation
--- (see JobListByQueueKind).
-WITH RECURSIVE history_queues AS (
-    -- As in JobListByState.
-    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j
-            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM history_queues AS q
-    WHERE q.queue IS NOT NULL
-)
+-- jobs_active_state_idx, the finished through
+-- jobs_finished_kind_state_idx.
 SELECT * FROM (
     (SELECT * FROM job_summaries AS j
      WHERE j.state = ANY (ARRAY['available'::job_state]) AND j.finished_at IS NULL
@@ -245,59 +208,33 @@ SELECT * FROM (
        AND j.id > (SELECT @after_id::bigint)
      ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
     UNION ALL
-    (SELECT p.* FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT * FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT @kind::text)
-           AND j.state = 'succeeded'
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT @after_id::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT @max_jobs::integer))
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = 'succeeded'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
     UNION ALL
-    (SELECT p.* FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT * FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT @kind::text)
-           AND j.state = 'dead'
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT @after_id::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT @max_jobs::integer))
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = 'dead'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
     UNION ALL
-    (SELECT p.* FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT * FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT @kind::text)
-           AND j.state = 'cancelled'
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT @after_id::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT @max_jobs::integer))
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = 'cancelled'
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
 ) AS u
 ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);
 
 -- name: JobListByKindState :many
 -- Lists the jobs of one kind in one state, as JobList says, through
--- jobs_active_state_idx, or queue by queue through
--- jobs_finished_queue_kind_state_idx (see JobListByKind).
-WITH RECURSIVE history_queues AS (
-    -- As in JobListByState.
-    (SELECT j.queue FROM jobs AS j WHERE j.finished_at IS NOT NULL ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM jobs AS j
-            WHERE j.finished_at IS NOT NULL AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM history_queues AS q
-    WHERE q.queue IS NOT NULL
-)
+-- jobs_active_state_idx or jobs_finished_kind_state_idx.
 SELECT * FROM (
     (SELECT * FROM job_summaries AS j
      WHERE j.state = ANY (ARRAY[(SELECT @state::job_state)]) AND j.finished_at IS NULL
@@ -305,17 +242,12 @@ SELECT * FROM (
        AND j.id > (SELECT @after_id::bigint)
      ORDER BY j.state, j.id LIMIT (SELECT @max_jobs::integer))
     UNION ALL
-    (SELECT p.* FROM history_queues AS hq
-     CROSS JOIN LATERAL (
-         SELECT * FROM job_summaries AS j
-         WHERE j.queue COLLATE "C" = ANY (ARRAY[hq.queue])
-           AND j.kind = (SELECT @kind::text)
-           AND j.state = (SELECT @state::job_state)
-           AND j.finished_at IS NOT NULL
-           AND j.id > (SELECT @after_id::bigint)
-         ORDER BY j.queue COLLATE "C", j.id LIMIT (SELECT @max_jobs::integer)) AS p
-     WHERE hq.queue IS NOT NULL
-     ORDER BY p.id LIMIT (SELECT @max_jobs::integer))
+    (SELECT * FROM job_summaries AS j
+     WHERE j.kind = ANY (ARRAY[(SELECT @kind::text)])
+       AND j.state = (SELECT @state::job_state)
+       AND j.finished_at IS NOT NULL
+       AND j.id > (SELECT @after_id::bigint)
+     ORDER BY j.kind, j.id LIMIT (SELECT @max_jobs::integer))
 ) AS u
 ORDER BY u.id
 LIMIT (SELECT @max_jobs::integer);

@@ -301,7 +301,8 @@ VERSION  STATE    MIGRATION
 9        pending  00009_index_leases_by_their_columns.sql
 10       pending  00010_index_ready_jobs_by_their_columns.sql
 11       pending  00011_index_listings_apart_for_backlog_and_history.sql
-12       pending  00012_list_history_queue_by_queue.sql`},
+12       pending  00012_list_history_queue_by_queue.sql
+13       pending  00013_index_history_by_state_and_kind_again.sql`},
 		{[]string{"migrate"}, `
 applied migration 1 00001_create_jobs.sql
 applied migration 2 00002_create_workers.sql
@@ -314,7 +315,8 @@ applied migration 8 00008_notify_returned_jobs.sql
 applied migration 9 00009_index_leases_by_their_columns.sql
 applied migration 10 00010_index_ready_jobs_by_their_columns.sql
 applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql
-applied migration 12 00012_list_history_queue_by_queue.sql`},
+applied migration 12 00012_list_history_queue_by_queue.sql
+applied migration 13 00013_index_history_by_state_and_kind_again.sql`},
 		{[]string{"migrate", "up"}, `
 no migrations to apply: the database is up to date`},
 		{[]string{"migrate", "status"}, `
@@ -330,7 +332,10 @@ VERSION  STATE    MIGRATION
 9        applied  00009_index_leases_by_their_columns.sql
 10       applied  00010_index_ready_jobs_by_their_columns.sql
 11       applied  00011_index_listings_apart_for_backlog_and_history.sql
-12       applied  00012_list_history_queue_by_queue.sql`},
+12       applied  00012_list_history_queue_by_queue.sql
+13       applied  00013_index_history_by_state_and_kind_again.sql`},
+		{[]string{"migrate", "down"}, `
+rolled back migration 13 00013_index_history_by_state_and_kind_again.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 12 00012_list_history_queue_by_queue.sql`},
 		{[]string{"migrate", "down"}, `
@@ -356,7 +361,8 @@ VERSION  STATE    MIGRATION
 9        pending  00009_index_leases_by_their_columns.sql
 10       pending  00010_index_ready_jobs_by_their_columns.sql
 11       pending  00011_index_listings_apart_for_backlog_and_history.sql
-12       pending  00012_list_history_queue_by_queue.sql`},
+12       pending  00012_list_history_queue_by_queue.sql
+13       pending  00013_index_history_by_state_and_kind_again.sql`},
 		{[]string{"migrate", "down"}, `
 rolled back migration 6 00006_index_job_lists.sql`},
 		{[]string{"migrate", "down"}, `
@@ -383,7 +389,8 @@ applied migration 8 00008_notify_returned_jobs.sql
 applied migration 9 00009_index_leases_by_their_columns.sql
 applied migration 10 00010_index_ready_jobs_by_their_columns.sql
 applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql
-applied migration 12 00012_list_history_queue_by_queue.sql`},
+applied migration 12 00012_list_history_queue_by_queue.sql
+applied migration 13 00013_index_history_by_state_and_kind_again.sql`},
 	}
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
