@@ -436,7 +436,10 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	// covers the first claim.
 	machine := harness.TraceCPU(cpuTraceInterval)
 	defer machine.Stop()
-	sessions := harness.TraceSessions(d.Lab, harness.ApplicationName, sessionTraceInterval)
+	sessions, err := harness.TraceSessions(d.Lab, harness.ApplicationName, sessionTraceInterval)
+	if err != nil {
+		return nil, env, err
+	}
 	defer sessions.Stop()
 	prog.Note("inserting %d no-op jobs", cfg.Jobs)
 	if err := sys.fill(runCtx, d, procs, cfg.Jobs, cfg.WorkersFirst); err != nil {
@@ -659,8 +662,8 @@ const cpuTraceInterval = 100 * time.Millisecond
 
 // sessionTraceInterval is how often the workers' sessions are sampled
 // during a burn-down (ConfigRun.Backends). Each sample is a statement on
-// the harness's own connection, a fraction of a millisecond of the
-// server's CPU: 50 a second cost the machine about 1%.
+// the harness's own connection, whose backend the database's CPU per job
+// leaves out (BurndownOwnBackends) and the machine's busy share does not.
 const sessionTraceInterval = 20 * time.Millisecond
 
 // drainPoll is how often waitDrained counts the finished jobs. The count

@@ -2,11 +2,11 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -180,64 +180,37 @@ func IsPostgres(pid int) bool {
 	return err == nil && strings.TrimSpace(string(b)) == "postgres"
 }
 
-// CPUTrace holds samples of the machine's CPU time (ReadCPU), taken at a
-// fixed interval, so that how busy the machine was over a span known
-// only afterwards (a burn-down's first claim to its last finish, on the
-// database's clock) can be read from it.
+// CPUTrace samples the machine's CPU time (ReadCPU) at a fixed interval,
+// so that how busy the machine was over a span known only afterwards can
+// be read from it.
 type CPUTrace struct {
-	mu      sync.Mutex
-	samples []timedCPU
-	cancel  context.CancelFunc
-	done    chan struct{}
+	t *trace[CPUSample]
 }
 
-// timedCPU is one sample of a CPUTrace and when it was taken.
-type timedCPU struct {
-	at  time.Time
-	cpu CPUSample
-}
+// errNoProcStat says /proc/stat could not be read.
+var errNoProcStat = errors.New("read /proc/stat")
 
 // TraceCPU samples the machine's CPU time every interval until Stop. It
 // returns nil where /proc/stat cannot be read.
 func TraceCPU(interval time.Duration) *CPUTrace {
-	first, ok := ReadCPU()
-	if !ok {
+	t, err := startTrace(interval, func(context.Context) (CPUSample, error) {
+		s, ok := ReadCPU()
+		if !ok {
+			return s, errNoProcStat
+		}
+		return s, nil
+	})
+	if err != nil {
 		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t := &CPUTrace{samples: []timedCPU{{time.Now(), first}}, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(t.done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				t.sample()
-				return
-			case <-tick.C:
-				t.sample()
-			}
-		}
-	}()
-	return t
-}
-
-func (t *CPUTrace) sample() {
-	if s, ok := ReadCPU(); ok {
-		t.mu.Lock()
-		t.samples = append(t.samples, timedCPU{time.Now(), s})
-		t.mu.Unlock()
-	}
+	return &CPUTrace{t}
 }
 
 // Stop takes a last sample and ends the trace. A nil trace does nothing.
-func (t *CPUTrace) Stop() {
-	if t == nil {
-		return
+func (c *CPUTrace) Stop() {
+	if c != nil {
+		_ = c.t.stop()
 	}
-	t.cancel()
-	<-t.done
 }
 
 // Over returns the share of the machine's CPU time that was busy, and the
@@ -245,18 +218,18 @@ func (t *CPUTrace) Stop() {
 // and the first taken at or after to: the span and at most a sampling
 // interval on either side. ok is false where the trace does not cover the
 // span, or is nil.
-func (t *CPUTrace) Over(from, to time.Time) (busy float64, steal time.Duration, ok bool) {
-	if t == nil || to.Before(from) {
+func (c *CPUTrace) Over(from, to time.Time) (busy float64, steal time.Duration, ok bool) {
+	if c == nil || to.Before(from) {
 		return 0, 0, false
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	// The samples are in the order taken, so by time.
-	i := sort.Search(len(t.samples), func(i int) bool { return t.samples[i].at.After(from) }) - 1
-	j := sort.Search(len(t.samples), func(i int) bool { return !t.samples[i].at.Before(to) })
-	if i < 0 || j == len(t.samples) {
-		return 0, 0, false
-	}
-	a, b := t.samples[i].cpu, t.samples[j].cpu
-	return a.Utilization(b), b.Steal - a.Steal, true
+	c.t.read(func(samples []timed[CPUSample]) {
+		i := sort.Search(len(samples), func(i int) bool { return samples[i].at.After(from) }) - 1
+		j := sort.Search(len(samples), func(i int) bool { return !samples[i].at.Before(to) })
+		if i < 0 || j == len(samples) {
+			return
+		}
+		a, b := samples[i].v, samples[j].v
+		busy, steal, ok = a.Utilization(b), b.Steal-a.Steal, true
+	})
+	return busy, steal, ok
 }

@@ -48,12 +48,12 @@ func TestCPUTrace_OverReadsTheSamplesAroundTheSpan(t *testing.T) {
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	// Every 100 ms, 200 ms of CPU time over 2 CPUs: the first 100 ms idle,
 	// then busy at 50%, then busy at 100% with 50 ms stolen each time.
-	tr := &CPUTrace{samples: []timedCPU{
+	tr := &CPUTrace{&trace[CPUSample]{samples: []timed[CPUSample]{
 		{at(0), CPUSample{Busy: 0, Steal: 0, Total: 0}},
 		{at(100), CPUSample{Busy: 0, Steal: 0, Total: 200 * time.Millisecond}},
 		{at(200), CPUSample{Busy: 100 * time.Millisecond, Steal: 0, Total: 400 * time.Millisecond}},
 		{at(300), CPUSample{Busy: 250 * time.Millisecond, Steal: 50 * time.Millisecond, Total: 600 * time.Millisecond}},
-	}}
+	}}}
 	tests := []struct {
 		name      string
 		from, to  time.Time

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/relayq/relay/experiment/labdb"
@@ -79,105 +78,68 @@ func IsWALWait(activity string) bool {
 // one database other than the harness's own are doing (pg_stat_activity),
 // so that what the backends of a burn-down did over its span, known only
 // afterwards, can be read from it: how many ran at once, and what held
-// the others up, such as waits for the WAL to be flushed at commit.
+// the others up, such as waits for the WAL to be flushed at commit. Each
+// sample counts the sessions in each activity.
 type SessionTrace struct {
-	mu      sync.Mutex
-	samples []sessionSample
-	err     error
-	cancel  context.CancelFunc
-	done    chan struct{}
+	t *trace[map[string]int]
 }
 
-// sessionSample is one sample of a SessionTrace: when it was taken, and
-// how many sessions were in each activity.
-type sessionSample struct {
-	at         time.Time
-	activities map[string]int
-}
-
-// TraceSessions samples, every interval until Stop, the sessions of the
-// database q is connected to whose application_name is not own
-// (BurndownSessionActivity). Each sample is one statement on its own
-// connection, which runs on the same server as what it watches: the
-// interval is a few tens of milliseconds, not less.
-func TraceSessions(q *labdb.Queries, own string, interval time.Duration) *SessionTrace {
-	ctx, cancel := context.WithCancel(context.Background())
-	t := &SessionTrace{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(t.done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			if err := t.sample(ctx, q, own); err != nil {
-				if ctx.Err() == nil {
-					t.mu.Lock()
-					t.err = err
-					t.mu.Unlock()
-				}
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
+// TraceSessions samples, at once and then every interval until Stop, the
+// sessions of the database q is connected to whose application_name is
+// not own (BurndownSessionActivity), and returns the first sample's
+// error. Each sample is one statement on its own connection, which runs
+// on the same server as what it watches: the interval is a few tens of
+// milliseconds, not less.
+func TraceSessions(q *labdb.Queries, own string, interval time.Duration) (*SessionTrace, error) {
+	t, err := startTrace(interval, func(ctx context.Context) (map[string]int, error) {
+		rows, err := q.BurndownSessionActivity(ctx, own)
+		if err != nil {
+			return nil, fmt.Errorf("sample the sessions' activity: %w", err)
 		}
-	}()
-	return t
-}
-
-func (t *SessionTrace) sample(ctx context.Context, q *labdb.Queries, own string) error {
-	rows, err := q.BurndownSessionActivity(ctx, own)
+		activities := make(map[string]int, len(rows))
+		for _, r := range rows {
+			activities[ActivityOf(r.State, r.WaitEventType, r.WaitEvent)] += int(r.Sessions)
+		}
+		return activities, nil
+	})
 	if err != nil {
-		return fmt.Errorf("sample the sessions' activity: %w", err)
+		return nil, err
 	}
-	s := sessionSample{at: time.Now(), activities: make(map[string]int, len(rows))}
-	for _, r := range rows {
-		s.activities[ActivityOf(r.State, r.WaitEventType, r.WaitEvent)] += int(r.Sessions)
-	}
-	t.mu.Lock()
-	t.samples = append(t.samples, s)
-	t.mu.Unlock()
-	return nil
+	return &SessionTrace{t}, nil
 }
 
 // Stop ends the trace and returns the error that ended it early, if one
 // did. A nil trace does nothing.
-func (t *SessionTrace) Stop() error {
-	if t == nil {
+func (s *SessionTrace) Stop() error {
+	if s == nil {
 		return nil
 	}
-	t.cancel()
-	<-t.done
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.err
+	return s.t.stop()
 }
 
 // Over averages the samples taken between from and to, both included.
 // ok is false where none was, or the trace is nil.
-func (t *SessionTrace) Over(from, to time.Time) (_ SessionActivity, ok bool) {
-	if t == nil {
+func (s *SessionTrace) Over(from, to time.Time) (out SessionActivity, ok bool) {
+	if s == nil {
 		return SessionActivity{}, false
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	// The samples are in the order taken, so by time.
-	i := sort.Search(len(t.samples), func(i int) bool { return !t.samples[i].at.Before(from) })
-	j := sort.Search(len(t.samples), func(i int) bool { return t.samples[i].at.After(to) })
-	if i >= j {
-		return SessionActivity{}, false
-	}
-	n := j - i
 	sums := map[string]int{}
-	var sessions int
-	for _, s := range t.samples[i:j] {
-		for a, c := range s.activities {
-			sums[a] += c
-			sessions += c
+	var sessions, n int
+	s.t.read(func(samples []timed[map[string]int]) {
+		i := sort.Search(len(samples), func(i int) bool { return !samples[i].at.Before(from) })
+		j := sort.Search(len(samples), func(i int) bool { return samples[i].at.After(to) })
+		for _, x := range samples[i:max(i, j)] {
+			n++
+			for a, c := range x.v {
+				sums[a] += c
+				sessions += c
+			}
 		}
+	})
+	if n == 0 {
+		return SessionActivity{}, false
 	}
-	out := SessionActivity{Samples: n, Sessions: Round3(float64(sessions) / float64(n))}
+	out = SessionActivity{Samples: n, Sessions: Round3(float64(sessions) / float64(n))}
 	for a, c := range sums {
 		out.Activities = append(out.Activities, Activity{Activity: a, Sessions: Round3(float64(c) / float64(n))})
 	}

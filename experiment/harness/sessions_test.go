@@ -61,12 +61,12 @@ func TestIsWALWait(t *testing.T) {
 func TestSessionTrace_OverAveragesTheSamplesInTheSpan(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 17, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	tr := &SessionTrace{samples: []sessionSample{
+	tr := &SessionTrace{&trace[map[string]int]{samples: []timed[map[string]int]{
 		{at(0), map[string]int{ActivityIdle: 4}},
 		{at(20), map[string]int{ActivityRunning: 2, "IO:WALSync": 1, ActivityIdle: 1}},
 		{at(40), map[string]int{ActivityRunning: 1, "IO:WALSync": 1, ActivityIdle: 2}},
 		{at(60), map[string]int{ActivityRunning: 2, "LWLock:WALWrite": 1}},
-	}}
+	}}}
 	tests := []struct {
 		name     string
 		from, to time.Time
@@ -155,7 +155,10 @@ func TestTraceSessions_SeesAnotherSessionWaitAndNotItsOwn(t *testing.T) {
 	}
 	defer sleeper.Close(ctx)
 
-	tr := TraceSessions(labdb.New(own), ApplicationName, 10*time.Millisecond)
+	tr, err := TraceSessions(labdb.New(own), ApplicationName, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer tr.Stop()
 	from := time.Now()
 	if _, err := sleeper.Exec(ctx, "SELECT pg_sleep(0.5)"); err != nil {
