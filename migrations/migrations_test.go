@@ -257,7 +257,7 @@ func TestMigrations_IndexReadyJobsByTheirColumnsOverAPopulatedDatabase(t *testin
 		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
 		SELECT 'done', 'succeeded', 1, 1, now(), now() FROM generate_series(1, 1000);
 		ANALYZE jobs;`,
-		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
+		jobsDigest,
 		carriedOver{what: "the claim index, valid, entries and predicate", query: `
 			SELECT coalesce(string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ','), 'none')
 			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
@@ -272,26 +272,14 @@ func TestMigrations_IndexReadyJobsByTheirColumnsOverAPopulatedDatabase(t *testin
 // finished jobs alone and one over the others, by state and id; down
 // restores the four; the jobs are the same throughout.
 func TestMigrations_IndexListingsApartForBacklogAndHistoryOverAPopulatedDatabase(t *testing.T) {
-	carryOver(t, 10, 11, `
-		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
-		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
-		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now()
-		FROM generate_series(1, 40);
-		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
-		SELECT 'done', (ARRAY['succeeded', 'dead', 'cancelled'])[1 + i % 3]::job_state, 1, 1, now(), now()
-		FROM generate_series(1, 1000) AS i;
-		ANALYZE jobs;`,
-		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
+	carryOver(t, 10, 11, backlogAndHistory,
+		jobsDigest,
 		carriedOver{what: "the listing's indexes, valid, entries and predicate", query: `
 			SELECT string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ',' ORDER BY c.relname)
 			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
 			WHERE c.relname ~ '^jobs_.*state_idx$'`,
 			before: "jobs_kind_state_idx t 1140,jobs_queue_kind_state_idx t 1140,jobs_queue_state_idx t 1140,jobs_state_idx t 1140",
-			after: "jobs_active_state_idx t 140 (finished_at IS NULL)," +
-				"jobs_finished_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_state_idx t 1000 (finished_at IS NOT NULL)"})
+			after:  "jobs_active_state_idx t 140 (finished_at IS NULL)," + fourHistoryIndexes})
 }
 
 // TestMigrations_ListHistoryQueueByQueueOverAPopulatedDatabase carries
@@ -300,26 +288,10 @@ func TestMigrations_IndexListingsApartForBacklogAndHistoryOverAPopulatedDatabase
 // builds the two again over the finished jobs; the jobs are the same
 // throughout.
 func TestMigrations_ListHistoryQueueByQueueOverAPopulatedDatabase(t *testing.T) {
-	carryOver(t, 11, 12, `
-		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
-		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
-		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now()
-		FROM generate_series(1, 40);
-		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
-		SELECT 'done', (ARRAY['succeeded', 'dead', 'cancelled'])[1 + i % 3]::job_state, 1, 1, now(), now()
-		FROM generate_series(1, 1000) AS i;
-		ANALYZE jobs;`,
-		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
-		carriedOver{what: "the history's indexes, valid, entries and predicate", query: `
-			SELECT string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ',' ORDER BY c.relname)
-			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-			WHERE c.relname ~ '^jobs_finished_.*state_idx$'`,
-			before: "jobs_finished_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_state_idx t 1000 (finished_at IS NOT NULL)",
-			after: "jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)"})
+	carryOver(t, 11, 12, backlogAndHistory,
+		jobsDigest,
+		carriedOver{what: "the history's indexes, valid, entries and predicate", query: historyIndexes,
+			before: fourHistoryIndexes, after: twoHistoryIndexes})
 }
 
 // TestMigrations_IndexHistoryByStateAndKindAgainOverAPopulatedDatabase
@@ -327,7 +299,18 @@ func TestMigrations_ListHistoryQueueByQueueOverAPopulatedDatabase(t *testing.T) 
 // builds the history's indexes by state and by kind again, over the
 // finished jobs alone; down drops them; the jobs are the same throughout.
 func TestMigrations_IndexHistoryByStateAndKindAgainOverAPopulatedDatabase(t *testing.T) {
-	carryOver(t, 12, 13, `
+	carryOver(t, 12, 13, backlogAndHistory,
+		jobsDigest,
+		carriedOver{what: "the history's indexes, valid, entries and predicate", query: historyIndexes,
+			before: twoHistoryIndexes, after: fourHistoryIndexes})
+}
+
+// backlogAndHistory is a fixture for the migrations of the listing's
+// indexes: 100 available jobs, 40 running and 1,000 finished, a third in
+// each finished state. jobsDigest sums up the jobs of a database, which
+// migrating must leave as they were.
+const (
+	backlogAndHistory = `
 		INSERT INTO jobs (kind) SELECT 'waiting' FROM generate_series(1, 100);
 		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
 		SELECT 'busy', 'running', 1, 1, gen_random_uuid(), now() + interval '1 minute', 'w1', now()
@@ -335,16 +318,23 @@ func TestMigrations_IndexHistoryByStateAndKindAgainOverAPopulatedDatabase(t *tes
 		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
 		SELECT 'done', (ARRAY['succeeded', 'dead', 'cancelled'])[1 + i % 3]::job_state, 1, 1, now(), now()
 		FROM generate_series(1, 1000) AS i;
-		ANALYZE jobs;`,
-		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
-		carriedOver{what: "the history's indexes, valid, entries and predicate", query: `
-			SELECT string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ',' ORDER BY c.relname)
-			FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-			WHERE c.relname ~ '^jobs_finished_.*state_idx$'`,
-			before: "jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)",
-			after: "jobs_finished_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)," +
-				"jobs_finished_state_idx t 1000 (finished_at IS NOT NULL)"})
-}
+		ANALYZE jobs;`
+	jobsDigest = `SELECT md5(string_agg(concat_ws(' ', id, kind, state, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`
+)
+
+// historyIndexes lists the listing's indexes over the finished jobs, each
+// valid or not, with its entries and its predicate; fourHistoryIndexes and
+// twoHistoryIndexes are what it reads over backlogAndHistory with all four
+// (00011, 00013) and with the two led by the queue (00012).
+const (
+	historyIndexes = `
+		SELECT string_agg(concat_ws(' ', c.relname, i.indisvalid, c.reltuples, pg_get_expr(i.indpred, i.indrelid)), ',' ORDER BY c.relname)
+		FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+		WHERE c.relname ~ '^jobs_finished_.*state_idx$'`
+	fourHistoryIndexes = "jobs_finished_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+		"jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+		"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)," +
+		"jobs_finished_state_idx t 1000 (finished_at IS NOT NULL)"
+	twoHistoryIndexes = "jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
+		"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)"
+)

@@ -284,123 +284,81 @@ func TestRun_RefusesAnUnmigratedDatabase(t *testing.T) {
 func TestMigrate_UpStatusDownOnAFreshDatabase(t *testing.T) {
 	ctx := testContext(t, 30*time.Second)
 	dsn := emptyDatabaseURL(t)
-	steps := []struct {
+	type step struct {
 		args []string
 		want string
-	}{
-		{[]string{"migrate", "status"}, `
-VERSION  STATE    MIGRATION
-1        pending  00001_create_jobs.sql
-2        pending  00002_create_workers.sql
-3        pending  00003_create_worker_sessions.sql
-4        pending  00004_cap_job_errors.sql
-5        pending  00005_create_job_summaries.sql
-6        pending  00006_index_job_lists.sql
-7        pending  00007_index_finished_jobs.sql
-8        pending  00008_notify_returned_jobs.sql
-9        pending  00009_index_leases_by_their_columns.sql
-10       pending  00010_index_ready_jobs_by_their_columns.sql
-11       pending  00011_index_listings_apart_for_backlog_and_history.sql
-12       pending  00012_list_history_queue_by_queue.sql
-13       pending  00013_index_history_by_state_and_kind_again.sql`},
-		{[]string{"migrate"}, `
-applied migration 1 00001_create_jobs.sql
-applied migration 2 00002_create_workers.sql
-applied migration 3 00003_create_worker_sessions.sql
-applied migration 4 00004_cap_job_errors.sql
-applied migration 5 00005_create_job_summaries.sql
-applied migration 6 00006_index_job_lists.sql
-applied migration 7 00007_index_finished_jobs.sql
-applied migration 8 00008_notify_returned_jobs.sql
-applied migration 9 00009_index_leases_by_their_columns.sql
-applied migration 10 00010_index_ready_jobs_by_their_columns.sql
-applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql
-applied migration 12 00012_list_history_queue_by_queue.sql
-applied migration 13 00013_index_history_by_state_and_kind_again.sql`},
-		{[]string{"migrate", "up"}, `
-no migrations to apply: the database is up to date`},
-		{[]string{"migrate", "status"}, `
-VERSION  STATE    MIGRATION
-1        applied  00001_create_jobs.sql
-2        applied  00002_create_workers.sql
-3        applied  00003_create_worker_sessions.sql
-4        applied  00004_cap_job_errors.sql
-5        applied  00005_create_job_summaries.sql
-6        applied  00006_index_job_lists.sql
-7        applied  00007_index_finished_jobs.sql
-8        applied  00008_notify_returned_jobs.sql
-9        applied  00009_index_leases_by_their_columns.sql
-10       applied  00010_index_ready_jobs_by_their_columns.sql
-11       applied  00011_index_listings_apart_for_backlog_and_history.sql
-12       applied  00012_list_history_queue_by_queue.sql
-13       applied  00013_index_history_by_state_and_kind_again.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 13 00013_index_history_by_state_and_kind_again.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 12 00012_list_history_queue_by_queue.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 11 00011_index_listings_apart_for_backlog_and_history.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 10 00010_index_ready_jobs_by_their_columns.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 9 00009_index_leases_by_their_columns.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 8 00008_notify_returned_jobs.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 7 00007_index_finished_jobs.sql`},
-		{[]string{"migrate", "status"}, `
-VERSION  STATE    MIGRATION
-1        applied  00001_create_jobs.sql
-2        applied  00002_create_workers.sql
-3        applied  00003_create_worker_sessions.sql
-4        applied  00004_cap_job_errors.sql
-5        applied  00005_create_job_summaries.sql
-6        applied  00006_index_job_lists.sql
-7        pending  00007_index_finished_jobs.sql
-8        pending  00008_notify_returned_jobs.sql
-9        pending  00009_index_leases_by_their_columns.sql
-10       pending  00010_index_ready_jobs_by_their_columns.sql
-11       pending  00011_index_listings_apart_for_backlog_and_history.sql
-12       pending  00012_list_history_queue_by_queue.sql
-13       pending  00013_index_history_by_state_and_kind_again.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 6 00006_index_job_lists.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 5 00005_create_job_summaries.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 4 00004_cap_job_errors.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 3 00003_create_worker_sessions.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 2 00002_create_workers.sql`},
-		{[]string{"migrate", "down"}, `
-rolled back migration 1 00001_create_jobs.sql`},
-		{[]string{"migrate", "down"}, `
-no migration to roll back`},
-		{[]string{"migrate", "up"}, `
-applied migration 1 00001_create_jobs.sql
-applied migration 2 00002_create_workers.sql
-applied migration 3 00003_create_worker_sessions.sql
-applied migration 4 00004_cap_job_errors.sql
-applied migration 5 00005_create_job_summaries.sql
-applied migration 6 00006_index_job_lists.sql
-applied migration 7 00007_index_finished_jobs.sql
-applied migration 8 00008_notify_returned_jobs.sql
-applied migration 9 00009_index_leases_by_their_columns.sql
-applied migration 10 00010_index_ready_jobs_by_their_columns.sql
-applied migration 11 00011_index_listings_apart_for_backlog_and_history.sql
-applied migration 12 00012_list_history_queue_by_queue.sql
-applied migration 13 00013_index_history_by_state_and_kind_again.sql`},
 	}
+	down := func(from, to int) []step {
+		var steps []step
+		for v := from; v >= to; v-- {
+			steps = append(steps, step{[]string{"migrate", "down"}, fmt.Sprintf("rolled back migration %d %s", v, migrationNames[v-1])})
+		}
+		return steps
+	}
+	all := len(migrationNames)
+	steps := []step{
+		{[]string{"migrate", "status"}, migrateStatus(0)},
+		{[]string{"migrate"}, migrateUpFromNone()},
+		{[]string{"migrate", "up"}, "no migrations to apply: the database is up to date"},
+		{[]string{"migrate", "status"}, migrateStatus(all)},
+	}
+	steps = append(steps, down(all, 7)...)
+	steps = append(steps, step{[]string{"migrate", "status"}, migrateStatus(6)})
+	steps = append(steps, down(6, 1)...)
+	steps = append(steps,
+		step{[]string{"migrate", "down"}, "no migration to roll back"},
+		step{[]string{"migrate", "up"}, migrateUpFromNone()})
 	for _, s := range steps {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
 		if r.err != nil {
 			t.Fatalf("relay %s: %v", strings.Join(s.args, " "), r.err)
 		}
-		if diff := cmp.Diff(strings.TrimPrefix(s.want, "\n")+"\n", r.stdout); diff != "" {
+		if diff := cmp.Diff(s.want+"\n", r.stdout); diff != "" {
 			t.Errorf("relay %s: stdout (-want +got):\n%s", strings.Join(s.args, " "), diff)
 		}
 	}
+}
+
+// migrationNames are Relay's migrations, in the order relay migrate
+// applies them.
+var migrationNames = []string{
+	"00001_create_jobs.sql",
+	"00002_create_workers.sql",
+	"00003_create_worker_sessions.sql",
+	"00004_cap_job_errors.sql",
+	"00005_create_job_summaries.sql",
+	"00006_index_job_lists.sql",
+	"00007_index_finished_jobs.sql",
+	"00008_notify_returned_jobs.sql",
+	"00009_index_leases_by_their_columns.sql",
+	"00010_index_ready_jobs_by_their_columns.sql",
+	"00011_index_listings_apart_for_backlog_and_history.sql",
+	"00012_list_history_queue_by_queue.sql",
+	"00013_index_history_by_state_and_kind_again.sql",
+}
+
+// migrateStatus is what relay migrate status prints with the first
+// applied of migrationNames applied and the rest pending.
+func migrateStatus(applied int) string {
+	lines := []string{"VERSION  STATE    MIGRATION"}
+	for i, name := range migrationNames {
+		state := "pending"
+		if i < applied {
+			state = "applied"
+		}
+		lines = append(lines, fmt.Sprintf("%-9d%-9s%s", i+1, state, name))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// migrateUpFromNone is what relay migrate prints as it applies every
+// migration to a database that has none.
+func migrateUpFromNone() string {
+	lines := make([]string, len(migrationNames))
+	for i, name := range migrationNames {
+		lines[i] = fmt.Sprintf("applied migration %d %s", i+1, name)
+	}
+	return strings.Join(lines, "\n")
 }
 
 func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
