@@ -192,17 +192,49 @@ ORDER BY j.id;
 -- Extends the leases of the (id, token) pairs given to lease_ms from the
 -- database clock (now()), but only where the fence still holds: the same claim,
 -- still running, lease not yet expired. A lease that has expired stays
--- expired even when no one has reclaimed the job yet. Returns the renewed
--- jobs, and whether someone asked to cancel each.
-UPDATE jobs AS j
-SET lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint
+-- expired even when no one has reclaimed the job yet.
+--
+-- A heartbeat never waits for a row lock. A job whose row another
+-- transaction holds (a claim that stepped over it, a cancel, one of the
+-- worker's own rounds completing it) is left for the next heartbeat rather
+-- than waited for: a wait would hold back the renewal of every other lease
+-- in the statement, and a heartbeat that locked rows while waiting for
+-- another could close a circle of waits with a round.
+--
+-- Returns a row for each job renewed, with its new expiry and whether
+-- someone asked to cancel it, and a row for each job left for the next
+-- heartbeat (renewed false, no expiry): its row was held, and in this
+-- statement's snapshot the fence still held. A job with no row is no
+-- longer the worker's.
+WITH held AS (
+    SELECT j.id
+    FROM jobs AS j
+    JOIN (SELECT unnest(@ids::bigint[]) AS id,
+          unnest(@tokens::uuid[]) AS token) AS h ON h.id = j.id
+    -- The fence, written as JobCompleteAndClaim's is.
+    WHERE j.lease_token IS NOT DISTINCT FROM h.token
+      AND j.lease_expires_at > now()
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+renewed AS (
+    UPDATE jobs AS j
+    SET lease_expires_at = now() + interval '1 millisecond' * @lease_ms::bigint
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.lease_expires_at, (j.cancel_requested_at IS NOT NULL)::boolean AS cancel_requested
+)
+SELECT r.id, r.lease_expires_at, r.cancel_requested, true AS renewed
+FROM renewed AS r
+UNION ALL
+-- The jobs left for the next heartbeat: not renewed, although the fence
+-- held in the snapshot. Only the jobs not renewed are looked up again.
+SELECT j.id, NULL::timestamptz, false, false
 FROM (SELECT unnest(@ids::bigint[]) AS id,
-          unnest(@tokens::uuid[]) AS token) AS h
-WHERE j.id = h.id
-  -- The fence, written as JobCompleteAndClaim's is.
+      unnest(@tokens::uuid[]) AS token) AS h
+JOIN jobs AS j ON j.id = h.id
+WHERE NOT EXISTS (SELECT FROM renewed AS r WHERE r.id = h.id)
   AND j.lease_token IS NOT DISTINCT FROM h.token
-  AND j.lease_expires_at > now()
-RETURNING j.id, j.lease_expires_at, (j.cancel_requested_at IS NOT NULL)::boolean AS cancel_requested;
+  AND j.lease_expires_at > now();
 
 -- name: JobFailMany :many
 -- Records the failure of each (id, token) given, where the fence holds, and

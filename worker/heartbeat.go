@@ -42,7 +42,7 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 		return
 	}
 	sentAt := time.Now()
-	renewed, cancelled, err := w.leases.heartbeatMany(ctx, held)
+	renewed, cancelled, busy, err := w.leases.heartbeatMany(ctx, held)
 	if err != nil {
 		if ctx.Err() != nil {
 			return
@@ -59,6 +59,14 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 	}
 	for _, e := range held {
 		switch {
+		case busy[e.job.ID]:
+			// Another transaction held the job's row: the lease was not
+			// renewed this time, nor refused.
+			if time.Since(e.renewedAt) >= w.cfg.Lease {
+				h.lose(e, "lease ran out while another transaction held the job's row")
+			} else {
+				w.log.Debug("heartbeat left a job whose row another transaction holds for the next one", "job", e.job.ID)
+			}
 		case !renewed[e.job.ID]:
 			h.lose(e, "heartbeat rejected")
 		case cancelled[e.job.ID]:

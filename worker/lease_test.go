@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -313,7 +314,7 @@ var acks = []ack{
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(rows) == 1
+		return len(rows) == 1 && rows[0].Renewed
 	}},
 	{"release", func(t *testing.T, b *bundle, id int64, token pgtype.UUID) bool {
 		ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []pgtype.UUID{token}})
@@ -406,8 +407,8 @@ func TestHeartbeat_ExtendsLeaseInDatabaseTime(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "w", time.Second)
 	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 120_000, IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}})
-	if err != nil || len(rows) != 1 {
-		t.Fatalf("heartbeat: %v rows, err %v", len(rows), err)
+	if err != nil || len(rows) != 1 || !rows[0].Renewed {
+		t.Fatalf("heartbeat: %+v, err %v; want the job renewed", rows, err)
 	}
 	var remaining float64
 	if err := b.pool.QueryRow(b.ctx, "SELECT extract(epoch FROM lease_expires_at - now()) FROM jobs WHERE id = $1", job.ID).Scan(&remaining); err != nil {
@@ -415,6 +416,79 @@ func TestHeartbeat_ExtendsLeaseInDatabaseTime(t *testing.T) {
 	}
 	if remaining < 110 || remaining > 120 {
 		t.Errorf("lease has %.1f s left after a 120 s renewal, want about 120", remaining)
+	}
+}
+
+func TestHeartbeat_LeavesARowAnotherTransactionHoldsForLaterAndRenewsTheRest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueue(t, "noop", `{}`, 1)
+	b.enqueue(t, "noop", `{}`, 1)
+	b.enqueue(t, "noop", `{}`, 1)
+	claimed := b.claim(t, "w", 3, 30*time.Second)
+	if len(claimed) != 3 {
+		t.Fatalf("claimed %d jobs, want 3", len(claimed))
+	}
+	held, free, lost := claimed[0], claimed[1], claimed[2]
+	if !b.completeAlone(t, *lost.ID, lost.LeaseToken, `{}`) {
+		t.Fatalf("completing job %d was refused", *lost.ID)
+	}
+
+	// Another transaction holds one running job's row, as a claim that
+	// stepped over it or a cancel does until it commits.
+	blocker, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(b.ctx)
+	if _, err := blocker.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", *held.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// The heartbeat does not wait for it: a wait would end in this
+	// context's deadline.
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	heartbeat := func() map[int64]db.JobHeartbeatManyRow {
+		t.Helper()
+		rows, err := b.q.JobHeartbeatMany(ctx, db.JobHeartbeatManyParams{
+			LeaseMs: 120_000,
+			IDs:     []int64{*held.ID, *free.ID, *lost.ID},
+			Tokens:  []pgtype.UUID{held.LeaseToken, free.LeaseToken, lost.LeaseToken},
+		})
+		if err != nil {
+			t.Fatalf("heartbeat: %v", err)
+		}
+		byID := map[int64]db.JobHeartbeatManyRow{}
+		for _, r := range rows {
+			byID[r.ID] = r
+		}
+		return byID
+	}
+	rows := heartbeat()
+	if r, ok := rows[*free.ID]; !ok || !r.Renewed || r.LeaseExpiresAt == nil {
+		t.Errorf("job %d, whose row no one held: %+v, want renewed", *free.ID, r)
+	}
+	if r, ok := rows[*held.ID]; !ok || r.Renewed || r.LeaseExpiresAt != nil {
+		t.Errorf("job %d, whose row another transaction held: %+v (listed %v), want left for the next heartbeat", *held.ID, r, ok)
+	}
+	if r, ok := rows[*lost.ID]; ok {
+		t.Errorf("job %d, completed: %+v, want no row: it is no longer the worker's", *lost.ID, r)
+	}
+	var left float64
+	if err := b.pool.QueryRow(b.ctx, "SELECT extract(epoch FROM lease_expires_at - now()) FROM jobs WHERE id = $1", *held.ID).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left > 30 {
+		t.Errorf("job %d's lease has %.1f s left, want what is left of its 30 s claim: the heartbeat left it alone", *held.ID, left)
+	}
+
+	// Once the row is free, the next heartbeat renews it.
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := heartbeat()[*held.ID]; !r.Renewed {
+		t.Errorf("job %d after the other transaction ended: %+v, want renewed", *held.ID, r)
 	}
 }
 
@@ -644,7 +718,7 @@ func TestCancel_AvailableJobEndsAtOnceRunningJobIsMarked(t *testing.T) {
 		t.Fatalf("cancel running: %+v, %v", got, err)
 	}
 	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 60_000, IDs: []int64{running.ID}, Tokens: []pgtype.UUID{token}})
-	if err != nil || len(rows) != 1 || !rows[0].CancelRequested {
+	if err != nil || len(rows) != 1 || !rows[0].Renewed || !rows[0].CancelRequested {
 		t.Fatalf("heartbeat after cancel: %+v, %v; want renewed with cancel_requested", rows, err)
 	}
 	failed, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{

@@ -192,8 +192,10 @@ func claimedRow(r db.JobGetClaimedRow) db.JobCompleteAndClaimRow {
 
 // heartbeatMany renews the leases of held (JobHeartbeatMany), and returns
 // the jobs whose lease it renewed and, among them, those someone asked to
-// cancel.
-func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, cancelled map[int64]bool, err error) {
+// cancel, and the jobs it left for the next heartbeat because another
+// transaction held their rows. Any other job of held is no longer the
+// worker's.
+func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, cancelled, busy map[int64]bool, err error) {
 	w := l.w
 	params := db.JobHeartbeatManyParams{
 		LeaseMs: w.cfg.Lease.Milliseconds(),
@@ -208,17 +210,23 @@ func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, 
 	defer cancel()
 	rows, err := w.q.JobHeartbeatMany(ctx, params)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	renewed = make(map[int64]bool, len(rows))
 	cancelled = make(map[int64]bool)
+	busy = make(map[int64]bool)
 	for _, r := range rows {
-		renewed[r.ID] = true
-		if r.CancelRequested {
+		switch {
+		case !r.Renewed:
+			busy[r.ID] = true
+		case r.CancelRequested:
+			renewed[r.ID] = true
 			cancelled[r.ID] = true
+		default:
+			renewed[r.ID] = true
 		}
 	}
-	return renewed, cancelled, nil
+	return renewed, cancelled, busy, nil
 }
 
 // failMany records failed outcomes (JobFailMany), each with its retry

@@ -66,6 +66,70 @@ func TestWorker_HeartbeatsKeepJobPastItsLease(t *testing.T) {
 	}
 }
 
+func TestWorker_ARowHeldElsewhereDoesNotHoldBackTheOtherLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const lease = time.Second
+	blocked := b.enqueue(t, "blocked", `{}`, 3)
+	steady := b.enqueue(t, "steady", `{}`, 1)
+	started := make(chan int64, 2)
+	var steadyCause atomic.Value
+	b.startWorker(t, worker.Config{Slots: 2, Lease: lease, HeartbeatInterval: 200 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("blocked", func(ctx context.Context, j *worker.Job) (any, error) {
+			if j.Attempt == 1 {
+				started <- j.ID
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return "later attempt", nil
+		})
+		w.HandleFunc("steady", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			select {
+			case <-time.After(3 * lease):
+				return "done", nil
+			case <-ctx.Done():
+				steadyCause.Store(context.Cause(ctx))
+				return nil, ctx.Err()
+			}
+		})
+	})
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handlers did not start")
+		}
+	}
+
+	// Another transaction holds one job's row for longer than a lease.
+	blocker, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(b.ctx)
+	if _, err := blocker.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", blocked.ID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * lease)
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	got := b.waitForState(t, steady.ID, db.JobStateSucceeded, 20*time.Second)
+	if got.Attempt != 1 {
+		t.Errorf("steady job succeeded on attempt %d, want 1: its lease was not renewed while the other job's row was held", got.Attempt)
+	}
+	if c := steadyCause.Load(); c != nil {
+		t.Errorf("steady job's handler was cancelled: %v", c)
+	}
+	// The held job's lease ran out while its row was held; once the row
+	// was free it was taken back and ran again.
+	if got := b.waitForState(t, blocked.ID, db.JobStateSucceeded, 20*time.Second); got.Attempt < 2 {
+		t.Errorf("held job succeeded on attempt %d, want a later attempt after its lease ran out", got.Attempt)
+	}
+}
+
 func TestWorker_ReclaimsJobWhoseHeartbeatsStoppedAndRunsAttemptTwo(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -318,7 +318,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 		w.c.count("forget")
 		return false, nil
 	}
-	var accepted bool
+	var accepted, busy bool
 	var record func(*jobHistory)
 	var renewed time.Time
 	now, err := inTx(ctx, w.c.pool, func(q *db.Queries, _ time.Time) error {
@@ -328,8 +328,14 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			if err != nil {
 				return err
 			}
-			if accepted = len(rows) == 1; accepted {
+			switch {
+			case len(rows) == 1 && rows[0].Renewed:
+				accepted = true
 				renewed = *rows[0].LeaseExpiresAt
+			case len(rows) == 1:
+				// Left for the next heartbeat: another transaction
+				// held the row, and the fence held in the snapshot.
+				busy = true
 			}
 		case "complete":
 			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
@@ -376,14 +382,17 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 		return false, fmt.Errorf("%s: %s: %w", w.id, kind, err)
 	}
 	outcome := "rejected"
-	if accepted {
+	switch {
+	case accepted:
 		outcome = "accepted"
+	case busy:
+		outcome = "busy"
 	}
 	switch {
 	case stale:
 		w.c.count("zombie " + kind + "/" + outcome)
-		if accepted {
-			w.c.brokenf("%s of job %d accepted under token %s, whose claim had ended before it was sent", kind, a.ID, a.Token)
+		if accepted || busy {
+			w.c.brokenf("%s of job %d %s under token %s, whose claim had ended before it was sent", kind, a.ID, outcome, a.Token)
 		}
 	default:
 		w.c.count(kind + "/" + outcome)

@@ -543,6 +543,11 @@ func (d *Driver) sendHeartbeat(ctx context.Context, w *simWorker, acks []Ack) (m
 	}
 	var got []Renewal
 	for _, r := range rows {
+		if !r.Renewed {
+			// The driver runs one statement at a time: no other
+			// transaction can hold a row.
+			return nil, fmt.Errorf("heartbeat left job %d for later, although no other transaction ran", r.ID)
+		}
 		if r.LeaseExpiresAt == nil {
 			return nil, fmt.Errorf("heartbeat renewed job %d to no expiry", r.ID)
 		}
