@@ -20,40 +20,25 @@
 -- never ran. A worker without a session (session_key null) claims under
 -- its leases alone.
 --
+-- The claim runs before the completions. The whole statement reads one
+-- snapshot, taken as it begins, and a claim that scans for ready jobs only
+-- after its completions (which may wait on a row another transaction
+-- holds) finds there the jobs that other workers claimed and committed in
+-- the meantime, still looking ready. FOR UPDATE then follows each to its
+-- newest version, locks it, finds it taken and skips it, but keeps the
+-- lock until this statement commits, and the worker running that job
+-- waits on this one to complete it (docs/experiments.md, "The claim
+-- before the completions").
+--
 -- The statement always returns at least one row. Each claimed job fills the
 -- columns of one row, in the order of the claim (all null when nothing was
 -- claimed). completed_ids lists the completions that passed the fence, on
 -- the first row only: the others carry null, since a list repeated on
 -- every row of a round of 200 completions and 200 claims sends 40,000 ids.
-WITH completed AS (
-    UPDATE jobs AS j
-    SET state            = 'succeeded',
-        result           = c.result,
-        finished_at      = now(),
-        lease_token      = NULL,
-        lease_expires_at = NULL,
-        lease_session    = NULL,
-        cancel_requested_at = NULL
-    FROM (SELECT unnest(@complete_ids::bigint[]) AS id,
-          unnest(@complete_tokens::uuid[]) AS token,
-          unnest(@complete_results::jsonb[]) AS result) AS c
-    WHERE j.id = c.id
-      -- The fence: the same claim, still running, lease not yet expired.
-      --
-      -- Only a running job holds a lease (jobs_lease_iff_running), so the
-      -- lease says it runs; and the token given is never null, so "not
-      -- distinct from" it is "equal to" it. Neither the state nor an
-      -- equality on the token is written, so that the job can only be
-      -- looked up by id: either would let the planner read instead every
-      -- entry of an index over running jobs (jobs_active_state_idx,
-      -- jobs_lease_expires_at_idx), of which its statistics say there are
-      -- few, and while a long transaction holds back vacuum those indexes
-      -- keep an entry for every running version since (docs/experiments.md,
-      -- "Why a pinned horizon hurts Relay"). The fences below are written
-      -- the same way, for the same reason.
-      AND j.lease_token IS NOT DISTINCT FROM c.token
-      AND j.lease_expires_at > now()
-    RETURNING j.id
+WITH completions AS (
+    SELECT unnest(@complete_ids::bigint[]) AS id,
+           unnest(@complete_tokens::uuid[]) AS token,
+           unnest(@complete_results::jsonb[]) AS result
 ),
 session AS (
     -- Taking a shared lock on the key succeeds only if no session holds
@@ -137,6 +122,36 @@ claimed AS (
     RETURNING array_position((SELECT p.ids FROM picked AS p), j.id) AS n,
               j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
               j.fence, j.lease_token, j.lease_expires_at, j.created_at, j.run_at, j.started_at
+),
+completed AS (
+    UPDATE jobs AS j
+    SET state            = 'succeeded',
+        result           = c.result,
+        finished_at      = now(),
+        lease_token      = NULL,
+        lease_expires_at = NULL,
+        lease_session    = NULL,
+        cancel_requested_at = NULL
+    FROM completions AS c
+    WHERE j.id = c.id
+      -- Always true: it makes the claim run first (see above).
+      AND (SELECT count(*) FROM claimed) >= 0
+      -- The fence: the same claim, still running, lease not yet expired.
+      --
+      -- Only a running job holds a lease (jobs_lease_iff_running), so the
+      -- lease says it runs; and the token given is never null, so "not
+      -- distinct from" it is "equal to" it. Neither the state nor an
+      -- equality on the token is written, so that the job can only be
+      -- looked up by id: either would let the planner read instead every
+      -- entry of an index over running jobs (jobs_active_state_idx,
+      -- jobs_lease_expires_at_idx), of which its statistics say there are
+      -- few, and while a long transaction holds back vacuum those indexes
+      -- keep an entry for every running version since (docs/experiments.md,
+      -- "Why a pinned horizon hurts Relay"). The fences below are written
+      -- the same way, for the same reason.
+      AND j.lease_token IS NOT DISTINCT FROM c.token
+      AND j.lease_expires_at > now()
+    RETURNING j.id
 )
 SELECT (CASE WHEN claimed.n IS NULL OR claimed.n = 1 THEN done.completed_ids END)::bigint[] AS completed_ids,
        claimed.id, claimed.queue, claimed.kind, claimed.payload, claimed.priority,

@@ -164,21 +164,14 @@ func TestCompleteAndClaim_ListsTheCompletionsOnItsFirstRowAndTheClaimsInOrder(t 
 		}
 		return rows
 	}
-	idsOf := func(rows []db.JobCompleteAndClaimRow) []int64 {
-		var out []int64
-		for _, r := range rows {
-			out = append(out, *r.ID)
-		}
-		return out
-	}
 
 	// Two completions and three claims: the completions once, on the
 	// first row; the claims by priority, then run_at, then id.
 	second := completeAndClaim(first, 3)
-	if diff := cmp.Diff([]int64{ids[2], ids[5], ids[1]}, idsOf(second)); diff != "" {
+	if diff := cmp.Diff([]int64{ids[2], ids[5], ids[1]}, claimedIDs(second)); diff != "" {
 		t.Errorf("claimed (-want +got):\n%s", diff)
 	}
-	if got, want := slices.Sorted(slices.Values(second[0].CompletedIDs)), idsOf(first); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+	if got, want := slices.Sorted(slices.Values(second[0].CompletedIDs)), claimedIDs(first); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
 		t.Errorf("first row lists completions %v, want %v", got, want)
 	}
 	for i, r := range second[1:] {
@@ -192,8 +185,72 @@ func TestCompleteAndClaim_ListsTheCompletionsOnItsFirstRowAndTheClaimsInOrder(t 
 	if len(last) != 1 || last[0].ID != nil {
 		t.Fatalf("rows %+v, want one without a job", last)
 	}
-	if got, want := slices.Sorted(slices.Values(last[0].CompletedIDs)), slices.Sorted(slices.Values(idsOf(second))); !slices.Equal(got, want) {
+	if got, want := slices.Sorted(slices.Values(last[0].CompletedIDs)), slices.Sorted(slices.Values(claimedIDs(second))); !slices.Equal(got, want) {
 		t.Errorf("lists completions %v, want %v", got, want)
+	}
+}
+
+func TestCompleteAndClaim_ClaimsBeforeItsCompletionsCanWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	running := b.enqueue(t, "noop", `{}`, 1)
+	held := b.claim(t, "x", 1, time.Minute)
+	if len(held) != 1 || *held[0].ID != running.ID {
+		t.Fatalf("claimed %+v, want job %d", held, running.ID)
+	}
+	head := b.enqueue(t, "noop", `{}`, 1)
+	next := b.enqueue(t, "noop", `{}`, 1)
+
+	// Another transaction holds the running job's row, so that x's
+	// completion of it has to wait.
+	blocker, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(b.ctx)
+	if _, err := blocker.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", running.ID); err != nil {
+		t.Fatal(err)
+	}
+	type round struct {
+		rows []db.JobCompleteAndClaimRow
+		err  error
+	}
+	xRound := make(chan round, 1)
+	go func() {
+		rows, err := b.q.JobCompleteAndClaim(b.ctx, nextRound("x", held, 1))
+		xRound <- round{rows, err}
+	}()
+	for waiting := false; !waiting; {
+		if err := b.pool.QueryRow(b.ctx,
+			"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid)))",
+			blocker.Conn().PgConn().PID()).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-xRound:
+			t.Fatalf("x's round ended (%+v, %v) while its completion's row was held", r.rows, r.err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+
+	// While x's completion waits, y claims: x has already taken the head
+	// of the queue, so y takes the next job.
+	y := b.claim(t, "y", 1, time.Minute)
+	if len(y) != 1 || *y[0].ID != next.ID {
+		t.Errorf("y claimed %v, want job %d: the head (%d) belongs to x's round", claimedIDs(y), next.ID, head.ID)
+	}
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	x := <-xRound
+	if x.err != nil {
+		t.Fatal(x.err)
+	}
+	if got := claimedIDs(x.rows); !slices.Equal(got, []int64{head.ID}) {
+		t.Errorf("x claimed %v, want the head of the queue as its round began, job %d", got, head.ID)
+	}
+	if got := x.rows[0].CompletedIDs; !slices.Equal(got, []int64{running.ID}) {
+		t.Errorf("x completed %v, want job %d", got, running.ID)
 	}
 }
 

@@ -350,6 +350,17 @@ func nextRound(worker string, held []db.JobCompleteAndClaimRow, claim int) db.Jo
 	return params
 }
 
+// claimedIDs lists the jobs a round's rows claimed, in the order of the rows.
+func claimedIDs(rows []db.JobCompleteAndClaimRow) []int64 {
+	var ids []int64
+	for _, r := range rows {
+		if r.ID != nil {
+			ids = append(ids, *r.ID)
+		}
+	}
+	return ids
+}
+
 // leaseTokens draws n fresh lease tokens, for a claim of n jobs.
 func leaseTokens(n int) []pgtype.UUID {
 	tokens := make([]pgtype.UUID, n)
