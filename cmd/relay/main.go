@@ -38,6 +38,9 @@ var version = ""
 var shutdownSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
 
 func main() {
+	if percent, ok := gcPercent(os.LookupEnv); ok {
+		debug.SetGCPercent(percent)
+	}
 	// The first signal starts a graceful shutdown; later ones are ignored
 	// until it is done, so that `relay dev` always gets to remove its
 	// throwaway database. Every step of the shutdown has a time limit.
