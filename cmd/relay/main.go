@@ -38,7 +38,7 @@ var version = ""
 var shutdownSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
 
 func main() {
-	if percent, ok := gcPercent(os.LookupEnv); ok {
+	if percent, ok := cli.GCPercent(os.LookupEnv); ok {
 		debug.SetGCPercent(percent)
 	}
 	// The first signal starts a graceful shutdown; later ones are ignored

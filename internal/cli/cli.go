@@ -1,7 +1,8 @@
 // Package cli holds what Relay's commands (relay, and the lab's relaylab)
 // share of their command lines: flag sets that mix flags and arguments and
 // report a mistake in one line, the usage error that exits with status 2,
-// and the logging, database and worker flags.
+// the logging, database and worker flags, and the garbage collector's
+// target they run at.
 package cli
 
 import (
