@@ -214,7 +214,9 @@ ORDER BY j.id;
 -- worker's own rounds completing it) is left for the next heartbeat rather
 -- than waited for: a wait would hold back the renewal of every other lease
 -- in the statement, and a heartbeat that locked rows while waiting for
--- another could close a circle of waits with a round.
+-- another could close a circle of waits with a round. The lock taken
+-- before each renewal costs a WAL record a job per heartbeat, every
+-- lease/3 by default, and nothing on the claim's or the completion's path.
 --
 -- Returns a row for each job renewed, with its new expiry and whether
 -- someone asked to cancel it, and a row for each job left for the next

@@ -48,12 +48,8 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 			return
 		}
 		w.log.Warn("heartbeat failed", "err", err, "jobs", len(held))
-		// The database cannot tell us, but our own clock can: a lease not
-		// renewed for a whole lease period has expired.
 		for _, e := range held {
-			if time.Since(e.renewedAt) >= w.cfg.Lease {
-				h.lose(e, "lease ran out while the database was unreachable")
-			}
+			h.loseIfRanOut(e, "lease ran out while the database was unreachable")
 		}
 		return
 	}
@@ -62,9 +58,7 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 		case busy[e.job.ID]:
 			// Another transaction held the job's row: the lease was not
 			// renewed this time, nor refused.
-			if time.Since(e.renewedAt) >= w.cfg.Lease {
-				h.lose(e, "lease ran out while another transaction held the job's row")
-			} else {
+			if !h.loseIfRanOut(e, "lease ran out while another transaction held the job's row") {
 				w.log.Debug("heartbeat left a job whose row another transaction holds for the next one", "job", e.job.ID)
 			}
 		case !renewed[e.job.ID]:
@@ -80,6 +74,18 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 			w.mu.Unlock()
 		}
 	}
+}
+
+// loseIfRanOut loses e, for the reason why, if no heartbeat has renewed its
+// lease for a whole lease period, and reports whether it did. It is for
+// when the database did not say: the worker's own clock then tells that
+// the lease has expired.
+func (h heartbeater) loseIfRanOut(e *execution, why string) bool {
+	if time.Since(e.renewedAt) < h.w.cfg.Lease {
+		return false
+	}
+	h.lose(e, why)
+	return true
 }
 
 // lose marks e's lease lost and cancels its handler; its outcome will be

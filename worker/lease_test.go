@@ -203,14 +203,7 @@ func TestCompleteAndClaim_ClaimsBeforeItsCompletionsCanWait(t *testing.T) {
 
 	// Another transaction holds the running job's row, so that x's
 	// completion of it has to wait.
-	blocker, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback(b.ctx)
-	if _, err := blocker.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", running.ID); err != nil {
-		t.Fatal(err)
-	}
+	blocker := b.holdRow(t, running.ID)
 	type round struct {
 		rows []db.JobCompleteAndClaimRow
 		err  error
@@ -493,14 +486,7 @@ func TestHeartbeat_LeavesARowAnotherTransactionHoldsForLaterAndRenewsTheRest(t *
 
 	// Another transaction holds one running job's row, as a claim that
 	// stepped over it or a cancel does until it commits.
-	blocker, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback(b.ctx)
-	if _, err := blocker.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", *held.ID); err != nil {
-		t.Fatal(err)
-	}
+	blocker := b.holdRow(t, *held.ID)
 
 	// The heartbeat does not wait for it: a wait would end in this
 	// context's deadline.

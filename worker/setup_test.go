@@ -350,6 +350,23 @@ func nextRound(worker string, held []db.JobCompleteAndClaimRow, claim int) db.Jo
 	return params
 }
 
+// holdRow locks job id's row in a transaction of its own, as a claim that
+// followed the row's update chain, a cancel or an operator's SELECT ... FOR
+// UPDATE does, until the caller commits the transaction returned (rolled
+// back when the test ends otherwise).
+func (b *bundle) holdRow(t *testing.T, id int64) pgx.Tx {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", id); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // claimedIDs lists the jobs a round's rows claimed, in the order of the rows.
 func claimedIDs(rows []db.JobCompleteAndClaimRow) []int64 {
 	var ids []int64

@@ -103,14 +103,7 @@ func TestWorker_ARowHeldElsewhereDoesNotHoldBackTheOtherLeases(t *testing.T) {
 	}
 
 	// Another transaction holds one job's row for longer than a lease.
-	blocker, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback(b.ctx)
-	if _, err := blocker.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", blocked.ID); err != nil {
-		t.Fatal(err)
-	}
+	blocker := b.holdRow(t, blocked.ID)
 	time.Sleep(2 * lease)
 	if err := blocker.Commit(b.ctx); err != nil {
 		t.Fatal(err)
@@ -127,6 +120,48 @@ func TestWorker_ARowHeldElsewhereDoesNotHoldBackTheOtherLeases(t *testing.T) {
 	// was free it was taken back and ran again.
 	if got := b.waitForState(t, blocked.ID, db.JobStateSucceeded, 20*time.Second); got.Attempt < 2 {
 		t.Errorf("held job succeeded on attempt %d, want a later attempt after its lease ran out", got.Attempt)
+	}
+}
+
+func TestWorker_KeepsAJobWhoseRowIsHeldForLessThanALease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const lease = 2 * time.Second
+	job := b.enqueue(t, "slow", `{}`, 1)
+	started := make(chan struct{})
+	var cause atomic.Value
+	b.startWorker(t, worker.Config{Slots: 1, Lease: lease, HeartbeatInterval: 200 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("slow", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(started)
+			select {
+			case <-time.After(2 * lease):
+				return "done", nil
+			case <-ctx.Done():
+				cause.Store(context.Cause(ctx))
+				return nil, ctx.Err()
+			}
+		})
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+
+	// Held across several heartbeats, each of which leaves the job for
+	// the next, but for less than a lease.
+	blocker := b.holdRow(t, job.ID)
+	time.Sleep(lease * 2 / 5)
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 20*time.Second)
+	if got.Attempt != 1 {
+		t.Errorf("succeeded on attempt %d, want 1: a heartbeat that found the row held gave the job up", got.Attempt)
+	}
+	if c := cause.Load(); c != nil {
+		t.Errorf("handler was cancelled: %v", c)
 	}
 }
 
