@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -233,4 +234,88 @@ func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T)
 	})
 	b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
 	first.waitLeaseLost(t)
+}
+
+func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs syncBuffer
+	var firstRuns, nextRuns atomic.Int32
+	started := make(chan struct{})
+	finish := make(chan struct{})
+	b.startWorker(t, worker.Config{
+		Slots: 1, Lease: 10 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}, func(w *worker.Worker) {
+		w.HandleFunc("first", func(ctx context.Context, j *worker.Job) (any, error) {
+			if firstRuns.Add(1) == 1 {
+				close(started)
+			}
+			<-finish
+			return "done", nil
+		})
+		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
+			nextRuns.Add(1)
+			return "done", nil
+		})
+	})
+	first := b.enqueue(t, "first", `{}`, 1)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first job did not start")
+	}
+	next := b.enqueue(t, "next", `{}`, 1)
+
+	// The round that completes the first job claims the next one, locking
+	// its row, then waits for the first job's row, which another
+	// transaction holds. That transaction then asks for the next job's row:
+	// each waits on the other. Its own deadlock_timeout is the longer, so
+	// PostgreSQL breaks the circle by failing the round.
+	blocker := b.holdRow(t, first.ID)
+	var blockerPID int32
+	if err := blocker.QueryRow(b.ctx, "SELECT pg_backend_pid()").Scan(&blockerPID); err != nil {
+		t.Fatal(err)
+	}
+	close(finish)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := b.pool.QueryRow(b.ctx,
+			"SELECT count(*) FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid))", blockerPID,
+		).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no round waited for the row held")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := blocker.Exec(b.ctx, "SET LOCAL deadlock_timeout = '1min'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", next.ID); err != nil {
+		t.Fatalf("the transaction holding the row: %v", err)
+	}
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, j := range []db.Job{first, next} {
+		if got := b.waitForState(t, j.ID, db.JobStateSucceeded, 20*time.Second); got.Attempt != 1 {
+			t.Errorf("job %s succeeded on attempt %d, want 1: the failed round's completion or claim was lost", j.Kind, got.Attempt)
+		}
+	}
+	if n := firstRuns.Load(); n != 1 {
+		t.Errorf("the first job's handler ran %d times, want once", n)
+	}
+	if n := nextRuns.Load(); n != 1 {
+		t.Errorf("the next job's handler ran %d times, want once", n)
+	}
+	if !strings.Contains(logs.String(), "40P01") {
+		t.Errorf("no round failed as a deadlock (SQLSTATE 40P01); the logs:\n%s", logs.String())
+	}
 }
