@@ -273,22 +273,9 @@ func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *tes
 	// each waits on the other. Its own deadlock_timeout is the longer, so
 	// PostgreSQL breaks the circle by failing the round.
 	blocker := b.holdRow(t, first.ID)
-	var blockerPID int32
-	if err := blocker.QueryRow(b.ctx, "SELECT pg_backend_pid()").Scan(&blockerPID); err != nil {
-		t.Fatal(err)
-	}
 	close(finish)
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		if err := b.pool.QueryRow(b.ctx,
-			"SELECT count(*) FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid))", blockerPID,
-		).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
+	for !b.blocks(t, blocker) {
 		if time.Now().After(deadline) {
 			t.Fatal("no round waited for the row held")
 		}

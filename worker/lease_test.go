@@ -213,12 +213,7 @@ func TestCompleteAndClaim_ClaimsBeforeItsCompletionsCanWait(t *testing.T) {
 		rows, err := b.q.JobCompleteAndClaim(b.ctx, nextRound("x", held, 1))
 		xRound <- round{rows, err}
 	}()
-	for waiting := false; !waiting; {
-		if err := b.pool.QueryRow(b.ctx,
-			"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid)))",
-			blocker.Conn().PgConn().PID()).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
+	for !b.blocks(t, blocker) {
 		select {
 		case r := <-xRound:
 			t.Fatalf("x's round ended (%+v, %v) while its completion's row was held", r.rows, r.err)

@@ -367,6 +367,28 @@ func (b *bundle) holdRow(t *testing.T, id int64) pgx.Tx {
 	return tx
 }
 
+// holdRowFor holds job id's row as holdRow does, for d, then lets it go.
+func (b *bundle) holdRowFor(t *testing.T, id int64, d time.Duration) {
+	t.Helper()
+	tx := b.holdRow(t, id)
+	time.Sleep(d)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// blocks reports whether a session waits for a lock that tx holds.
+func (b *bundle) blocks(t *testing.T, tx pgx.Tx) bool {
+	t.Helper()
+	var waiting bool
+	if err := b.pool.QueryRow(b.ctx,
+		"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid)))",
+		tx.Conn().PgConn().PID()).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	return waiting
+}
+
 // claimedIDs lists the jobs a round's rows claimed, in the order of the rows.
 func claimedIDs(rows []db.JobCompleteAndClaimRow) []int64 {
 	var ids []int64

@@ -103,11 +103,7 @@ func TestWorker_ARowHeldElsewhereDoesNotHoldBackTheOtherLeases(t *testing.T) {
 	}
 
 	// Another transaction holds one job's row for longer than a lease.
-	blocker := b.holdRow(t, blocked.ID)
-	time.Sleep(2 * lease)
-	if err := blocker.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
+	b.holdRowFor(t, blocked.ID, 2*lease)
 
 	got := b.waitForState(t, steady.ID, db.JobStateSucceeded, 20*time.Second)
 	if got.Attempt != 1 {
@@ -150,11 +146,7 @@ func TestWorker_KeepsAJobWhoseRowIsHeldForLessThanALease(t *testing.T) {
 
 	// Held across several heartbeats, each of which leaves the job for
 	// the next, but for less than a lease.
-	blocker := b.holdRow(t, job.ID)
-	time.Sleep(lease * 2 / 5)
-	if err := blocker.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
+	b.holdRowFor(t, job.ID, lease*2/5)
 
 	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 20*time.Second)
 	if got.Attempt != 1 {
