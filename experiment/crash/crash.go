@@ -189,7 +189,7 @@ func (j *TrialJob) record(job db.Job) {
 type KillTrial struct {
 	Trial  int       `json:"trial"`
 	Victim WorkerRef `json:"victim"`
-	// Kill is the database clock read right after SIGKILL was sent.
+	// Kill is the database clock read right before SIGKILL was sent.
 	Kill time.Time `json:"kill"`
 
 	KillToReclaimMs    float64 `json:"kill_to_reclaim_ms"`
@@ -502,10 +502,14 @@ func killTrial(ctx context.Context, cfg Config, d *harness.Database, logDir stri
 		return nil, err
 	}
 	prog.Update(n-1, fmt.Sprintf("kill trial %d: SIGKILL %s (pid %d)", n, victim.Name, victim.PID()))
-	if err := victim.Kill(); err != nil {
+	// The clock is read before the signal: the victim's session ends, and
+	// another worker may take its job back, before a reading after it
+	// would come back. So every figure from the kill is an upper bound, by
+	// the reading's round trip.
+	if t.Kill, err = d.Now(ctx); err != nil {
 		return nil, err
 	}
-	if t.Kill, err = d.Now(ctx); err != nil {
+	if err := victim.Kill(); err != nil {
 		return nil, err
 	}
 
