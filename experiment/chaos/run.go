@@ -142,6 +142,9 @@ func (r *scenarioRun) run(ctx context.Context, started time.Time) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
+	if r.cfg.Scenario == Restart {
+		r.awaitSessions(ctx)
+	}
 	runEnd, err := r.nowRetry(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
@@ -185,6 +188,48 @@ func (r *scenarioRun) run(ctx context.Context, started time.Time) (*Result, erro
 		return nil, err
 	}
 	return res, nil
+}
+
+// sessionWait bounds how long the restart scenario waits, once the queue
+// is drained, for every worker to show a session begun after the last
+// restart: a worker retries its session at most every 2 s, and a server
+// slow to come back may leave the drain ending before the retry.
+const sessionWait = 10 * time.Second
+
+// awaitSessions waits, up to sessionWait, until every live worker has
+// registered a session since the last restart began. It only gives the
+// workers time to show it: whether and when each did is judged, from the
+// database's records, by evaluateRestart.
+func (r *scenarioRun) awaitSessions(ctx context.Context) {
+	r.mu.Lock()
+	var since time.Time
+	if n := len(r.details.restarts); n > 0 {
+		since = r.details.restarts[n-1].start
+	}
+	r.mu.Unlock()
+	if since.IsZero() {
+		return
+	}
+	deadline := time.Now().Add(sessionWait)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		sessions, err := r.q.ChaosSessions(ctx)
+		if err == nil {
+			renewed := map[string]bool{}
+			for _, s := range sessions {
+				if s.At.After(since) {
+					renewed[s.Worker] = true
+				}
+			}
+			all := true
+			for _, w := range r.liveWorkers() {
+				all = all && renewed[w.id]
+			}
+			if all {
+				return
+			}
+		}
+		sleepUntil(ctx, time.Now().Add(100*time.Millisecond))
+	}
 }
 
 // nowRetry reads the database clock, retrying for a while: the database
