@@ -532,6 +532,30 @@ func notSurvived(survivors map[string]bool) Finding {
 	return f
 }
 
+// workerNames lists the workers among survivors, every worker started
+// whether it survived or not, sorted: the server is left out.
+func workerNames(survivors map[string]bool) []string {
+	workers := []string{}
+	for name := range survivors {
+		if name != "serve" {
+			workers = append(workers, name)
+		}
+	}
+	slices.Sort(workers)
+	return workers
+}
+
+// sessionAfter returns when the first of worker's sessions registered
+// after t was, or false if it registered none.
+func sessionAfter(sessions []labdb.ChaosSession, worker string, t time.Time) (time.Time, bool) {
+	for _, s := range sessions {
+		if s.Worker == worker && s.At.After(t) {
+			return s.At, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // evaluateRestart checks what the clients saw while the database was down,
 // and that the server and every worker recovered without a restart.
 func (r *scenarioRun) evaluateRestart(ctx context.Context, res *Result, d faultLog, survivors map[string]bool) error {
@@ -571,13 +595,7 @@ func (r *scenarioRun) evaluateRestart(ctx context.Context, res *Result, d faultL
 		}
 	}
 	var notRecovered Finding
-	workers := []string{}
-	for name := range survivors {
-		if name != "serve" {
-			workers = append(workers, name)
-		}
-	}
-	slices.Sort(workers)
+	workers := workerNames(survivors)
 	for i, rs := range d.restarts {
 		rec := RestartRecord{
 			Mode: string(rs.mode), DowntimeMs: harness.Millis(rs.up.Sub(rs.down)), StopMs: harness.Millis(rs.stopTook), StartMs: harness.Millis(rs.up.Sub(rs.start)),
@@ -611,13 +629,9 @@ func (r *scenarioRun) evaluateRestart(ctx context.Context, res *Result, d faultL
 		}
 		for _, w := range workers {
 			rec.WorkersReregisteredAfterMs[w] = -1
-			for _, s := range sessions {
-				if s.Worker == w && s.At.After(rs.start) {
-					rec.WorkersReregisteredAfterMs[w] = harness.Millis(s.At.Sub(rs.start))
-					break
-				}
-			}
-			if rec.WorkersReregisteredAfterMs[w] < 0 {
+			if at, ok := sessionAfter(sessions, w, rs.start); ok {
+				rec.WorkersReregisteredAfterMs[w] = harness.Millis(at.Sub(rs.start))
+			} else {
 				notRecovered.add("worker %s had no new session after restart %d", w, i+1)
 			}
 		}

@@ -192,14 +192,15 @@ func (r *scenarioRun) run(ctx context.Context, started time.Time) (*Result, erro
 
 // sessionWait bounds how long the restart scenario waits, once the queue
 // is drained, for every worker to show a session begun after the last
-// restart: a worker retries its session at most every 2 s, and a server
-// slow to come back may leave the drain ending before the retry.
+// restart: a worker waits up to 2 s between tries to open its session,
+// and a server slow to come back may leave the drain ending before the
+// next try.
 const sessionWait = 10 * time.Second
 
-// awaitSessions waits, up to sessionWait, until every live worker has
-// registered a session since the last restart began. It only gives the
-// workers time to show it: whether and when each did is judged, from the
-// database's records, by evaluateRestart.
+// awaitSessions waits, up to sessionWait, until every worker that
+// evaluateRestart judges has a session registered since the last restart
+// began. It only gives the workers time to show it: whether and when each
+// did is judged by evaluateRestart, from the database's records.
 func (r *scenarioRun) awaitSessions(ctx context.Context) {
 	r.mu.Lock()
 	var since time.Time
@@ -210,25 +211,22 @@ func (r *scenarioRun) awaitSessions(ctx context.Context) {
 	if since.IsZero() {
 		return
 	}
-	deadline := time.Now().Add(sessionWait)
-	for ctx.Err() == nil && time.Now().Before(deadline) {
-		sessions, err := r.q.ChaosSessions(ctx)
-		if err == nil {
-			renewed := map[string]bool{}
-			for _, s := range sessions {
-				if s.At.After(since) {
-					renewed[s.Worker] = true
-				}
-			}
-			all := true
-			for _, w := range r.liveWorkers() {
-				all = all && renewed[w.id]
-			}
-			if all {
-				return
+	workers := workerNames(r.survivors())
+	renewed := func(sessions []labdb.ChaosSession) bool {
+		for _, w := range workers {
+			if _, ok := sessionAfter(sessions, w, since); !ok {
+				return false
 			}
 		}
-		sleepUntil(ctx, time.Now().Add(100*time.Millisecond))
+		return true
+	}
+	for deadline := time.Now().Add(sessionWait); time.Now().Before(deadline); {
+		if sessions, err := r.q.ChaosSessions(ctx); err == nil && renewed(sessions) {
+			return
+		}
+		if !sleepUntil(ctx, time.Now().Add(100*time.Millisecond)) {
+			return
+		}
 	}
 }
 
