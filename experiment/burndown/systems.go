@@ -50,6 +50,9 @@ type system struct {
 	// workArgs are the arguments of a worker process named id that runs
 	// slots jobs at once.
 	workArgs func(id string, slots int) []string
+	// drained says whether every job of queue is in a final state, by
+	// looking for one that is not.
+	drained func(ctx context.Context, q *labdb.Queries) (bool, error)
 	// finished counts the jobs of queue in a final state.
 	finished func(ctx context.Context, q *labdb.Queries) (int64, error)
 	// span reads how the jobs of queue ended, and when.
@@ -97,6 +100,9 @@ func relaySystem(bin string) system {
 		workArgs: func(id string, slots int) []string {
 			return []string{"work", "--id", id, "--queue", queue, "--slots", strconv.Itoa(slots), "--log-format", "json"}
 		},
+		drained: func(ctx context.Context, q *labdb.Queries) (bool, error) {
+			return q.ExperimentQueueDrained(ctx, queue)
+		},
 		finished: func(ctx context.Context, q *labdb.Queries) (int64, error) {
 			p, err := q.ExperimentQueueProgress(ctx, queue)
 			return p.Finished, err
@@ -143,6 +149,9 @@ func riverSystem(bin string, workArgs []string) system {
 		workArgs: func(id string, slots int) []string {
 			args := []string{"work", "--id", id, "--queue", queue, "--workers", strconv.Itoa(slots), "--log-format", "json"}
 			return append(args, workArgs...)
+		},
+		drained: func(ctx context.Context, q *labdb.Queries) (bool, error) {
+			return q.ExperimentRiverQueueDrained(ctx, queue)
 		},
 		finished: func(ctx context.Context, q *labdb.Queries) (int64, error) {
 			p, err := q.ExperimentRiverQueueProgress(ctx, queue)

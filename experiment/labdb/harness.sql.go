@@ -106,6 +106,33 @@ func (q *Queries) ExperimentJobTimes(ctx context.Context, queue string) ([]Exper
 	return items, nil
 }
 
+const experimentQueueDrained = `-- name: ExperimentQueueDrained :one
+SELECT ((SELECT a.id FROM jobs AS a
+         WHERE a.lease_token IS NULL AND a.finished_at IS NULL AND a.queue = $1
+         ORDER BY a.priority, a.run_at, a.id
+         LIMIT 1) IS NULL
+        AND (SELECT r.id FROM jobs AS r
+             WHERE r.state = 'running' AND r.finished_at IS NULL AND r.queue = $1
+             ORDER BY r.id
+             LIMIT 1) IS NULL)::boolean AS drained
+`
+
+// Whether every job of a queue has finished: none is available and none
+// runs. Each is looked up as the first in an index's order, as the claim
+// finds its jobs: the available ones in jobs_claim_idx, the running ones
+// among the running entries of jobs_active_state_idx. An EXISTS may be
+// planned as a sequential scan, which during a burn-down reads past every
+// job finished so far. ExperimentQueueProgress counts the whole queue,
+// with parallel workers once it is large; a burn-down looks every second,
+// and a count would take cores, and hold back the horizon, in the middle
+// of what it measures.
+func (q *Queries) ExperimentQueueDrained(ctx context.Context, queue string) (bool, error) {
+	row := q.db.QueryRow(ctx, experimentQueueDrained, queue)
+	var drained bool
+	err := row.Scan(&drained)
+	return drained, err
+}
+
 const experimentQueueProgress = `-- name: ExperimentQueueProgress :one
 SELECT count(*) FILTER (WHERE j.state IN ('succeeded', 'dead', 'cancelled'))::bigint AS finished,
        count(*) FILTER (WHERE j.state = 'running')::bigint                          AS running,

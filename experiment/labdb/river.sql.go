@@ -74,6 +74,27 @@ func (q *Queries) BurndownRiverSpan(ctx context.Context, queue string) (Burndown
 	return i, err
 }
 
+const experimentRiverQueueDrained = `-- name: ExperimentRiverQueueDrained :one
+SELECT ((SELECT j.id FROM river_job AS j
+         WHERE j.state IN ('available', 'pending', 'retryable', 'running', 'scheduled')
+           AND j.queue = $1
+         ORDER BY j.state, j.queue, j.priority, j.scheduled_at, j.id
+         LIMIT 1) IS NULL)::boolean AS drained
+`
+
+// Whether every one of River's jobs of a queue is in one of River's final
+// states, as ExperimentQueueDrained reads Relay's: whether a job that
+// waits, is scheduled or runs is left, looked up as the first in the
+// order of River's fetching index, river_job_prioritized_fetching_index
+// (state, queue, priority, scheduled_at, id).
+// @sqlc-vet-disable sqlc/db-prepare
+func (q *Queries) ExperimentRiverQueueDrained(ctx context.Context, queue string) (bool, error) {
+	row := q.db.QueryRow(ctx, experimentRiverQueueDrained, queue)
+	var drained bool
+	err := row.Scan(&drained)
+	return drained, err
+}
+
 const experimentRiverQueueProgress = `-- name: ExperimentRiverQueueProgress :one
 SELECT count(*) FILTER (WHERE j.state IN ('completed', 'discarded', 'cancelled'))::bigint AS finished,
        count(*)::bigint                                                                   AS total

@@ -65,6 +65,25 @@ SELECT count(*) FILTER (WHERE j.state IN ('succeeded', 'dead', 'cancelled'))::bi
 FROM jobs AS j
 WHERE j.queue = @queue;
 
+-- name: ExperimentQueueDrained :one
+-- Whether every job of a queue has finished: none is available and none
+-- runs. Each is looked up as the first in an index's order, as the claim
+-- finds its jobs: the available ones in jobs_claim_idx, the running ones
+-- among the running entries of jobs_active_state_idx. An EXISTS may be
+-- planned as a sequential scan, which during a burn-down reads past every
+-- job finished so far. ExperimentQueueProgress counts the whole queue,
+-- with parallel workers once it is large; a burn-down looks every second,
+-- and a count would take cores, and hold back the horizon, in the middle
+-- of what it measures.
+SELECT ((SELECT a.id FROM jobs AS a
+         WHERE a.lease_token IS NULL AND a.finished_at IS NULL AND a.queue = @queue
+         ORDER BY a.priority, a.run_at, a.id
+         LIMIT 1) IS NULL
+        AND (SELECT r.id FROM jobs AS r
+             WHERE r.state = 'running' AND r.finished_at IS NULL AND r.queue = @queue
+             ORDER BY r.id
+             LIMIT 1) IS NULL)::boolean AS drained;
+
 -- name: ExperimentSkipCommitWait :exec
 -- In the caller's transaction only (set_config's is_local), lets COMMIT
 -- return before the transaction's WAL is flushed to disk, as SET LOCAL

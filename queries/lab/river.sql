@@ -32,6 +32,19 @@ SELECT count(*) FILTER (WHERE j.state IN ('completed', 'discarded', 'cancelled')
 FROM river_job AS j
 WHERE j.queue = @queue;
 
+-- name: ExperimentRiverQueueDrained :one
+-- Whether every one of River's jobs of a queue is in one of River's final
+-- states, as ExperimentQueueDrained reads Relay's: whether a job that
+-- waits, is scheduled or runs is left, looked up as the first in the
+-- order of River's fetching index, river_job_prioritized_fetching_index
+-- (state, queue, priority, scheduled_at, id).
+-- @sqlc-vet-disable sqlc/db-prepare
+SELECT ((SELECT j.id FROM river_job AS j
+         WHERE j.state IN ('available', 'pending', 'retryable', 'running', 'scheduled')
+           AND j.queue = @queue
+         ORDER BY j.state, j.queue, j.priority, j.scheduled_at, j.id
+         LIMIT 1) IS NULL)::boolean AS drained;
+
 -- name: SoakRiverJobWindow :one
 -- River's jobs of a queue over one sampling window (since, until], as
 -- SoakJobWindow reads Relay's: enqueued (created_at), claimed
