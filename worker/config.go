@@ -41,6 +41,14 @@ const (
 	// DefaultPrefetchWait is the longest a job claimed ahead of a free slot
 	// waits for one before it is released. See Config.PrefetchWait.
 	DefaultPrefetchWait = 100 * time.Millisecond
+	// DefaultMinPrefetch is the fewest jobs a worker may claim ahead by
+	// default, however few its slots. A statement that acknowledges and
+	// claims costs the database nearly as much for 4 jobs as for 61, and a
+	// worker of 4 slots that holds 4 more ahead sends one for every 4 jobs
+	// or so: 16 such processes ran about half the jobs a second they ran
+	// allowed 28 ahead (docs/experiments.md, "Where a small process's time
+	// goes"). See Config.Prefetch.
+	DefaultMinPrefetch = 32
 	// DefaultShutdownGrace is how long a stopping worker lets running
 	// handlers finish before it cancels them and releases their jobs.
 	DefaultShutdownGrace = 10 * time.Second
@@ -114,7 +122,9 @@ type Config struct {
 	// outcome and claims the next. The worker claims ahead only while its
 	// handlers are short (under PrefetchWait/2 on average, by a running
 	// mean): for jobs that long, that round trip is a small part of a job.
-	// Default: Slots. Negative: never claim ahead, only for free slots.
+	// It holds no more ahead than its slots would start, at that mean,
+	// within PrefetchWait/2. Default: Slots, and at least
+	// DefaultMinPrefetch. Negative: never claim ahead, only for free slots.
 	Prefetch int
 	// PrefetchWait is the longest a job claimed ahead waits for a slot.
 	// Past it, the job is released to the queue with its attempt
@@ -247,7 +257,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.PruneInterval = DefaultPruneInterval
 	}
 	if c.Prefetch == 0 {
-		c.Prefetch = c.Slots
+		c.Prefetch = max(c.Slots, DefaultMinPrefetch)
 	}
 	if c.PrefetchWait == 0 {
 		c.PrefetchWait = DefaultPrefetchWait

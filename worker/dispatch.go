@@ -53,13 +53,20 @@ func (d *dispatcher) loseClaim(tokens []pgtype.UUID, sentAt time.Time) {
 }
 
 // aheadLimit is how many jobs the worker may hold claimed beyond its free
-// slots now: Config.Prefetch while its handlers are short, otherwise none.
+// slots now: while its handlers are short, Config.Prefetch, but no more
+// than its slots start within PrefetchWait/2 at the handlers' mean run
+// time, so that a job claimed ahead is not released only for waiting
+// behind the others; otherwise none.
 func (d *dispatcher) aheadLimit() int {
 	cfg := &d.w.cfg
 	if cfg.Prefetch <= 0 || !d.measured || d.meanRun >= cfg.PrefetchWait/2 {
 		return 0
 	}
-	return cfg.Prefetch
+	if d.meanRun <= 0 {
+		return cfg.Prefetch
+	}
+	startable := int64(cfg.Slots) * int64(cfg.PrefetchWait/2) / int64(d.meanRun)
+	return int(min(int64(cfg.Prefetch), startable))
 }
 
 // dispatch claims jobs for free slots (and ahead of them, see
