@@ -156,14 +156,16 @@ func (b *bundle) roundsWatch(t *testing.T) (stop func() int) {
 
 func TestWorker_SendsASecondRoundBesideASlowOneOnlyWithManySlots(t *testing.T) {
 	t.Parallel()
+	// A round beside another carries at least 32 outcomes, which a worker
+	// that holds fewer jobs never has.
 	tests := []struct {
-		name     string
-		slots    int
-		jobs     int
-		wantMost int
+		name            string
+		slots, prefetch int
+		jobs            int
+		wantMost        int
 	}{
-		{"64 slots: a second round beside the first", 64, 600, 2},
-		{"4 slots: one round at a time", 4, 400, 1},
+		{"64 slots: a second round beside the first", 64, 0, 600, 2},
+		{"4 slots and 4 ahead: one round at a time", 4, 4, 400, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,7 +190,7 @@ func TestWorker_SendsASecondRoundBesideASlowOneOnlyWithManySlots(t *testing.T) {
 				t.Fatal(err)
 			}
 			var c concurrency
-			w, _ := b.startWorker(t, worker.Config{Slots: tt.slots}, func(w *worker.Worker) {
+			w, _ := b.startWorker(t, worker.Config{Slots: tt.slots, Prefetch: tt.prefetch}, func(w *worker.Worker) {
 				work := func(ctx context.Context, j *worker.Job) (any, error) {
 					c.enter()
 					defer c.leave()
