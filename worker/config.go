@@ -45,9 +45,9 @@ const (
 	// default, however few its slots. A statement that acknowledges and
 	// claims costs the database nearly as much for 4 jobs as for 61, and a
 	// worker of 4 slots that holds 4 more ahead sends one for every 4 jobs
-	// or so: 16 such processes ran about half the jobs a second they ran
+	// or so: 16 such processes ran half as many jobs a second as when
 	// allowed 28 ahead (docs/experiments.md, "Where a small process's time
-	// goes"). See Config.Prefetch.
+	// goes" and "Small processes claim more ahead"). See Config.Prefetch.
 	DefaultMinPrefetch = 32
 	// DefaultShutdownGrace is how long a stopping worker lets running
 	// handlers finish before it cancels them and releases their jobs.
