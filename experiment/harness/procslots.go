@@ -29,6 +29,15 @@ func FormatConfigs(cs []ProcSlots) string {
 	return strings.Join(parts, ",")
 }
 
+// MaxProcs and MaxSlots bound a configuration's processes and each one's
+// slots: a mistyped figure should not start thousands of processes. Past
+// about 38 processes the server's connections run out unless the pools go
+// through a pooler (burn-down's --pooler).
+const (
+	MaxProcs = 500
+	MaxSlots = 1000
+)
+
 // ParseConfigs parses a comma-separated list of PROCSxSLOTS, such as
 // "1x1,1x4,3x4".
 func ParseConfigs(s string) ([]ProcSlots, error) {
@@ -38,8 +47,8 @@ func ParseConfigs(s string) ([]ProcSlots, error) {
 		p, sl, ok := strings.Cut(part, "x")
 		procs, err1 := strconv.Atoi(p)
 		slots, err2 := strconv.Atoi(sl)
-		if !ok || err1 != nil || err2 != nil || procs < 1 || slots < 1 || procs > 64 || slots > 1000 {
-			return nil, fmt.Errorf("invalid configuration %q: want PROCSxSLOTS such as 3x4", part)
+		if !ok || err1 != nil || err2 != nil || procs < 1 || slots < 1 || procs > MaxProcs || slots > MaxSlots {
+			return nil, fmt.Errorf("invalid configuration %q: want PROCSxSLOTS such as 3x4, of 1 to %d processes of 1 to %d slots", part, MaxProcs, MaxSlots)
 		}
 		out = append(out, ProcSlots{Procs: procs, Slots: slots})
 	}
