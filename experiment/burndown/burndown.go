@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/experiment/labdb"
 	"github.com/relayq/relay/internal/builtin"
+	"github.com/relayq/relay/internal/pgbouncer"
 )
 
 // DefaultConfigs are the worker shapes the burn-down is recorded at: one
@@ -87,6 +89,12 @@ type Config struct {
 	// The plans the workers' connections keep were then made over a
 	// nearly empty table.
 	WorkersFirst bool
+	// PoolerSize, when positive, puts a PgBouncer in transaction mode,
+	// started for each configuration with PoolerSize server connections,
+	// between every relay work process's pool and the server, and keeps
+	// each process's session on the server itself: how a fleet of many
+	// processes is meant to run (docs/scaling.md). Relay only.
+	PoolerSize int
 	// Progress receives progress lines. Nil: none.
 	Progress io.Writer
 }
@@ -126,6 +134,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Rounds == 0 {
 		c.Rounds = 1
+	}
+	if c.PoolerSize < 0 {
+		return c, fmt.Errorf("burndown: the pooler's size must not be negative, got %d", c.PoolerSize)
+	}
+	if c.PoolerSize > 0 && slices.Contains(c.Systems, SystemRiver) {
+		return c, fmt.Errorf("burndown: a pooler runs %s only, not %s", SystemRelay, SystemRiver)
 	}
 	if c.Jobs < 1 || c.Timeout < 0 || c.Rounds < 1 {
 		return c, fmt.Errorf("burndown: jobs and rounds must be at least 1 and the timeout positive, got %d, %d and %s", c.Jobs, c.Rounds, c.Timeout)
@@ -172,6 +186,9 @@ type ConfigRun struct {
 	// WorkersFirst says the workers ran WarmUpJobs jobs on the empty queue
 	// before it was filled (Config.WorkersFirst).
 	WorkersFirst bool `json:"workers_first,omitempty"`
+	// Pooler is the PgBouncer the workers' pools went through
+	// (Config.PoolerSize), nil where they connected to the server.
+	Pooler *PoolerInfo `json:"pooler,omitempty"`
 	// Succeeded and Retried count the jobs that ended succeeded and that
 	// took more than one attempt; OK is every job succeeded on attempt 1.
 	Succeeded int64 `json:"succeeded"`
@@ -402,7 +419,19 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	procs := harness.NewProcs(sys.bin, logDir, "DATABASE_URL="+d.URL)
+	procEnv := []string{"DATABASE_URL=" + d.URL}
+	var bouncer *pgbouncer.Bouncer
+	var pooler *PoolerInfo
+	if cfg.PoolerSize > 0 {
+		if bouncer, pooler, err = startPooler(runCtx, d, cfg.PoolerSize, pc.Procs); err != nil {
+			return nil, env, err
+		}
+		defer func() { _ = bouncer.Close() }() // closed below once the workers stop; here on an early return
+		// The pools through the pooler; each session, which shows its
+		// worker alive, on the server itself.
+		procEnv = []string{"DATABASE_URL=" + bouncer.URL(d.Name), "RELAY_SESSION_DATABASE_URL=" + d.URL}
+	}
+	procs := harness.NewProcs(sys.bin, logDir, procEnv...)
 	defer procs.KillAll()
 	if sys.prepare != nil {
 		if err := sys.prepare(runCtx, procs); err != nil {
@@ -501,6 +530,13 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 			return nil, env, fmt.Errorf("%s did not stop cleanly: %w; last lines:\n%s", p.Name, err, harness.Tail(lines, 5))
 		}
 	}
+	// The pooler's server connections end with it, and the counters are
+	// read once every session of the workers has.
+	if bouncer != nil {
+		if err := bouncer.Close(); err != nil {
+			return nil, env, fmt.Errorf("stop the pooler: %w", err)
+		}
+	}
 	if sys.name == SystemRiver && river != nil && river.FetchCooldown == "" {
 		if err := riverSettings(river, workers[0]); err != nil {
 			return nil, env, err
@@ -531,7 +567,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	hot := after.TableHotUpdated - before.TableHotUpdated
 	seconds := sp.LastFinish.Sub(sp.FirstClaim).Seconds()
 	run := &ConfigRun{
-		System: sys.name, Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs, WorkersFirst: cfg.WorkersFirst,
+		System: sys.name, Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs, WorkersFirst: cfg.WorkersFirst, Pooler: pooler,
 		Succeeded: sp.Succeeded, Retried: sp.Retried,
 		OK:         sp.Succeeded == int64(cfg.Jobs) && sp.Retried == 0 && sp.Total == int64(cfg.Jobs),
 		FirstClaim: sp.FirstClaim, LastFinish: sp.LastFinish,
@@ -564,6 +600,37 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		run.Backends = &a
 	}
 	return run, env, nil
+}
+
+// PoolerInfo is the PgBouncer between the workers' pools and the server
+// (Config.PoolerSize).
+type PoolerInfo struct {
+	Version  string `json:"version"`
+	PoolMode string `json:"pool_mode"`
+	// PoolSize is its server connections for the database
+	// (default_pool_size), MaxClientConn the client connections it
+	// accepts: room for every worker's whole pool.
+	PoolSize      int `json:"pool_size"`
+	MaxClientConn int `json:"max_client_conn"`
+}
+
+// workerPoolMax is the most connections a relay work process's pool
+// opens: pgxpool's default, the larger of 4 and the machine's CPUs.
+func workerPoolMax() int { return max(4, runtime.NumCPU()) }
+
+// startPooler starts a PgBouncer in transaction mode in front of d, with
+// size server connections and room for the pools of procs worker
+// processes.
+func startPooler(ctx context.Context, d *harness.Database, size, procs int) (*pgbouncer.Bouncer, *PoolerInfo, error) {
+	info := &PoolerInfo{PoolMode: string(pgbouncer.PoolModeTransaction), PoolSize: size, MaxClientConn: procs*workerPoolMax() + 10}
+	b, err := pgbouncer.Start(ctx, d.URL, pgbouncer.Options{
+		PoolMode: pgbouncer.PoolModeTransaction, PoolSize: info.PoolSize, MaxClientConn: info.MaxClientConn,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("start the pooler: %w", err)
+	}
+	info.Version = b.Version()
+	return b, info, nil
 }
 
 // workersCPU returns the CPU time each live worker process has used, by
@@ -725,14 +792,18 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if slices.ContainsFunc(r.Runs, func(run ConfigRun) bool { return run.WorkersFirst }) {
 		fmt.Fprintf(w, "The workers started on the empty queue and ran %d jobs, enqueued one at a time, before it was filled.\n", WarmUpJobs)
 	}
+	if i := slices.IndexFunc(r.Runs, func(run ConfigRun) bool { return run.Pooler != nil }); i >= 0 {
+		p := r.Runs[i].Pooler
+		fmt.Fprintf(w, "The workers' pools went through PgBouncer %s in %s mode with %d server connections; each worker's session went to the server itself.\n", p.Version, p.PoolMode, p.PoolSize)
+	}
 	tw := harness.NewTable(w)
-	fmt.Fprintf(tw, "round\tsystem\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tCPU busy\tjobs/busy s\tsteal s\tbackends running\tWAL waits\tother waits\tall once\n")
+	fmt.Fprintf(tw, "round\tsystem\tconfig\tjobs\tseconds\tjobs/s\tWAL bytes/job\tWAL records/job\tFPI/job\tcommits/job\tupdates/job\tHOT/job\tindex entries/job\tPG CPU ms/job\tworker CPU ms/job\tCPU busy\tjobs/busy s\tsteal s\tsessions mean/max\tbackends running\tWAL waits\tother waits\tall once\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%.0f%%\t%.0f\t%.2f\t%s\t%s\t%s\t%v\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t%s\t%.3f\t%.3f\t%.0f%%\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t%v\n",
 			run.Round, run.System, run.Config, run.Jobs, run.Seconds, run.JobsPerSec, run.WALBytesPerJob, run.WALRecordsPerJob, run.WALFPIPerJob,
 			run.CommitsPerJob, run.UpdatesPerJob, run.HOTUpdatesPerJob, optional(run.IndexEntriesPerJob), run.PostgresCPUMsPerJob, run.WorkerCPUMsPerJob,
-			100*run.MachineCPUBusy, run.JobsPerBusySec, run.MachineStealSec, backends(run.Backends, isRunning), backends(run.Backends, harness.IsWALWait),
-			backends(run.Backends, isOtherWait), run.OK)
+			100*run.MachineCPUBusy, run.JobsPerBusySec, run.MachineStealSec, sessionCounts(run.Backends), backends(run.Backends, isRunning),
+			backends(run.Backends, harness.IsWALWait), backends(run.Backends, isOtherWait), run.OK)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -772,6 +843,15 @@ func backends(a *harness.SessionActivity, match func(activity string) bool) stri
 		return "-"
 	}
 	return strconv.FormatFloat(a.Sum(match), 'f', 2, 64)
+}
+
+// sessionCounts formats the mean and the most sessions of the workers
+// connected at once, "-" where the sessions were not sampled.
+func sessionCounts(a *harness.SessionActivity) string {
+	if a == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f/%d", a.Sessions, a.MaxSessions)
 }
 
 // isRunning and isOtherWait sort the activities of a burn-down's

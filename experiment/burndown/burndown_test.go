@@ -201,6 +201,46 @@ func TestRun_OnAPrivateClusterRecordsItsSettings(t *testing.T) {
 	}
 }
 
+// TestRun_ThroughAPoolerTheServerSeesItsPoolAndASessionPerProcess burns
+// down jobs with worker processes whose pools go through a PgBouncer in
+// transaction mode, and checks that every job ran once, and that the
+// server saw no more than the pooler's connections and each process's
+// session: connected straight, each process keeps four or five.
+func TestRun_ThroughAPoolerTheServerSeesItsPoolAndASessionPerProcess(t *testing.T) {
+	const jobs, procs, poolSize = 1000, 4, 2
+	res := runSummarized(t, Config{
+		AdminURL:   dbtest.NewURL(t),
+		Systems:    []string{SystemRelay},
+		RelayBin:   relaybin.Path(t),
+		Jobs:       jobs,
+		Configs:    []harness.ProcSlots{{Procs: procs, Slots: 8}},
+		Timeout:    2 * time.Minute,
+		PoolerSize: poolSize,
+	})
+	if len(res.Runs) != 1 {
+		t.Fatalf("%d runs, want 1", len(res.Runs))
+	}
+	run := res.Runs[0]
+	checkEveryJobOnce(t, run, jobs)
+	if p := run.Pooler; p == nil || p.Version == "" || p.PoolMode != "transaction" || p.PoolSize != poolSize || p.MaxClientConn < procs*4 {
+		t.Errorf("pooler recorded as %+v, want PgBouncer's version, transaction mode, %d server connections and room for %d pools", p, poolSize, procs)
+	}
+	// Each process's session shows it alive: with the sessions through the
+	// pooler too, or none, the server would see fewer than one a process.
+	if b := run.Backends; b == nil || b.MaxSessions < procs || b.MaxSessions > poolSize+procs {
+		t.Errorf("the workers' sessions sampled as %+v; want at most %d connected at once (the pooler's %d and one a process), at least %d", b, poolSize+procs, poolSize, procs)
+	}
+}
+
+// TestRun_RefusesAPoolerForRiver checks that a pooler, which the burn-down
+// puts in front of Relay's workers alone, is refused with River.
+func TestRun_RefusesAPoolerForRiver(t *testing.T) {
+	_, err := Run(t.Context(), Config{AdminURL: "postgres://unused", Systems: []string{SystemRiver}, RiverBin: "relaylab-river", PoolerSize: 2})
+	if err == nil || !strings.Contains(err.Error(), "pooler") {
+		t.Errorf("Run with a pooler and River: error %v, want one that names the pooler", err)
+	}
+}
+
 // TestRun_WorkersFirstBurnsDownOnlyTheFilledJobs starts the workers on
 // the empty queue, on Relay and then on River, and checks that each
 // burn-down counts the jobs of the fill alone, every one once, after the

@@ -48,9 +48,11 @@ type Activity struct {
 // span, on average across the samples taken in it: how many were
 // connected, and how many were in each activity, the most first.
 type SessionActivity struct {
-	Samples    int        `json:"samples"`
-	Sessions   float64    `json:"sessions"`
-	Activities []Activity `json:"activities"`
+	Samples  int     `json:"samples"`
+	Sessions float64 `json:"sessions"`
+	// MaxSessions is the most sessions one sample counted.
+	MaxSessions int        `json:"max_sessions"`
+	Activities  []Activity `json:"activities"`
 }
 
 // Sum returns the average number of sessions in the activities for
@@ -124,22 +126,25 @@ func (s *SessionTrace) Over(from, to time.Time) (out SessionActivity, ok bool) {
 		return SessionActivity{}, false
 	}
 	sums := map[string]int{}
-	var sessions, n int
+	var sessions, most, n int
 	s.t.read(func(samples []timed[map[string]int]) {
 		i := sort.Search(len(samples), func(i int) bool { return !samples[i].at.Before(from) })
 		j := sort.Search(len(samples), func(i int) bool { return samples[i].at.After(to) })
 		for _, x := range samples[i:max(i, j)] {
 			n++
+			inSample := 0
 			for a, c := range x.v {
 				sums[a] += c
-				sessions += c
+				inSample += c
 			}
+			sessions += inSample
+			most = max(most, inSample)
 		}
 	})
 	if n == 0 {
 		return SessionActivity{}, false
 	}
-	out = SessionActivity{Samples: n, Sessions: Round3(float64(sessions) / float64(n))}
+	out = SessionActivity{Samples: n, Sessions: Round3(float64(sessions) / float64(n)), MaxSessions: most}
 	for a, c := range sums {
 		out.Activities = append(out.Activities, Activity{Activity: a, Sessions: Round3(float64(c) / float64(n))})
 	}

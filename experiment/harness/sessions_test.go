@@ -63,7 +63,7 @@ func TestSessionTrace_OverAveragesTheSamplesInTheSpan(t *testing.T) {
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	tr := &SessionTrace{&trace[map[string]int]{samples: []timed[map[string]int]{
 		{at(0), map[string]int{ActivityIdle: 4}},
-		{at(20), map[string]int{ActivityRunning: 2, "IO:WALSync": 1, ActivityIdle: 1}},
+		{at(20), map[string]int{ActivityRunning: 2, "IO:WALSync": 1, ActivityIdle: 2}},
 		{at(40), map[string]int{ActivityRunning: 1, "IO:WALSync": 1, ActivityIdle: 2}},
 		{at(60), map[string]int{ActivityRunning: 2, "LWLock:WALWrite": 1}},
 	}}}
@@ -76,15 +76,15 @@ func TestSessionTrace_OverAveragesTheSamplesInTheSpan(t *testing.T) {
 		{
 			name: "the samples strictly inside",
 			from: at(10), to: at(50),
-			want: SessionActivity{Samples: 2, Sessions: 4, Activities: []Activity{
-				{ActivityRunning, 1.5}, {"IO:WALSync", 1}, {ActivityIdle, 1.5},
+			want: SessionActivity{Samples: 2, Sessions: 4.5, MaxSessions: 5, Activities: []Activity{
+				{ActivityRunning, 1.5}, {"IO:WALSync", 1}, {ActivityIdle, 2},
 			}},
 			ok: true,
 		},
 		{
 			name: "a sample on either end counts",
 			from: at(40), to: at(60),
-			want: SessionActivity{Samples: 2, Sessions: 3.5, Activities: []Activity{
+			want: SessionActivity{Samples: 2, Sessions: 3.5, MaxSessions: 4, Activities: []Activity{
 				{ActivityRunning, 1.5}, {ActivityIdle, 1}, {"IO:WALSync", 0.5}, {"LWLock:WALWrite", 0.5},
 			}},
 			ok: true,

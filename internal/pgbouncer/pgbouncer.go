@@ -234,6 +234,11 @@ func (b *Bouncer) URL(database string) string {
 	return u.String()
 }
 
+// Version returns PgBouncer's version, major.minor.
+func (b *Bouncer) Version() string {
+	return fmt.Sprintf("%d.%d", b.version[0], b.version[1])
+}
+
 // Addr returns the host:port the bouncer listens on.
 func (b *Bouncer) Addr() string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port))

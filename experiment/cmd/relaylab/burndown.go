@@ -48,6 +48,7 @@ names a server ($DATABASE_URL is not used).`)
 	fs.StringVar(&riverFlags, "river-flags", "", `extra flags for River's workers, e.g. "--fetch-cooldown 5ms" (default: none, the adapter's tuned fetch settings)`)
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "bound on each configuration's burn-down (default 10m)")
 	fs.IntVar(&cfg.Rounds, "rounds", 1, "times to run every configuration on every system, the systems' order reversed in every other round; the ratios' median over the rounds is reported")
+	fs.IntVar(&cfg.PoolerSize, "pooler", 0, "put a PgBouncer in transaction mode with this many server connections between each relay work process's pool and the server, its session on the server itself (0: none; relay only)")
 	fs.BoolVar(&cfg.WorkersFirst, "workers-first", false, fmt.Sprintf("start the workers on the empty queue and run %d jobs enqueued one at a time before filling it at once", burndown.WarmUpJobs))
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
@@ -76,6 +77,12 @@ names a server ($DATABASE_URL is not used).`)
 	}
 	if cfg.Rounds < 1 {
 		return cli.Usagef("experiment burndown: --rounds must be at least 1, got %d", cfg.Rounds)
+	}
+	if cfg.PoolerSize < 0 {
+		return cli.Usagef("experiment burndown: --pooler must not be negative, got %d", cfg.PoolerSize)
+	}
+	if cfg.PoolerSize > 0 && slices.Contains(cfg.Systems, burndown.SystemRiver) {
+		return cli.Usagef("experiment burndown: --pooler runs relay only; add --systems relay")
 	}
 	if cfg.Timeout < 0 {
 		return cli.Usagef("experiment burndown: --timeout must not be negative, got %s", cfg.Timeout)
