@@ -18,7 +18,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,7 +26,6 @@ import (
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/experiment/labdb"
 	"github.com/relayq/relay/internal/builtin"
-	"github.com/relayq/relay/internal/pgbouncer"
 )
 
 // DefaultConfigs are the worker shapes the burn-down is recorded at: one
@@ -188,7 +186,7 @@ type ConfigRun struct {
 	WorkersFirst bool `json:"workers_first,omitempty"`
 	// Pooler is the PgBouncer the workers' pools went through
 	// (Config.PoolerSize), nil where they connected to the server.
-	Pooler *PoolerInfo `json:"pooler,omitempty"`
+	Pooler *harness.PoolerInfo `json:"pooler,omitempty"`
 	// Succeeded and Retried count the jobs that ended succeeded and that
 	// took more than one attempt; OK is every job succeeded on attempt 1.
 	Succeeded int64 `json:"succeeded"`
@@ -420,16 +418,13 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	procEnv := []string{"DATABASE_URL=" + d.URL}
-	var bouncer *pgbouncer.Bouncer
-	var pooler *PoolerInfo
+	var pooler *harness.Pooler
 	if cfg.PoolerSize > 0 {
-		if bouncer, pooler, err = startPooler(runCtx, d, cfg.PoolerSize, pc.Procs); err != nil {
+		if pooler, err = harness.StartPooler(runCtx, d, cfg.PoolerSize, pc.Procs); err != nil {
 			return nil, env, err
 		}
-		defer func() { _ = bouncer.Close() }() // closed below once the workers stop; here on an early return
-		// The pools through the pooler; each session, which shows its
-		// worker alive, on the server itself.
-		procEnv = []string{"DATABASE_URL=" + bouncer.URL(d.Name), "RELAY_SESSION_DATABASE_URL=" + d.URL}
+		defer func() { _ = pooler.Close() }() // closed below once the workers stop; here on an early return
+		procEnv = pooler.Env
 	}
 	procs := harness.NewProcs(sys.bin, logDir, procEnv...)
 	defer procs.KillAll()
@@ -532,8 +527,8 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	}
 	// The pooler's server connections end with it, and the counters are
 	// read once every session of the workers has.
-	if bouncer != nil {
-		if err := bouncer.Close(); err != nil {
+	if pooler != nil {
+		if err := pooler.Close(); err != nil {
 			return nil, env, fmt.Errorf("stop the pooler: %w", err)
 		}
 	}
@@ -567,7 +562,7 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	hot := after.TableHotUpdated - before.TableHotUpdated
 	seconds := sp.LastFinish.Sub(sp.FirstClaim).Seconds()
 	run := &ConfigRun{
-		System: sys.name, Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs, WorkersFirst: cfg.WorkersFirst, Pooler: pooler,
+		System: sys.name, Config: pc.String(), Procs: pc.Procs, Slots: pc.Slots, Jobs: cfg.Jobs, WorkersFirst: cfg.WorkersFirst,
 		Succeeded: sp.Succeeded, Retried: sp.Retried,
 		OK:         sp.Succeeded == int64(cfg.Jobs) && sp.Retried == 0 && sp.Total == int64(cfg.Jobs),
 		FirstClaim: sp.FirstClaim, LastFinish: sp.LastFinish,
@@ -586,6 +581,9 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		HarnessBackends:         len(own),
 		WorkerCPUMsPerJob:       harness.Round3(harness.Millis(harness.CPUSince(workersBefore, workersAfter)) / n),
 	}
+	if pooler != nil {
+		run.Pooler = &pooler.Info
+	}
 	if seconds > 0 {
 		run.JobsPerSec = harness.Round2(n / seconds)
 	}
@@ -600,37 +598,6 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 		run.Backends = &a
 	}
 	return run, env, nil
-}
-
-// PoolerInfo is the PgBouncer between the workers' pools and the server
-// (Config.PoolerSize).
-type PoolerInfo struct {
-	Version  string `json:"version"`
-	PoolMode string `json:"pool_mode"`
-	// PoolSize is its server connections for the database
-	// (default_pool_size), MaxClientConn the client connections it
-	// accepts: room for every worker's whole pool.
-	PoolSize      int `json:"pool_size"`
-	MaxClientConn int `json:"max_client_conn"`
-}
-
-// workerPoolMax is the most connections a relay work process's pool
-// opens: pgxpool's default, the larger of 4 and the machine's CPUs.
-func workerPoolMax() int { return max(4, runtime.NumCPU()) }
-
-// startPooler starts a PgBouncer in transaction mode in front of d, with
-// size server connections and room for the pools of procs worker
-// processes.
-func startPooler(ctx context.Context, d *harness.Database, size, procs int) (*pgbouncer.Bouncer, *PoolerInfo, error) {
-	info := &PoolerInfo{PoolMode: string(pgbouncer.PoolModeTransaction), PoolSize: size, MaxClientConn: procs*workerPoolMax() + 10}
-	b, err := pgbouncer.Start(ctx, d.URL, pgbouncer.Options{
-		PoolMode: pgbouncer.PoolModeTransaction, PoolSize: info.PoolSize, MaxClientConn: info.MaxClientConn,
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("start the pooler: %w", err)
-	}
-	info.Version = b.Version()
-	return b, info, nil
 }
 
 // workersCPU returns the CPU time each live worker process has used, by

@@ -51,6 +51,18 @@ type Config struct {
 	// PauseAfter is how long after the claim the zombie is frozen. Default
 	// a quarter of JobDuration.
 	PauseAfter time.Duration
+	// Fleet is how many more relay work processes run, idle on a queue of
+	// their own, from before the first trial to the end. Every worker
+	// looks for dead workers' jobs less often the more live workers there
+	// are (worker.DefaultReclaimInterval), the fleet as a whole about as
+	// often as a few workers: a fleet shows how soon a kill is found in a
+	// large one. Default none.
+	Fleet int
+	// FleetPoolerSize, when positive, runs the fleet's pools through a
+	// PgBouncer in transaction mode with this many server connections,
+	// each fleet worker's session on the server itself, so that a fleet
+	// larger than the server's connections allow fits. Default none.
+	FleetPoolerSize int
 	// Progress receives progress lines (stderr). Nil: none.
 	Progress io.Writer
 }
@@ -91,6 +103,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("crash: trials must not be negative, got %d", c.Trials)
 	case c.KillAfter >= c.JobDuration || c.PauseAfter >= c.JobDuration:
 		return c, fmt.Errorf("crash: the worker must be killed and paused before the %s job ends", c.JobDuration)
+	case c.Fleet < 0 || c.FleetPoolerSize < 0:
+		return c, fmt.Errorf("crash: the fleet and its pooler's size must not be negative, got %d and %d", c.Fleet, c.FleetPoolerSize)
+	case c.FleetPoolerSize > 0 && c.Fleet == 0:
+		return c, fmt.Errorf("crash: a pooler of %d connections for no fleet: give the fleet's size too", c.FleetPoolerSize)
 	case c.ZombieHeartbeat >= c.ZombieLease:
 		return c, fmt.Errorf("crash: zombie heartbeat %s must be shorter than its lease %s", c.ZombieHeartbeat, c.ZombieLease)
 	}
@@ -111,6 +127,10 @@ type Settings struct {
 	ZombieLeaseMs            float64 `json:"zombie_lease_ms"`
 	ZombieHeartbeatMs        float64 `json:"zombie_heartbeat_ms"`
 	PauseAfterMs             float64 `json:"zombie_pause_after_claim_ms"`
+	// Fleet counts the idle workers beside each trial's (Config.Fleet),
+	// and FleetPooler is the PgBouncer their pools went through, if any.
+	Fleet       int                 `json:"fleet,omitempty"`
+	FleetPooler *harness.PoolerInfo `json:"fleet_pooler,omitempty"`
 }
 
 // WorkerRef names one worker process.
@@ -191,6 +211,10 @@ type KillTrial struct {
 	Victim WorkerRef `json:"victim"`
 	// Kill is the database clock read right before SIGKILL was sent.
 	Kill time.Time `json:"kill"`
+	// LiveWorkers counts the live worker sessions right before the kill,
+	// the victim's included: each of them looks for dead workers' jobs
+	// less often the more there are.
+	LiveWorkers int64 `json:"live_workers_at_kill"`
 
 	KillToReclaimMs    float64 `json:"kill_to_reclaim_ms"`
 	KillToClaim2Ms     float64 `json:"kill_to_claim2_ms"`
@@ -329,6 +353,17 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	}
 
 	prog := harness.NewProgress(cfg.Progress, "crash", cfg.Trials)
+	if cfg.Fleet > 0 {
+		pooler, stopFleet, err := startFleet(ctx, cfg, d, logDir, prog)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
+		defer stopFleet()
+		res.Settings.Fleet = cfg.Fleet
+		if pooler != nil {
+			res.Settings.FleetPooler = &pooler.Info
+		}
+	}
 	for i := 1; i <= cfg.Trials; i++ {
 		prog.Update(i-1, fmt.Sprintf("kill trial %d: starting workers", i))
 		trial, err := killTrial(ctx, cfg, d, logDir, i, prog)
@@ -473,6 +508,71 @@ func trialProcs(ctx context.Context, cfg Config, d *harness.Database, logDir str
 	}
 }
 
+// liveWorkers counts the live worker sessions of the database.
+func liveWorkers(ctx context.Context, q *db.Queries) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := q.WorkerSessionsLiveCount(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("count the live workers: %w", err)
+	}
+	return int64(n), nil
+}
+
+// fleetQueue is the queue the fleet's workers wait on, which no job is
+// ever put on.
+const fleetQueue = "crash-fleet"
+
+// startFleet starts cfg.Fleet idle relay work processes on fleetQueue,
+// through a pooler if cfg.FleetPoolerSize says so, and waits until every
+// one has registered. It returns the pooler, if any, and the function
+// that stops the fleet and the pooler, to be deferred.
+func startFleet(ctx context.Context, cfg Config, d *harness.Database, logDir string, prog *harness.Progress) (_ *harness.Pooler, stop func(), err error) {
+	env := []string{"DATABASE_URL=" + d.URL}
+	var pooler *harness.Pooler
+	if cfg.FleetPoolerSize > 0 {
+		if pooler, err = harness.StartPooler(ctx, d, cfg.FleetPoolerSize, cfg.Fleet); err != nil {
+			return nil, nil, err
+		}
+		env = pooler.Env
+	}
+	procs := harness.NewProcs(cfg.RelayBin, logDir, env...)
+	stop = func() {
+		defer func() {
+			if pooler != nil {
+				if err := pooler.Close(); err != nil {
+					prog.Note("fleet: %v", err)
+				}
+			}
+		}()
+		defer procs.KillAll()
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*stopGrace)
+		defer cancel()
+		if err := procs.StopAll(stopCtx, stopGrace); err != nil {
+			prog.Note("fleet: stopping workers: %v", err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	prog.Note("starting a fleet of %d idle workers", cfg.Fleet)
+	names := make([]string, cfg.Fleet)
+	for i := range names {
+		names[i] = fmt.Sprintf("fleet%d", i+1)
+		if _, err := procs.Start(ctx, names[i], "work", "--id", names[i], "--queue", fleetQueue, "--slots", "1", "--log-format", "json"); err != nil {
+			return nil, nil, err
+		}
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, startupTimeout+time.Duration(cfg.Fleet)*time.Second/4)
+	defer cancel()
+	if err := harness.WaitWorkers(waitCtx, d.Q, procs, names...); err != nil {
+		return nil, nil, err
+	}
+	return pooler, stop, nil
+}
+
 func killTrial(ctx context.Context, cfg Config, d *harness.Database, logDir string, n int, prog *harness.Progress) (*KillTrial, error) {
 	queue := fmt.Sprintf("crash-%d", n)
 	names := [2]string{fmt.Sprintf("kill%d-a", n), fmt.Sprintf("kill%d-b", n)}
@@ -502,6 +602,9 @@ func killTrial(ctx context.Context, cfg Config, d *harness.Database, logDir stri
 		return nil, err
 	}
 	prog.Update(n-1, fmt.Sprintf("kill trial %d: SIGKILL %s (pid %d)", n, victim.Name, victim.PID()))
+	if t.LiveWorkers, err = liveWorkers(ctx, d.Q); err != nil {
+		return nil, err
+	}
 	// The clock is read before the signal: the victim's session ends, and
 	// another worker may take its job back, before a reading after it
 	// would come back. So every figure from the kill is an upper bound, by
@@ -683,16 +786,23 @@ func (r *Result) write(outDir string) error {
 
 // WriteSummary writes the run's figures as a table.
 func (r *Result) WriteSummary(w io.Writer) error {
+	if st := r.Settings; st.Fleet > 0 {
+		fmt.Fprintf(w, "Beside a fleet of %d idle workers", st.Fleet)
+		if p := st.FleetPooler; p != nil {
+			fmt.Fprintf(w, ", their pools through PgBouncer %s in %s mode with %d server connections", p.Version, p.PoolMode, p.PoolSize)
+		}
+		fmt.Fprintln(w, ".")
+	}
 	tw := harness.NewTable(w)
-	fmt.Fprintln(tw, "trial\tjob\tkilled\treclaim reason\tkill→reclaim\tkill→claim 2\tkill→done\tattempts\tok")
+	fmt.Fprintln(tw, "trial\tjob\tkilled\tlive workers\treclaim reason\tkill→reclaim\tkill→claim 2\tkill→done\tattempts\tok")
 	for _, t := range r.Trials {
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%.0f ms\t%.0f ms\t%.0f ms\t%d\t%v\n", t.Trial, t.JobID, t.Victim.ID,
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%.0f ms\t%.0f ms\t%.0f ms\t%d\t%v\n", t.Trial, t.JobID, t.Victim.ID, t.LiveWorkers,
 			t.ReclaimReason, t.KillToReclaimMs, t.KillToClaim2Ms, t.KillToCompletionMs, t.Attempts, t.OK)
 	}
 	s := r.Summary
-	fmt.Fprintf(tw, "median\t\t\t\t%.0f ms\t%.0f ms\t%.0f ms\t\t\n", s.KillToReclaimMedianMs, s.KillToClaim2MedianMs, s.KillToCompletionMedian)
-	fmt.Fprintf(tw, "worst\t\t\t\t%.0f ms\t%.0f ms\t%.0f ms\t\t\n", s.KillToReclaimWorstMs, s.KillToClaim2WorstMs, s.KillToCompletionWorstMs)
-	fmt.Fprintf(tw, "reference\t\t\t\t\t\t%.0f ms\t2\t\n", s.ReferenceKillToCompletionMs)
+	fmt.Fprintf(tw, "median\t\t\t\t\t%.0f ms\t%.0f ms\t%.0f ms\t\t\n", s.KillToReclaimMedianMs, s.KillToClaim2MedianMs, s.KillToCompletionMedian)
+	fmt.Fprintf(tw, "worst\t\t\t\t\t%.0f ms\t%.0f ms\t%.0f ms\t\t\n", s.KillToReclaimWorstMs, s.KillToClaim2WorstMs, s.KillToCompletionWorstMs)
+	fmt.Fprintf(tw, "reference\t\t\t\t\t\t\t%.0f ms\t2\t\n", s.ReferenceKillToCompletionMs)
 	if err := tw.Flush(); err != nil {
 		return err
 	}

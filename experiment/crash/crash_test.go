@@ -95,9 +95,42 @@ func TestRun_Short(t *testing.T) {
 	}
 }
 
-// TestRun_Short runs the burst experiment in short: a few jobs on two
-// small configurations. It asserts that every job finished exactly once,
-// never the figures.
+// TestRun_AKillIsFoundInAFleetBehindAPooler kills a worker beside a
+// fleet larger than the one in which every worker looks for dead workers'
+// jobs at the base interval, the fleet's pools through a pooler, and checks
+// that the job came back for its worker's session, not its lease, and that
+// the fleet was live at the kill.
+func TestRun_AKillIsFoundInAFleetBehindAPooler(t *testing.T) {
+	const fleet = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Config{
+		AdminURL:        dbtest.NewURL(t),
+		RelayBin:        relaybin.Path(t),
+		Trials:          1,
+		JobDuration:     time.Second,
+		KillAfter:       300 * time.Millisecond,
+		SkipZombie:      true,
+		Fleet:           fleet,
+		FleetPoolerSize: 2,
+	})
+	if err != nil {
+		t.Fatalf("Crash: %v", err)
+	}
+	if len(res.Trials) != 1 {
+		t.Fatalf("%d kill trials recorded, want 1", len(res.Trials))
+	}
+	k := res.Trials[0]
+	if !k.OK || k.ReclaimReason != "worker session ended" {
+		t.Errorf("kill trial OK %v, reclaimed for %q (problems %v); want OK, for the session", k.OK, k.ReclaimReason, k.Problems)
+	}
+	if k.LiveWorkers != fleet+2 {
+		t.Errorf("%d live workers at the kill, want the fleet's %d and the trial's 2", k.LiveWorkers, fleet)
+	}
+	if s := res.Settings; s.Fleet != fleet || s.FleetPooler == nil || s.FleetPooler.PoolSize != 2 || s.FleetPooler.PoolMode != "transaction" {
+		t.Errorf("settings record a fleet of %d behind %+v, want %d behind a transaction-mode pooler of 2", s.Fleet, s.FleetPooler, fleet)
+	}
+}
 
 func TestRejectionLine_PicksTheZombiesRejectionOfItsJob(t *testing.T) {
 	l := harness.ParseLogLine(`{"time":"2026-11-29T09:30:00.123456789Z","level":"WARN","msg":"completion rejected: the lease is no longer this worker's","worker":"w1","job":42,"attempt":1}`)

@@ -179,6 +179,8 @@ acknowledgement is rejected once it is thawed (SIGCONT).`)
 	fs.DurationVar(&cfg.ZombieLease, "zombie-lease", cfg.ZombieLease, "lease of the zombie case's workers")
 	fs.DurationVar(&cfg.ZombieHeartbeat, "zombie-heartbeat", 0, "heartbeat interval of the zombie case's workers (default: a quarter of --zombie-lease)")
 	fs.DurationVar(&cfg.PauseAfter, "pause-after", 0, "how long after the claim the zombie is frozen (default: a quarter of the job)")
+	fs.IntVar(&cfg.Fleet, "fleet", 0, "idle relay work processes to run beside the trials' workers, on a queue of their own: each worker of a large fleet looks for dead workers' jobs less often")
+	fs.IntVar(&cfg.FleetPoolerSize, "fleet-pooler", 0, "put a PgBouncer in transaction mode with this many server connections between the fleet's pools and the server, their sessions on the server itself (0: none)")
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
 	}
@@ -191,6 +193,12 @@ acknowledgement is rejected once it is thawed (SIGCONT).`)
 	cfg.Progress = stderr
 	if cfg.Trials < 1 {
 		return cli.Usagef("experiment crash: --trials must be at least 1, got %d", cfg.Trials)
+	}
+	if cfg.Fleet < 0 || cfg.FleetPoolerSize < 0 {
+		return cli.Usagef("experiment crash: --fleet and --fleet-pooler must not be negative, got %d and %d", cfg.Fleet, cfg.FleetPoolerSize)
+	}
+	if cfg.FleetPoolerSize > 0 && cfg.Fleet == 0 {
+		return cli.Usagef("experiment crash: --fleet-pooler needs --fleet")
 	}
 
 	res, err := crash.Run(ctx, cfg)
