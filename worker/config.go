@@ -34,7 +34,8 @@ const (
 	// worker died or whose lease expired. It bounds how long a dead
 	// worker's job waits to be taken back. In a fleet of more than 16 live
 	// workers, each waits longer in proportion, so that the fleet as a
-	// whole still looks 16 times per interval.
+	// whole still looks 16 times per interval; a worker counts the live
+	// workers as it starts and every 10 seconds.
 	DefaultReclaimInterval = 250 * time.Millisecond
 	// DefaultReclaimBatch is how many jobs one reclaim statement takes back.
 	DefaultReclaimBatch = 1000

@@ -12,17 +12,18 @@ type reclaimer struct {
 }
 
 // run takes back the jobs of dead workers and expired leases every
-// ReclaimInterval (longer in a large fleet, see reclaimInterval), and now
-// and then forgets the sessions that ended (WorkerForgetEnded).
+// ReclaimInterval (longer in a large fleet, see fleetInterval), now and
+// then forgets the sessions that ended (WorkerForgetEnded), and counts the
+// live workers at start and every fleetCountEvery.
 func (r reclaimer) run(ctx context.Context) {
 	w := r.w
-	live := 1
 	var window reclaimWindow
+	var counted time.Time
 	for round := 0; ; round++ {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(jitter(reclaimInterval(w.cfg.ReclaimInterval, live))):
+		case <-time.After(jitter(fleetInterval(w.cfg.ReclaimInterval, w.fleetSize()))):
 		}
 		if round%fullReclaimEvery == 0 {
 			window.forget()
@@ -40,13 +41,27 @@ func (r reclaimer) run(ctx context.Context) {
 			if _, err := w.q.WorkerForgetEnded(rctx); err != nil && ctx.Err() == nil {
 				w.log.Warn("forget ended worker sessions failed", "err", err)
 			}
+			cancel()
+		}
+		// Counted by time, not by rounds: a worker that started early in a
+		// fleet that starts one process after another counted few, and
+		// would otherwise keep the short interval of a small fleet for
+		// forgetEndedEvery of its rounds.
+		if counted.IsZero() || time.Since(counted) >= fleetCountEvery {
+			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 			if n, err := w.q.WorkerSessionsLiveCount(rctx); err == nil {
-				live = int(n)
+				w.fleet.Store(n)
+				counted = time.Now()
 			}
 			cancel()
 		}
 	}
 }
+
+// fleetCountEvery is how often a worker counts the live workers, which
+// share the duties every worker would otherwise run at a fixed rate
+// (fleetInterval).
+var fleetCountEvery = 10 * time.Second
 
 // fullReclaimEvery is how many reclaim rounds pass between two that read
 // every expired lease rather than a window of them (see reclaimWindow).
@@ -96,20 +111,21 @@ func (r *reclaimWindow) forget() { r.since = time.Time{} }
 // WorkerForgetEnded, which forget the sessions that ended.
 const forgetEndedEvery = 40
 
-// reclaimersPerInterval is how many reclaims a fleet of workers makes, in
-// all, per ReclaimInterval once it has more workers than that.
-const reclaimersPerInterval = 16
+// fleetShare is how many times a fleet of workers runs a duty it shares,
+// in all, per the duty's base interval once it has more workers than
+// that.
+const fleetShare = 16
 
-// reclaimInterval is how long one worker of a fleet of live workers waits
-// between two reclaims: base while the fleet is small; in a larger one,
-// longer in proportion, so that the fleet as a whole still reclaims
-// reclaimersPerInterval times per base (a dead worker's jobs come back
-// about as fast) while the database runs a constant number of reclaim
-// statements per second instead of one per worker, each of which reads
-// every lock of the server.
-func reclaimInterval(base time.Duration, live int) time.Duration {
-	if live <= reclaimersPerInterval {
+// fleetInterval is how long one worker of a fleet of live workers waits
+// between two runs of a duty the fleet shares, such as the reclaim: base
+// while the fleet is small; in a larger one, longer in proportion, so that
+// the fleet as a whole still runs it fleetShare times per base (a dead
+// worker's jobs come back about as fast) while the database runs a
+// constant number of its statements per second instead of one per worker.
+// The reclaim's reads every lock of the server.
+func fleetInterval(base time.Duration, live int32) time.Duration {
+	if live <= fleetShare {
 		return base
 	}
-	return base * time.Duration(live) / reclaimersPerInterval
+	return base * time.Duration(live) / fleetShare
 }

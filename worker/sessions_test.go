@@ -12,6 +12,7 @@ import (
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgplan"
+	"github.com/relayq/relay/worker"
 )
 
 // These tests specify worker sessions: a job is judged by the session it
@@ -337,5 +338,32 @@ func TestReclaim_ReadsNoHistoryUnderAPlanMadeWhileTheTableWasEmpty(t *testing.T)
 	scanned, buffers, plan := reclaim.explain(t, b)
 	if scanned || buffers > 20 {
 		t.Errorf("the reclaim read %d buffers over 20,000 finished jobs (scans the table: %v), want at most 20:\n%s", buffers, scanned, plan)
+	}
+}
+
+// TestReclaim_CountsTheFleetAgainSoonAfterItGrows starts a worker, then a
+// second one, and checks that the first counts both within a few of its
+// counting periods, not only after forgetEndedEvery of its reclaim rounds:
+// a worker started early in a fleet that starts one process after another
+// would otherwise run the fleet's shared duties at a small fleet's rate.
+func TestReclaim_CountsTheFleetAgainSoonAfterItGrows(t *testing.T) {
+	b := setup(t)
+	worker.SetFleetCountEvery(t, 100*time.Millisecond)
+	noHandlers := func(*worker.Worker) {}
+	first, _ := b.startWorker(t, worker.Config{ID: "first", Slots: 1}, noHandlers)
+	waitFleet(t, first, 1, 5*time.Second)
+	b.startWorker(t, worker.Config{ID: "second", Slots: 1}, noHandlers)
+	waitFleet(t, first, 2, 3*time.Second)
+}
+
+// waitFleet waits up to timeout for w to have counted want live workers.
+func waitFleet(t *testing.T, w *worker.Worker, want int32, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for w.FleetSize() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker counted %d live workers after %s, want %d", w.FleetSize(), timeout, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -27,7 +27,9 @@ type statistician struct {
 
 // run looks every statisticsInterval, or every PruneInterval if that is
 // shorter, whether the statistics are due, and gathers them when they are
-// and no other worker, nor autovacuum, is gathering them.
+// and no other worker, nor autovacuum, is gathering them. In a large
+// fleet each worker looks less often, the fleet as a whole as often as
+// fleetShare workers (fleetInterval).
 func (s statistician) run(ctx context.Context) {
 	w := s.w
 	every := min(w.cfg.PruneInterval, statisticsInterval)
@@ -35,7 +37,7 @@ func (s statistician) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(jitter(every)):
+		case <-time.After(jitter(fleetInterval(every, w.fleetSize()))):
 		}
 		reason, err := s.analyze(ctx)
 		switch {

@@ -51,7 +51,10 @@ type Worker struct {
 	sessionConfig *pgx.ConnConfig
 	session       session
 
-	started      atomic.Bool
+	started atomic.Bool
+	// fleet is how many workers' sessions were live when the reclaimer
+	// last counted them (WorkerSessionsLiveCount); zero until it has.
+	fleet        atomic.Int32
 	wake         chan struct{} // a claim may find work
 	heartbeatNow chan struct{} // renew leases now, without waiting for the ticker
 	outcomes     chan outcome
@@ -262,6 +265,10 @@ func notify(c chan struct{}) {
 }
 
 // jitter spreads d by ±20% so that many workers do not act in lockstep.
+// fleetSize is how many live workers share the fleet's duties, as last
+// counted: at least this one.
+func (w *Worker) fleetSize() int32 { return max(w.fleet.Load(), 1) }
+
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return d

@@ -1,0 +1,18 @@
+package worker
+
+import (
+	"testing"
+	"time"
+)
+
+// FleetSize returns how many live workers w last counted, zero before it
+// has.
+func (w *Worker) FleetSize() int32 { return w.fleet.Load() }
+
+// SetFleetCountEvery makes workers count the live workers every d until
+// the test ends.
+func SetFleetCountEvery(t testing.TB, d time.Duration) {
+	old := fleetCountEvery
+	fleetCountEvery = d
+	t.Cleanup(func() { fleetCountEvery = old })
+}
