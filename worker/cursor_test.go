@@ -188,3 +188,52 @@ func TestReturnedJobs_AreAnnouncedToTheirQueueOnTheirOwnChannel(t *testing.T) {
 		})
 	}
 }
+
+// TestWorker_LooksAgainForAReturnedJobItsClaimSkippedAsLocked tells a
+// worker that a job came back to its queue while another transaction holds
+// the job's row locked, as another worker's reclaim that found the job no
+// longer abandoned does until it commits, and checks that the worker runs
+// the job once the row is free, with no further notification and no poll.
+func TestWorker_LooksAgainForAReturnedJobItsClaimSkippedAsLocked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 1)
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if _, err := tx.Exec(b.ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int64, 1)
+	b.startWorker(t, worker.Config{Slots: 1, PollInterval: time.Hour}, func(w *worker.Worker) {
+		w.HandleFunc("noop", func(ctx context.Context, j *worker.Job) (any, error) {
+			done <- j.ID
+			return nil, nil
+		})
+	})
+	// Registered, and listening by the time its first claims, which skip
+	// the locked row, are made.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		workers, err := b.q.WorkerList(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(workers) == 1 && workers[0].SessionAlive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no live worker session after 10 s: %+v", workers)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := b.pool.Exec(b.ctx, `SELECT pg_notify('relay_jobs_returned', 'default')`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := tx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, done, job.ID)
+}

@@ -33,6 +33,10 @@ type dispatcher struct {
 	// them was sent.
 	lostClaims []pgtype.UUID
 	lostSentAt time.Time
+	// recheckedFor is the Worker.returned that the rechecks counted in
+	// rechecks were made for.
+	recheckedFor int64
+	rechecks     int
 }
 
 // newRound takes what is pending, and the claims to look for, into a round
@@ -104,6 +108,9 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	defer linger.Stop()
 	var retry <-chan time.Time
 	retryDelay := minRetryDelay
+	// recheck fires when a claim is to look again for a job that came
+	// back to the queue (see recheckReturned).
+	var recheck <-chan time.Time
 
 	for {
 		held, waiting, oldest := w.holding()
@@ -168,6 +175,8 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				if r.claim > 0 && len(r.claimed) == r.claim {
 					// A full claim: the queue may hold more.
 					wantClaim = true
+				} else if delay, ok := d.recheckReturned(r); ok && recheck == nil {
+					recheck = time.After(delay)
 				}
 			}
 		case o := <-w.outcomes:
@@ -187,6 +196,10 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		case <-poll.C:
 			wantClaim = true
 			poll.Reset(jitter(w.cfg.PollInterval))
+		case <-recheck:
+			recheck = nil
+			wantClaim = true
+			w.cursors.fromHead()
 		case <-retry:
 			retry = nil
 		case <-ctx.Done():
@@ -201,6 +214,39 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// returnedRecheckDelay is how long after a short claim the first recheck
+// (recheckReturned) looks again, and maxReturnedRechecks how many it
+// makes, each waiting twice as long as the one before.
+const (
+	returnedRecheckDelay = 50 * time.Millisecond
+	maxReturnedRechecks  = 2
+)
+
+// recheckReturned decides whether, and how soon, the worker looks again
+// for a job after a claim that came back short though a job of its queue
+// had just come back to available (Worker.returned, at or before the
+// claim was sent). A job taken back is not told of again, and the claim
+// may have skipped it: another worker's reclaim that began before the job
+// was taken back finds it no longer abandoned, but holds its row locked
+// until that statement commits (a row locked FOR UPDATE stays locked when
+// the recheck on its newest version fails), and a claim skips locked rows.
+// Without a recheck the job would wait for the next poll. Each job that
+// comes back earns maxReturnedRechecks rechecks at most.
+func (d *dispatcher) recheckReturned(r *round) (time.Duration, bool) {
+	at := d.w.returned.Load()
+	if r.claim == 0 || at == 0 || r.sentAt.UnixNano() < at {
+		return 0, false
+	}
+	if at != d.recheckedFor {
+		d.recheckedFor, d.rechecks = at, 0
+	}
+	if d.rechecks >= maxReturnedRechecks {
+		return 0, false
+	}
+	d.rechecks++
+	return returnedRecheckDelay << (d.rechecks - 1), true
 }
 
 // outcomes counts the outcomes waiting to be acknowledged.

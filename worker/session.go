@@ -192,6 +192,7 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 			if n.Channel == returnedChannel {
 				// It may wait behind this worker's claim cursors.
 				w.cursors.fromHead()
+				w.returned.Store(time.Now().UnixNano())
 			}
 			notify(w.wake)
 		case waitCtx.Err() != nil && !conn.PgConn().IsClosed():

@@ -54,7 +54,11 @@ type Worker struct {
 	started atomic.Bool
 	// fleet is how many workers' sessions were live when the reclaimer
 	// last counted them (WorkerSessionsLiveCount); zero until it has.
-	fleet        atomic.Int32
+	fleet atomic.Int32
+	// returned is when (Unix nanoseconds) this worker last learned that a
+	// job of its queue went back to available, taken back from a dead
+	// worker or released; zero: never (see dispatcher.recheckReturned).
+	returned     atomic.Int64
 	wake         chan struct{} // a claim may find work
 	heartbeatNow chan struct{} // renew leases now, without waiting for the ticker
 	outcomes     chan outcome
