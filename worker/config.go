@@ -112,7 +112,10 @@ type Config struct {
 	// one statement. It must be shorter than Lease. Default: Lease/3.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker checks for ready jobs when no
-	// notification woke it.
+	// notification woke it. While notifications tell it of new jobs, a
+	// worker of a fleet of more than 16 live workers on its queue waits
+	// longer in proportion, so that the fleet as a whole still checks the
+	// queue 16 times per interval.
 	PollInterval time.Duration
 	// ReclaimInterval is how often this worker takes back jobs of dead
 	// workers and expired leases.

@@ -195,7 +195,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			wantClaim = true
 		case <-poll.C:
 			wantClaim = true
-			poll.Reset(jitter(w.cfg.PollInterval))
+			poll.Reset(jitter(w.pollEvery()))
 		case <-recheck:
 			recheck = nil
 			wantClaim = true

@@ -9,6 +9,10 @@ import (
 // has.
 func (w *Worker) FleetSize() int32 { return w.fleet.Load() }
 
+// QueueFleetSize returns how many live workers on its queue w last
+// counted, zero before it has.
+func (w *Worker) QueueFleetSize() int32 { return w.queueFleet.Load() }
+
 // SetFleetCountEvery makes workers count the live workers every d until
 // the test ends.
 func SetFleetCountEvery(t testing.TB, d time.Duration) {

@@ -49,8 +49,9 @@ func (r reclaimer) run(ctx context.Context) {
 		// forgetEndedEvery of its rounds.
 		if counted.IsZero() || time.Since(counted) >= fleetCountEvery {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			if n, err := w.q.WorkerSessionsLiveCount(rctx); err == nil {
-				w.fleet.Store(n)
+			if n, err := w.q.WorkerFleetCount(rctx, w.cfg.Queue); err == nil {
+				w.fleet.Store(n.Live)
+				w.queueFleet.Store(n.LiveInQueue)
 				counted = time.Now()
 			}
 			cancel()

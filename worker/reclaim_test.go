@@ -60,3 +60,28 @@ func TestReclaimWindow_ReachesBackToTheLastCompleteReclaimAndOtherwiseReadsEvery
 		}
 	}
 }
+
+func TestPollEvery_SharesTheQueuesPollsOnlyWhileNotificationsTellTheWorker(t *testing.T) {
+	tests := []struct {
+		name       string
+		told       bool
+		queueFleet int32
+		want       time.Duration
+	}{
+		{"told, alone", true, 1, time.Second},
+		{"told, not counted yet", true, 0, time.Second},
+		{"told, 16 on the queue", true, 16, time.Second},
+		{"told, 160 on the queue", true, 160, 10 * time.Second},
+		{"not told, 160 on the queue", false, 160, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &Worker{cfg: Config{PollInterval: time.Second}}
+			w.session.listening.Store(tt.told)
+			w.queueFleet.Store(tt.queueFleet)
+			if got := w.pollEvery(); got != tt.want {
+				t.Errorf("pollEvery() = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}

@@ -342,27 +342,32 @@ func TestReclaim_ReadsNoHistoryUnderAPlanMadeWhileTheTableWasEmpty(t *testing.T)
 }
 
 // TestReclaim_CountsTheFleetAgainSoonAfterItGrows starts a worker, then a
-// second one, and checks that the first counts both within a few of its
-// counting periods, not only after forgetEndedEvery of its reclaim rounds:
-// a worker started early in a fleet that starts one process after another
-// would otherwise run the fleet's shared duties at a small fleet's rate.
+// second one on another queue and a third on its own, and checks that the
+// first counts them, in all and on its queue, within a few of its counting
+// periods, not only after forgetEndedEvery of its reclaim rounds: a worker
+// started early in a fleet that starts one process after another would
+// otherwise run the fleet's shared duties at a small fleet's rate.
 func TestReclaim_CountsTheFleetAgainSoonAfterItGrows(t *testing.T) {
 	b := setup(t)
 	worker.SetFleetCountEvery(t, 100*time.Millisecond)
 	noHandlers := func(*worker.Worker) {}
 	first, _ := b.startWorker(t, worker.Config{ID: "first", Slots: 1}, noHandlers)
-	waitFleet(t, first, 1, 5*time.Second)
-	b.startWorker(t, worker.Config{ID: "second", Slots: 1}, noHandlers)
-	waitFleet(t, first, 2, 3*time.Second)
+	waitFleet(t, first, 1, 1, 5*time.Second)
+	b.startWorker(t, worker.Config{ID: "second", Queue: "other", Slots: 1}, noHandlers)
+	waitFleet(t, first, 2, 1, 3*time.Second)
+	b.startWorker(t, worker.Config{ID: "third", Slots: 1}, noHandlers)
+	waitFleet(t, first, 3, 2, 3*time.Second)
 }
 
-// waitFleet waits up to timeout for w to have counted want live workers.
-func waitFleet(t *testing.T, w *worker.Worker, want int32, timeout time.Duration) {
+// waitFleet waits up to timeout for w to have counted want live workers,
+// wantQueue of them on its queue.
+func waitFleet(t *testing.T, w *worker.Worker, want, wantQueue int32, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for w.FleetSize() != want {
+	for w.FleetSize() != want || w.QueueFleetSize() != wantQueue {
 		if time.Now().After(deadline) {
-			t.Fatalf("the worker counted %d live workers after %s, want %d", w.FleetSize(), timeout, want)
+			t.Fatalf("the worker counted %d live workers, %d on its queue, after %s; want %d and %d",
+				w.FleetSize(), w.QueueFleetSize(), timeout, want, wantQueue)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -53,8 +53,10 @@ type Worker struct {
 
 	started atomic.Bool
 	// fleet is how many workers' sessions were live when the reclaimer
-	// last counted them (WorkerSessionsLiveCount); zero until it has.
+	// last counted them (WorkerFleetCount); zero until it has.
 	fleet atomic.Int32
+	// queueFleet is how many of them work on this worker's queue.
+	queueFleet atomic.Int32
 	// returned is when (Unix nanoseconds) this worker last learned that a
 	// job of its queue went back to available, taken back from a dead
 	// worker or released; zero: never (see dispatcher.recheckReturned).
@@ -272,6 +274,19 @@ func notify(c chan struct{}) {
 // fleetSize is how many live workers share the fleet's duties, as last
 // counted: at least this one.
 func (w *Worker) fleetSize() int32 { return max(w.fleet.Load(), 1) }
+
+// pollEvery is how long the worker waits between two polls for jobs no
+// notification announced: PollInterval; while notifications tell it of new
+// jobs, in a fleet of more than fleetShare live workers on its queue,
+// longer in proportion, so that the fleet polls the queue as often as
+// fleetShare workers would. A worker that is not told polls at
+// PollInterval, since polls are then how it finds every new job.
+func (w *Worker) pollEvery() time.Duration {
+	if !w.session.told() {
+		return w.cfg.PollInterval
+	}
+	return fleetInterval(w.cfg.PollInterval, max(w.queueFleet.Load(), 1))
+}
 
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
