@@ -288,8 +288,8 @@ const workerSessionsLiveCount = `-- name: WorkerSessionsLiveCount :one
 SELECT count(*)::integer AS live FROM worker_sessions_live
 `
 
-// Counts the worker sessions alive now, from one scan of pg_locks: how
-// many workers share the reclaims.
+// Counts the worker sessions alive now, from one scan of pg_locks. A worker
+// counts them with WorkerFleetCount, which also counts those of its queue.
 func (q *Queries) WorkerSessionsLiveCount(ctx context.Context) (int32, error) {
 	row := q.db.QueryRow(ctx, workerSessionsLiveCount)
 	var live int32

@@ -113,8 +113,8 @@ SELECT worker_session_alive(@session_key::integer)::boolean AS alive;
 SELECT s.session_key FROM worker_sessions AS s ORDER BY s.session_key;
 
 -- name: WorkerSessionsLiveCount :one
--- Counts the worker sessions alive now, from one scan of pg_locks: how
--- many workers share the reclaims.
+-- Counts the worker sessions alive now, from one scan of pg_locks. A worker
+-- counts them with WorkerFleetCount, which also counts those of its queue.
 SELECT count(*)::integer AS live FROM worker_sessions_live;
 
 -- name: WorkerFleetCount :one

@@ -175,8 +175,10 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				if r.claim > 0 && len(r.claimed) == r.claim {
 					// A full claim: the queue may hold more.
 					wantClaim = true
-				} else if delay, ok := d.recheckReturned(r); ok && recheck == nil {
-					recheck = time.After(delay)
+				} else if recheck == nil {
+					if delay, ok := d.recheckReturned(r); ok {
+						recheck = time.After(delay)
+					}
 				}
 			}
 		case o := <-w.outcomes:

@@ -123,7 +123,7 @@ const fleetShare = 16
 // the fleet as a whole still runs it fleetShare times per base (a dead
 // worker's jobs come back about as fast) while the database runs a
 // constant number of its statements per second instead of one per worker.
-// The reclaim's reads every lock of the server.
+// Each reclaim reads every lock of the server.
 func fleetInterval(base time.Duration, live int32) time.Duration {
 	if live <= fleetShare {
 		return base
