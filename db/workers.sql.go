@@ -284,19 +284,6 @@ func (q *Queries) WorkerSessionKeys(ctx context.Context) ([]int32, error) {
 	return items, nil
 }
 
-const workerSessionsLiveCount = `-- name: WorkerSessionsLiveCount :one
-SELECT count(*)::integer AS live FROM worker_sessions_live
-`
-
-// Counts the worker sessions alive now, from one scan of pg_locks. A worker
-// counts them with WorkerFleetCount, which also counts those of its queue.
-func (q *Queries) WorkerSessionsLiveCount(ctx context.Context) (int32, error) {
-	row := q.db.QueryRow(ctx, workerSessionsLiveCount)
-	var live int32
-	err := row.Scan(&live)
-	return live, err
-}
-
 const workerUnregister = `-- name: WorkerUnregister :one
 WITH holder AS (
     DELETE FROM workers AS w

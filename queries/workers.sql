@@ -112,11 +112,6 @@ SELECT worker_session_alive(@session_key::integer)::boolean AS alive;
 -- included until WorkerForgetEnded removes them.
 SELECT s.session_key FROM worker_sessions AS s ORDER BY s.session_key;
 
--- name: WorkerSessionsLiveCount :one
--- Counts the worker sessions alive now, from one scan of pg_locks. A worker
--- counts them with WorkerFleetCount, which also counts those of its queue.
-SELECT count(*)::integer AS live FROM worker_sessions_live;
-
 -- name: WorkerFleetCount :one
 -- Counts the worker sessions alive now, from one scan of pg_locks: all of
 -- them, which share the reclaims and the look at the planner's

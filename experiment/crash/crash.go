@@ -508,15 +508,16 @@ func trialProcs(ctx context.Context, cfg Config, d *harness.Database, logDir str
 	}
 }
 
-// liveWorkers counts the live worker sessions of the database.
-func liveWorkers(ctx context.Context, q *db.Queries) (int64, error) {
+// liveWorkers counts the live worker sessions of the database, as a
+// worker of queue counts them.
+func liveWorkers(ctx context.Context, q *db.Queries, queue string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n, err := q.WorkerSessionsLiveCount(ctx)
+	n, err := q.WorkerFleetCount(ctx, queue)
 	if err != nil {
 		return 0, fmt.Errorf("count the live workers: %w", err)
 	}
-	return int64(n), nil
+	return int64(n.Live), nil
 }
 
 // fleetQueue is the queue the fleet's workers wait on, which no job is
@@ -602,7 +603,7 @@ func killTrial(ctx context.Context, cfg Config, d *harness.Database, logDir stri
 		return nil, err
 	}
 	prog.Update(n-1, fmt.Sprintf("kill trial %d: SIGKILL %s (pid %d)", n, victim.Name, victim.PID()))
-	if t.LiveWorkers, err = liveWorkers(ctx, d.Q); err != nil {
+	if t.LiveWorkers, err = liveWorkers(ctx, d.Q, queue); err != nil {
 		return nil, err
 	}
 	// The clock is read before the signal: the victim's session ends, and
