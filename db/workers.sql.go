@@ -147,27 +147,27 @@ func (q *Queries) WorkerList(ctx context.Context) ([]WorkerListRow, error) {
 	return items, nil
 }
 
-const workerListen = `-- name: WorkerListen :exec
-LISTEN relay_jobs_available
+const workerListen = `-- name: WorkerListen :one
+SELECT relay_queue_channel('available', $1::text)::text AS available_channel,
+       relay_queue_channel('returned', $1::text)::text AS returned_channel
+FROM worker_listen($1::text)
 `
 
-// Subscribes the calling session to the notifications that the
-// jobs_notify_available trigger sends, with the queue name as payload.
-func (q *Queries) WorkerListen(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, workerListen)
-	return err
+type WorkerListenRow struct {
+	AvailableChannel string
+	ReturnedChannel  string
 }
 
-const workerListenReturned = `-- name: WorkerListenReturned :exec
-LISTEN relay_jobs_returned
-`
-
-// Subscribes the calling session to the notifications that the
-// jobs_notify_returned trigger sends when a job goes back to available
-// (taken back, released or retried), with the queue name as payload.
-func (q *Queries) WorkerListenReturned(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, workerListenReturned)
-	return err
+// Subscribes the calling session to its queue's notifications, which the
+// jobs_notify_available and jobs_notify_returned triggers send with the
+// queue name as payload: that a job became available there, and that a
+// job went back to available there (taken back, released or retried).
+// Returns the two channels' names, which the notifications carry.
+func (q *Queries) WorkerListen(ctx context.Context, queue string) (WorkerListenRow, error) {
+	row := q.db.QueryRow(ctx, workerListen, queue)
+	var i WorkerListenRow
+	err := row.Scan(&i.AvailableChannel, &i.ReturnedChannel)
+	return i, err
 }
 
 const workerRegister = `-- name: WorkerRegister :one

@@ -129,13 +129,12 @@ FROM workers AS w
 LEFT JOIN worker_sessions_live AS l ON l.session_key = w.session_key
 ORDER BY w.id;
 
--- name: WorkerListen :exec
--- Subscribes the calling session to the notifications that the
--- jobs_notify_available trigger sends, with the queue name as payload.
-LISTEN relay_jobs_available;
-
--- name: WorkerListenReturned :exec
--- Subscribes the calling session to the notifications that the
--- jobs_notify_returned trigger sends when a job goes back to available
--- (taken back, released or retried), with the queue name as payload.
-LISTEN relay_jobs_returned;
+-- name: WorkerListen :one
+-- Subscribes the calling session to its queue's notifications, which the
+-- jobs_notify_available and jobs_notify_returned triggers send with the
+-- queue name as payload: that a job became available there, and that a
+-- job went back to available there (taken back, released or retried).
+-- Returns the two channels' names, which the notifications carry.
+SELECT relay_queue_channel('available', @queue::text)::text AS available_channel,
+       relay_queue_channel('returned', @queue::text)::text AS returned_channel
+FROM worker_listen(@queue::text);

@@ -127,24 +127,56 @@ func waitDone(t *testing.T, done <-chan int64, id int64) {
 	}
 }
 
-func TestReturnedJobs_AreAnnouncedToTheirQueueOnTheirOwnChannel(t *testing.T) {
+// TestNotifications_ReachTheirQueuesListenersAlone listens as a worker of
+// the default queue does and checks what it hears: jobs that become
+// available in its queue, on one channel; jobs that go back to available
+// there (and so may wait behind its claim cursors), on another; and
+// nothing of another queue.
+func TestNotifications_ReachTheirQueuesListenersAlone(t *testing.T) {
 	t.Parallel()
+	const (
+		available = "available"
+		returned  = "returned"
+	)
+	enqueueIn := func(t *testing.T, b *bundle, queue string) db.Job {
+		t.Helper()
+		job, err := b.q.JobInsert(b.ctx, db.JobInsertParams{Queue: queue, Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return job
+	}
+	cancelAndRetry := func(t *testing.T, b *bundle, queue string) {
+		t.Helper()
+		job := enqueueIn(t, b, queue)
+		if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.q.JobRetry(b.ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
-		name      string
-		do        func(t *testing.T, b *bundle)
-		announced bool
+		name string
+		do   func(t *testing.T, b *bundle)
+		// heard lists what the listener hears, in order: each job's
+		// enqueue is heard too.
+		heard []string
 	}{
-		{name: "a job enqueued", announced: false, do: func(t *testing.T, b *bundle) {
-			b.enqueue(t, "noop", `{}`, 3)
+		{name: "a job enqueued", heard: []string{available}, do: func(t *testing.T, b *bundle) {
+			enqueueIn(t, b, "default")
 		}},
-		{name: "a job released", announced: true, do: func(t *testing.T, b *bundle) {
+		{name: "a job enqueued in another queue", heard: nil, do: func(t *testing.T, b *bundle) {
+			enqueueIn(t, b, "other")
+		}},
+		{name: "a job released", heard: []string{available, available, returned}, do: func(t *testing.T, b *bundle) {
 			b.enqueue(t, "noop", `{}`, 3)
 			id, token := b.claimOne(t, "w", time.Minute)
 			if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []pgtype.UUID{token}}); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{name: "a job taken back", announced: true, do: func(t *testing.T, b *bundle) {
+		{name: "a job taken back", heard: []string{available, available, returned}, do: func(t *testing.T, b *bundle) {
 			job := b.enqueue(t, "noop", `{}`, 3)
 			b.claimOne(t, "w", 50*time.Millisecond)
 			b.waitForLeaseExpiry(t, job.ID)
@@ -152,7 +184,13 @@ func TestReturnedJobs_AreAnnouncedToTheirQueueOnTheirOwnChannel(t *testing.T) {
 				t.Fatalf("reclaim: %v, %v", rows, err)
 			}
 		}},
-		{name: "a failure retried later", announced: false, do: func(t *testing.T, b *bundle) {
+		{name: "a job retried", heard: []string{available, available, returned}, do: func(t *testing.T, b *bundle) {
+			cancelAndRetry(t, b, "default")
+		}},
+		{name: "a job retried in another queue", heard: nil, do: func(t *testing.T, b *bundle) {
+			cancelAndRetry(t, b, "other")
+		}},
+		{name: "a failure retried later", heard: []string{available}, do: func(t *testing.T, b *bundle) {
 			b.enqueue(t, "noop", `{}`, 3)
 			id, token := b.claimOne(t, "w", time.Minute)
 			if _, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
@@ -170,22 +208,74 @@ func TestReturnedJobs_AreAnnouncedToTheirQueueOnTheirOwnChannel(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer listener.Close(context.Background())
-			if err := db.New(listener).WorkerListenReturned(b.ctx); err != nil {
+			channels, err := db.New(listener).WorkerListen(b.ctx, "default")
+			if err != nil {
 				t.Fatal(err)
 			}
+			// What the listener would hear before tc.do is not part of it.
 			tc.do(t, b)
-			ctx, cancel := context.WithTimeout(b.ctx, time.Second)
-			defer cancel()
-			n, err := listener.WaitForNotification(ctx)
-			switch {
-			case tc.announced && err != nil:
-				t.Fatalf("no notification on relay_jobs_returned: %v", err)
-			case tc.announced && n.Payload != "default":
-				t.Errorf("notification %q on %s, want the queue, default", n.Payload, n.Channel)
-			case !tc.announced && err == nil:
-				t.Errorf("notification %q on %s, want none", n.Payload, n.Channel)
+			// Notifications are sent at commit, and each transaction of
+			// tc.do has committed: what is coming is in the server's queue.
+			var heard []string
+			for {
+				ctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
+				n, err := listener.WaitForNotification(ctx)
+				cancel()
+				if err != nil {
+					break
+				}
+				switch {
+				case n.Payload != "default":
+					t.Errorf("notification %q on %s, want only the listener's queue, default", n.Payload, n.Channel)
+				case n.Channel == channels.AvailableChannel:
+					heard = append(heard, available)
+				case n.Channel == channels.ReturnedChannel:
+					heard = append(heard, returned)
+				default:
+					t.Errorf("notification %q on %s, want %s or %s", n.Payload, n.Channel, channels.AvailableChannel, channels.ReturnedChannel)
+				}
+			}
+			if diff := cmp.Diff(tc.heard, heard); diff != "" {
+				t.Errorf("heard (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestNotifications_StillReachWorkersStartedBeforeQueuesHadChannels
+// listens on the channels shared by all queues, as workers of builds
+// before migration 00014 do, and checks that they still hear their jobs.
+func TestNotifications_StillReachWorkersStartedBeforeQueuesHadChannels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	listener, err := pgx.Connect(b.ctx, b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	for _, channel := range []string{"relay_jobs_available", "relay_jobs_returned"} {
+		if _, err := listener.Exec(b.ctx, "LISTEN "+channel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.enqueue(t, "noop", `{}`, 3)
+	id, token := b.claimOne(t, "w", time.Minute)
+	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{id}, Tokens: []pgtype.UUID{token}}); err != nil {
+		t.Fatal(err)
+	}
+	var heard []string
+	for {
+		ctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
+		n, err := listener.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		heard = append(heard, n.Channel+" "+n.Payload)
+	}
+	want := []string{"relay_jobs_available default", "relay_jobs_available default", "relay_jobs_returned default"}
+	if diff := cmp.Diff(want, heard); diff != "" {
+		t.Errorf("heard (-want +got):\n%s", diff)
 	}
 }
 
@@ -228,7 +318,7 @@ func TestWorker_LooksAgainForAReturnedJobItsClaimSkippedAsLocked(t *testing.T) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
-	if _, err := b.pool.Exec(b.ctx, `SELECT pg_notify('relay_jobs_returned', 'default')`); err != nil {
+	if _, err := b.pool.Exec(b.ctx, `SELECT pg_notify(relay_queue_channel('returned', 'default'), 'default')`); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)

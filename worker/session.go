@@ -158,11 +158,9 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 			}
 		}()
 	}
-	if err := q.WorkerListen(connectCtx); err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	if err := q.WorkerListenReturned(connectCtx); err != nil {
-		return fmt.Errorf("listen for returned jobs: %w", err)
+	channels, err := q.WorkerListen(connectCtx, w.cfg.Queue)
+	if err != nil {
+		return fmt.Errorf("listen for the queue's jobs: %w", err)
 	}
 	done = true
 	registered(nil)
@@ -186,10 +184,11 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 		case ctx.Err() != nil:
 			return nil
 		case err == nil:
+			// Queues whose names hash alike share a channel.
 			if n.Payload != w.cfg.Queue {
 				break
 			}
-			if n.Channel == returnedChannel {
+			if n.Channel == channels.ReturnedChannel {
 				// It may wait behind this worker's claim cursors.
 				w.cursors.fromHead()
 				w.returned.Store(time.Now().UnixNano())
@@ -215,10 +214,6 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 		}
 	}
 }
-
-// returnedChannel is the channel of the notifications that a job went back
-// to available (migrations/00008_notify_returned_jobs.sql).
-const returnedChannel = "relay_jobs_returned"
 
 // register registers a new session on conn and returns its key, or 0 when
 // conn goes through a connection pooler that cannot hold a session: the

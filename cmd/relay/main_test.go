@@ -335,6 +335,7 @@ var migrationNames = []string{
 	"00011_index_listings_apart_for_backlog_and_history.sql",
 	"00012_list_history_queue_by_queue.sql",
 	"00013_index_history_by_state_and_kind_again.sql",
+	"00014_notify_each_queue_on_its_own_channel.sql",
 }
 
 // migrateStatus is what relay migrate status prints with the first
