@@ -354,7 +354,9 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 
 	prog := harness.NewProgress(cfg.Progress, "crash", cfg.Trials)
 	if cfg.Fleet > 0 {
-		pooler, stopFleet, err := startFleet(ctx, cfg, d, logDir, prog)
+		pooler, stopFleet, err := harness.StartFleet(ctx, harness.FleetConfig{
+			RelayBin: cfg.RelayBin, LogDir: logDir, Size: cfg.Fleet, PoolerSize: cfg.FleetPoolerSize, Queue: fleetQueue,
+		}, d, prog)
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %w", err)
 		}
@@ -523,56 +525,6 @@ func liveWorkers(ctx context.Context, q *db.Queries, queue string) (int64, error
 // fleetQueue is the queue the fleet's workers wait on, which no job is
 // ever put on.
 const fleetQueue = "crash-fleet"
-
-// startFleet starts cfg.Fleet idle relay work processes on fleetQueue,
-// through a pooler if cfg.FleetPoolerSize says so, and waits until every
-// one has registered. It returns the pooler, if any, and the function
-// that stops the fleet and the pooler, to be deferred.
-func startFleet(ctx context.Context, cfg Config, d *harness.Database, logDir string, prog *harness.Progress) (_ *harness.Pooler, stop func(), err error) {
-	env := []string{"DATABASE_URL=" + d.URL}
-	var pooler *harness.Pooler
-	if cfg.FleetPoolerSize > 0 {
-		if pooler, err = harness.StartPooler(ctx, d, cfg.FleetPoolerSize, cfg.Fleet); err != nil {
-			return nil, nil, err
-		}
-		env = pooler.Env
-	}
-	procs := harness.NewProcs(cfg.RelayBin, logDir, env...)
-	stop = func() {
-		defer func() {
-			if pooler != nil {
-				if err := pooler.Close(); err != nil {
-					prog.Note("fleet: %v", err)
-				}
-			}
-		}()
-		defer procs.KillAll()
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*stopGrace)
-		defer cancel()
-		if err := procs.StopAll(stopCtx, stopGrace); err != nil {
-			prog.Note("fleet: stopping workers: %v", err)
-		}
-	}
-	defer func() {
-		if err != nil {
-			stop()
-		}
-	}()
-	prog.Note("starting a fleet of %d idle workers", cfg.Fleet)
-	names := make([]string, cfg.Fleet)
-	for i := range names {
-		names[i] = fmt.Sprintf("fleet%d", i+1)
-		if _, err := procs.Start(ctx, names[i], "work", "--id", names[i], "--queue", fleetQueue, "--slots", "1", "--log-format", "json"); err != nil {
-			return nil, nil, err
-		}
-	}
-	waitCtx, cancel := context.WithTimeout(ctx, startupTimeout+time.Duration(cfg.Fleet)*time.Second/4)
-	defer cancel()
-	if err := harness.WaitWorkers(waitCtx, d.Q, procs, names...); err != nil {
-		return nil, nil, err
-	}
-	return pooler, stop, nil
-}
 
 func killTrial(ctx context.Context, cfg Config, d *harness.Database, logDir string, n int, prog *harness.Progress) (*KillTrial, error) {
 	queue := fmt.Sprintf("crash-%d", n)
@@ -787,13 +739,7 @@ func (r *Result) write(outDir string) error {
 
 // WriteSummary writes the run's figures as a table.
 func (r *Result) WriteSummary(w io.Writer) error {
-	if st := r.Settings; st.Fleet > 0 {
-		fmt.Fprintf(w, "Beside a fleet of %d idle workers", st.Fleet)
-		if p := st.FleetPooler; p != nil {
-			fmt.Fprintf(w, ", their pools through PgBouncer %s in %s mode with %d server connections", p.Version, p.PoolMode, p.PoolSize)
-		}
-		fmt.Fprintln(w, ".")
-	}
+	harness.WriteFleetNote(w, r.Settings.Fleet, r.Settings.FleetPooler)
 	tw := harness.NewTable(w)
 	fmt.Fprintln(tw, "trial\tjob\tkilled\tlive workers\treclaim reason\tkill→reclaim\tkill→claim 2\tkill→done\tattempts\tok")
 	for _, t := range r.Trials {

@@ -53,6 +53,14 @@ type Config struct {
 	// requests are not counted. Defaults DefaultDuration, DefaultWarmup.
 	Duration time.Duration
 	Warmup   time.Duration
+	// Fleet is how many idle relay work processes listen beside the
+	// server, on a queue of their own that no job is posted to: what a
+	// fleet of workers of other queues costs each enqueue. Zero: none.
+	Fleet int
+	// FleetPoolerSize, when positive, runs the fleet's pools through a
+	// PgBouncer in transaction mode with that many server connections,
+	// each fleet worker's session on the server itself.
+	FleetPoolerSize int
 	// Progress receives progress lines. Nil: none.
 	Progress io.Writer
 }
@@ -73,8 +81,13 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Warmup == 0 {
 		c.Warmup = DefaultWarmup
 	}
-	if c.Clients < 1 || c.Duration < 0 || c.Warmup < 0 {
+	switch {
+	case c.Clients < 1 || c.Duration < 0 || c.Warmup < 0:
 		return c, fmt.Errorf("enqueue: clients must be at least 1 and the durations positive, got %d, %s, %s", c.Clients, c.Duration, c.Warmup)
+	case c.Fleet < 0 || c.FleetPoolerSize < 0:
+		return c, fmt.Errorf("enqueue: the fleet and its pooler's size must not be negative, got %d and %d", c.Fleet, c.FleetPoolerSize)
+	case c.FleetPoolerSize > 0 && c.Fleet == 0:
+		return c, fmt.Errorf("enqueue: a pooler of %d connections for no fleet: give the fleet's size too", c.FleetPoolerSize)
 	}
 	return c, nil
 }
@@ -84,8 +97,16 @@ type Result struct {
 	Experiment  string              `json:"experiment"`
 	Environment harness.Environment `json:"environment"`
 	Clients     int                 `json:"clients"`
-	Seconds     float64             `json:"seconds"`
-	WarmupSecs  float64             `json:"warmup_seconds"`
+	// Fleet counts the idle workers that listened beside the server
+	// (Config.Fleet), and FleetPooler is the PgBouncer their pools went
+	// through, if any.
+	Fleet       int                 `json:"fleet,omitempty"`
+	FleetPooler *harness.PoolerInfo `json:"fleet_pooler,omitempty"`
+	// FleetLive counts the fleet's workers whose sessions were alive when
+	// the measured part ended.
+	FleetLive  int     `json:"fleet_live,omitempty"`
+	Seconds    float64 `json:"seconds"`
+	WarmupSecs float64 `json:"warmup_seconds"`
 	// Accepted counts the requests answered 201 in the measured part, and
 	// Failed the others (any other status, or no answer).
 	Accepted   int64   `json:"accepted"`
@@ -145,6 +166,20 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		return nil, err
 	}
 
+	if cfg.Fleet > 0 {
+		pooler, stopFleet, err := harness.StartFleet(ctx, harness.FleetConfig{
+			RelayBin: cfg.RelayBin, LogDir: logDir, Size: cfg.Fleet, PoolerSize: cfg.FleetPoolerSize, Queue: fleetQueue,
+		}, d, prog)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
+		defer stopFleet()
+		res.Fleet = cfg.Fleet
+		if pooler != nil {
+			res.FleetPooler = &pooler.Info
+		}
+	}
+
 	prog.Note("%d clients posting one job per request: %s warm-up, %s measured", cfg.Clients, cfg.Warmup, cfg.Duration)
 	load := newLoad(base+"/v1/jobs", cfg.Clients)
 	// The clients finish the request they are sending when told to stop,
@@ -179,6 +214,13 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	if err := procs.CheckRunning("while clients posted"); err != nil {
 		return nil, err
 	}
+	if cfg.Fleet > 0 {
+		n, err := d.Q.WorkerFleetCount(ctx, fleetQueue)
+		if err != nil {
+			return nil, fmt.Errorf("count the fleet's live workers: %w", err)
+		}
+		res.FleetLive = int(n.LiveInQueue)
+	}
 	prog.Finish("done")
 
 	res.Accepted, res.Failed, res.Answered = load.accepted, load.failed, load.answered
@@ -211,6 +253,10 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	}
 	return res, nil
 }
+
+// fleetQueue is the queue the fleet's workers wait on, which no job is
+// ever posted to.
+const fleetQueue = "enqueue-fleet"
 
 // sleep waits for d, or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) error {
@@ -312,6 +358,7 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	harness.WriteFleetNote(w, r.Fleet, r.FleetPooler)
 	for _, f := range r.Files {
 		fmt.Fprintf(w, "wrote %s\n", f)
 	}

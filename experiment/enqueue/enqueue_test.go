@@ -50,3 +50,27 @@ func TestRun_Short(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRun_BesideAFleet posts beside two idle workers of another queue,
+// their pools through a pooler, and checks that they were alive through
+// the measured part and that no job went astray.
+func TestRun_BesideAFleet(t *testing.T) {
+	res, err := Run(t.Context(), Config{
+		AdminURL:        dbtest.NewURL(t),
+		RelayBin:        relaybin.Path(t),
+		Clients:         2,
+		Duration:        time.Second,
+		Warmup:          time.Second,
+		Fleet:           2,
+		FleetPoolerSize: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Fleet != 2 || res.FleetLive != 2 || res.FleetPooler == nil {
+		t.Errorf("fleet of %d, %d alive at the end, pooler %+v; want 2, 2 and a pooler", res.Fleet, res.FleetLive, res.FleetPooler)
+	}
+	if res.Accepted == 0 || res.Failed != 0 || !res.StoredAll {
+		t.Errorf("accepted %d, failed %d, %d stored for %d answered", res.Accepted, res.Failed, res.Stored, res.Answered)
+	}
+}

@@ -26,6 +26,8 @@ the server: commits, WAL, and the CPU time of the database's backends.`)
 	fs.IntVar(&cfg.Clients, "clients", enqueue.DefaultClients, "clients posting at once")
 	fs.DurationVar(&cfg.Duration, "duration", enqueue.DefaultDuration, "how long the measured part lasts")
 	fs.DurationVar(&cfg.Warmup, "warmup", enqueue.DefaultWarmup, "how long the clients post before the measured part")
+	fs.IntVar(&cfg.Fleet, "fleet", 0, "idle relay work processes to run beside the server, on a queue of their own that no job is posted to: what workers of other queues cost each enqueue")
+	fs.IntVar(&cfg.FleetPoolerSize, "fleet-pooler", 0, "put a PgBouncer in transaction mode with this many server connections between the fleet's pools and the server, their sessions on the server itself (0: none)")
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
 	}
@@ -37,6 +39,12 @@ the server: commits, WAL, and the CPU time of the database's backends.`)
 	}
 	if cfg.Duration <= 0 || cfg.Warmup <= 0 {
 		return cli.Usagef("experiment enqueue: --duration and --warmup must be positive, got %s and %s", cfg.Duration, cfg.Warmup)
+	}
+	if cfg.Fleet < 0 || cfg.FleetPoolerSize < 0 {
+		return cli.Usagef("experiment enqueue: --fleet and --fleet-pooler must not be negative, got %d and %d", cfg.Fleet, cfg.FleetPoolerSize)
+	}
+	if cfg.FleetPoolerSize > 0 && cfg.Fleet == 0 {
+		return cli.Usagef("experiment enqueue: --fleet-pooler needs --fleet")
 	}
 	cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
 	cfg.Progress = stderr
