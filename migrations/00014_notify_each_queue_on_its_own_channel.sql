@@ -17,12 +17,14 @@
 
 -- relay_queue_channel names the channel of one queue's notifications of
 -- event ('available' or 'returned'). A queue name may be 128 characters
--- long and a channel's 63 at most, so the name is the queue's hash: two
--- queues whose hashes agree share a channel, and the workers, which check
--- the payload, still act on their own queue's notifications alone.
+-- long and a channel's 63 bytes at most, so the name holds the first 128
+-- bits of the queue's SHA-256 (not MD5, which servers in FIPS mode
+-- refuse): two queues whose hashes agree would share a channel, and the
+-- workers, which check the payload, still act on their own queue's
+-- notifications alone.
 CREATE FUNCTION relay_queue_channel(event text, queue text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN 'relay_' || event || '_' || md5(queue);
+LANGUAGE sql STABLE STRICT PARALLEL SAFE
+RETURN 'relay_' || event || '_' || left(encode(sha256(convert_to(queue, 'UTF8')), 'hex'), 32);
 
 -- worker_listen subscribes the calling session to the notifications of
 -- queue: jobs that became available there, and jobs that went back to
