@@ -12,8 +12,8 @@
 --
 -- The channels of all queues are still notified too, for workers started
 -- before this migration, which listen there. Listened to by no one, they
--- cost an entry each in the server's notification queue and no wake-up.
--- A later migration stops notifying them.
+-- wake no one, but a second notification costs one-job inserts about 5%
+-- of their rate. A later migration stops notifying them.
 
 -- relay_queue_channel names the channel of one queue's notifications of
 -- event ('available' or 'returned'). A queue name may be 128 characters
