@@ -333,8 +333,7 @@ func (l leases) reclaim(ctx context.Context, window time.Duration) (int, error) 
 	}
 	if len(rows) > 0 {
 		// They keep their run_at, behind the claim cursors.
-		w.cursors.fromHead()
-		w.returned.Store(time.Now().UnixNano())
+		w.jobReturned()
 		notify(w.wake)
 	}
 	return len(rows), nil

@@ -189,9 +189,7 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 				break
 			}
 			if n.Channel == channels.ReturnedChannel {
-				// It may wait behind this worker's claim cursors.
-				w.cursors.fromHead()
-				w.returned.Store(time.Now().UnixNano())
+				w.jobReturned()
 			}
 			notify(w.wake)
 		case waitCtx.Err() != nil && !conn.PgConn().IsClosed():

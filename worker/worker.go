@@ -275,6 +275,15 @@ func notify(c chan struct{}) {
 // counted: at least this one.
 func (w *Worker) fleetSize() int32 { return max(w.fleet.Load(), 1) }
 
+// jobReturned records that a job of the worker's queue went back to
+// available: it may wait behind the claim cursors, so the next claim
+// starts from the head, and a claim that comes back short soon after
+// looks again (dispatcher.recheckReturned).
+func (w *Worker) jobReturned() {
+	w.cursors.fromHead()
+	w.returned.Store(time.Now().UnixNano())
+}
+
 // pollEvery is how long the worker waits between two polls for jobs no
 // notification announced: PollInterval; while notifications tell it of new
 // jobs, in a fleet of more than fleetShare live workers on its queue,

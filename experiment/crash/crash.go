@@ -103,12 +103,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("crash: trials must not be negative, got %d", c.Trials)
 	case c.KillAfter >= c.JobDuration || c.PauseAfter >= c.JobDuration:
 		return c, fmt.Errorf("crash: the worker must be killed and paused before the %s job ends", c.JobDuration)
-	case c.Fleet < 0 || c.FleetPoolerSize < 0:
-		return c, fmt.Errorf("crash: the fleet and its pooler's size must not be negative, got %d and %d", c.Fleet, c.FleetPoolerSize)
-	case c.FleetPoolerSize > 0 && c.Fleet == 0:
-		return c, fmt.Errorf("crash: a pooler of %d connections for no fleet: give the fleet's size too", c.FleetPoolerSize)
 	case c.ZombieHeartbeat >= c.ZombieLease:
 		return c, fmt.Errorf("crash: zombie heartbeat %s must be shorter than its lease %s", c.ZombieHeartbeat, c.ZombieLease)
+	}
+	if err := harness.CheckFleet(c.Fleet, c.FleetPoolerSize); err != nil {
+		return c, fmt.Errorf("crash: %w", err)
 	}
 	return c, nil
 }
@@ -362,9 +361,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		}
 		defer stopFleet()
 		res.Settings.Fleet = cfg.Fleet
-		if pooler != nil {
-			res.Settings.FleetPooler = &pooler.Info
-		}
+		res.Settings.FleetPooler = pooler
 	}
 	for i := 1; i <= cfg.Trials; i++ {
 		prog.Update(i-1, fmt.Sprintf("kill trial %d: starting workers", i))

@@ -81,13 +81,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Warmup == 0 {
 		c.Warmup = DefaultWarmup
 	}
-	switch {
-	case c.Clients < 1 || c.Duration < 0 || c.Warmup < 0:
+	if c.Clients < 1 || c.Duration < 0 || c.Warmup < 0 {
 		return c, fmt.Errorf("enqueue: clients must be at least 1 and the durations positive, got %d, %s, %s", c.Clients, c.Duration, c.Warmup)
-	case c.Fleet < 0 || c.FleetPoolerSize < 0:
-		return c, fmt.Errorf("enqueue: the fleet and its pooler's size must not be negative, got %d and %d", c.Fleet, c.FleetPoolerSize)
-	case c.FleetPoolerSize > 0 && c.Fleet == 0:
-		return c, fmt.Errorf("enqueue: a pooler of %d connections for no fleet: give the fleet's size too", c.FleetPoolerSize)
+	}
+	if err := harness.CheckFleet(c.Fleet, c.FleetPoolerSize); err != nil {
+		return c, fmt.Errorf("enqueue: %w", err)
 	}
 	return c, nil
 }
@@ -175,9 +173,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		}
 		defer stopFleet()
 		res.Fleet = cfg.Fleet
-		if pooler != nil {
-			res.FleetPooler = &pooler.Info
-		}
+		res.FleetPooler = pooler
 	}
 
 	prog.Note("%d clients posting one job per request: %s warm-up, %s measured", cfg.Clients, cfg.Warmup, cfg.Duration)

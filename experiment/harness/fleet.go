@@ -33,13 +33,29 @@ const (
 	fleetStopGrace = 5 * time.Second
 )
 
+// CheckFleet says what is wrong with a fleet of size workers behind a
+// pooler of poolerSize connections, as an experiment's configuration
+// gives them (zero: none), or nil.
+func CheckFleet(size, poolerSize int) error {
+	switch {
+	case size < 0 || poolerSize < 0:
+		return fmt.Errorf("the fleet and its pooler's size must not be negative, got %d and %d", size, poolerSize)
+	case poolerSize > 0 && size == 0:
+		return fmt.Errorf("a pooler of %d connections for no fleet: give the fleet's size too", poolerSize)
+	}
+	return nil
+}
+
 // StartFleet starts cfg.Size idle relay work processes on d, on cfg.Queue,
 // through a pooler if cfg.PoolerSize says so, and waits until every one
-// has registered. It returns the pooler, if any, and the function that
-// stops the fleet and the pooler, to be deferred.
-func StartFleet(ctx context.Context, cfg FleetConfig, d *Database, prog *Progress) (_ *Pooler, stop func(), err error) {
+// has registered. It returns what the pooler was, if there is one, and the
+// function that stops the fleet and the pooler, to be deferred.
+func StartFleet(ctx context.Context, cfg FleetConfig, d *Database, prog *Progress) (_ *PoolerInfo, stop func(), err error) {
 	if cfg.RelayBin == "" || cfg.Queue == "" || cfg.Size < 1 {
 		return nil, nil, errors.New("fleet: a relay binary, a queue and at least one worker are required")
+	}
+	if err := CheckFleet(cfg.Size, cfg.PoolerSize); err != nil {
+		return nil, nil, fmt.Errorf("fleet: %w", err)
 	}
 	env := []string{"DATABASE_URL=" + d.URL}
 	var pooler *Pooler
@@ -83,7 +99,10 @@ func StartFleet(ctx context.Context, cfg FleetConfig, d *Database, prog *Progres
 	if err := WaitWorkers(waitCtx, d.Q, procs, names...); err != nil {
 		return nil, nil, err
 	}
-	return pooler, stop, nil
+	if pooler == nil {
+		return nil, stop, nil
+	}
+	return &pooler.Info, stop, nil
 }
 
 // WriteFleetNote says, for a summary, beside what fleet of size workers an

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/relayq/relay/experiment/enqueue"
+	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/internal/cli"
 )
 
@@ -40,11 +41,8 @@ the server: commits, WAL, and the CPU time of the database's backends.`)
 	if cfg.Duration <= 0 || cfg.Warmup <= 0 {
 		return cli.Usagef("experiment enqueue: --duration and --warmup must be positive, got %s and %s", cfg.Duration, cfg.Warmup)
 	}
-	if cfg.Fleet < 0 || cfg.FleetPoolerSize < 0 {
-		return cli.Usagef("experiment enqueue: --fleet and --fleet-pooler must not be negative, got %d and %d", cfg.Fleet, cfg.FleetPoolerSize)
-	}
-	if cfg.FleetPoolerSize > 0 && cfg.Fleet == 0 {
-		return cli.Usagef("experiment enqueue: --fleet-pooler needs --fleet")
+	if err := harness.CheckFleet(cfg.Fleet, cfg.FleetPoolerSize); err != nil {
+		return cli.Usagef("experiment enqueue: --fleet, --fleet-pooler: %v", err)
 	}
 	cfg.AdminURL, cfg.RelayBin, cfg.OutDir, cfg.LogDir = common.databaseURL, common.relayBin, common.out, common.logDir
 	cfg.Progress = stderr

@@ -194,11 +194,8 @@ acknowledgement is rejected once it is thawed (SIGCONT).`)
 	if cfg.Trials < 1 {
 		return cli.Usagef("experiment crash: --trials must be at least 1, got %d", cfg.Trials)
 	}
-	if cfg.Fleet < 0 || cfg.FleetPoolerSize < 0 {
-		return cli.Usagef("experiment crash: --fleet and --fleet-pooler must not be negative, got %d and %d", cfg.Fleet, cfg.FleetPoolerSize)
-	}
-	if cfg.FleetPoolerSize > 0 && cfg.Fleet == 0 {
-		return cli.Usagef("experiment crash: --fleet-pooler needs --fleet")
+	if err := harness.CheckFleet(cfg.Fleet, cfg.FleetPoolerSize); err != nil {
+		return cli.Usagef("experiment crash: --fleet, --fleet-pooler: %v", err)
 	}
 
 	res, err := crash.Run(ctx, cfg)
