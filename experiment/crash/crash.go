@@ -51,8 +51,9 @@ type Config struct {
 	// PauseAfter is how long after the claim the zombie is frozen. Default
 	// a quarter of JobDuration.
 	PauseAfter time.Duration
-	// Fleet is how many more relay work processes run, idle on a queue of
-	// their own, from before the first trial to the end. Every worker
+	// Fleet is how many more relay work processes run, on a queue of
+	// their own, from before the first trial to the end, idle unless
+	// FleetRate says otherwise. Every worker
 	// looks for dead workers' jobs less often the more live workers there
 	// are (worker.DefaultReclaimInterval), the fleet as a whole about as
 	// often as a few workers: a fleet shows how soon a kill is found in a
@@ -63,6 +64,15 @@ type Config struct {
 	// each fleet worker's session on the server itself, so that a fleet
 	// larger than the server's connections allow fits. Default none.
 	FleetPoolerSize int
+	// FleetRate, when positive, keeps the fleet busy: that many sleep
+	// jobs a second, of FleetJob each, are put on its queue, one per
+	// transaction, from before the first trial to the end. Every one
+	// notifies the fleet's queue, which wakes every listening session of
+	// the database. Default none: an idle fleet.
+	FleetRate float64
+	// FleetJob is how long each of the fleet's jobs sleeps. Default
+	// harness.DefaultFleetJob.
+	FleetJob time.Duration
 	// Progress receives progress lines (stderr). Nil: none.
 	Progress io.Writer
 }
@@ -109,6 +119,9 @@ func (c Config) withDefaults() (Config, error) {
 	if err := harness.CheckFleet(c.Fleet, c.FleetPoolerSize); err != nil {
 		return c, fmt.Errorf("crash: %w", err)
 	}
+	if err := harness.CheckFleetLoad(c.Fleet, c.FleetRate, c.FleetJob); err != nil {
+		return c, fmt.Errorf("crash: %w", err)
+	}
 	return c, nil
 }
 
@@ -126,8 +139,8 @@ type Settings struct {
 	ZombieLeaseMs            float64 `json:"zombie_lease_ms"`
 	ZombieHeartbeatMs        float64 `json:"zombie_heartbeat_ms"`
 	PauseAfterMs             float64 `json:"zombie_pause_after_claim_ms"`
-	// Fleet counts the idle workers beside each trial's (Config.Fleet),
-	// and FleetPooler is the PgBouncer their pools went through, if any.
+	// Fleet counts the workers beside each trial's (Config.Fleet), and
+	// FleetPooler is the PgBouncer their pools went through, if any.
 	Fleet       int                 `json:"fleet,omitempty"`
 	FleetPooler *harness.PoolerInfo `json:"fleet_pooler,omitempty"`
 }
@@ -292,7 +305,10 @@ type Result struct {
 	Settings    Settings            `json:"settings"`
 	Trials      []KillTrial         `json:"trials"`
 	Zombie      *ZombieTrial        `json:"zombie,omitempty"`
-	Summary     Summary             `json:"summary"`
+	// FleetLoad is what became of a busy fleet's jobs (Config.FleetRate),
+	// read after the last trial.
+	FleetLoad *harness.FleetLoad `json:"fleet_load,omitempty"`
+	Summary   Summary            `json:"summary"`
 	// Files lists the files this run wrote.
 	Files []string `json:"files"`
 }
@@ -352,16 +368,18 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	}
 
 	prog := harness.NewProgress(cfg.Progress, "crash", cfg.Trials)
+	var fleet *harness.Fleet
 	if cfg.Fleet > 0 {
-		pooler, stopFleet, err := harness.StartFleet(ctx, harness.FleetConfig{
+		fleet, err = harness.StartFleet(ctx, harness.FleetConfig{
 			RelayBin: cfg.RelayBin, LogDir: logDir, Size: cfg.Fleet, PoolerSize: cfg.FleetPoolerSize, Queue: fleetQueue,
+			Rate: cfg.FleetRate, JobDuration: cfg.FleetJob,
 		}, d, prog)
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %w", err)
 		}
-		defer stopFleet()
+		defer fleet.Stop()
 		res.Settings.Fleet = cfg.Fleet
-		res.Settings.FleetPooler = pooler
+		res.Settings.FleetPooler = fleet.Pooler
 	}
 	for i := 1; i <= cfg.Trials; i++ {
 		prog.Update(i-1, fmt.Sprintf("kill trial %d: starting workers", i))
@@ -379,6 +397,11 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 			return nil, fmt.Errorf("zombie trial: %w", err)
 		}
 		res.Zombie = z
+	}
+	if fleet != nil {
+		if res.FleetLoad, err = fleet.Load(ctx, d); err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
 	}
 	res.Environment.LoadAverageEnd = harness.LoadAverage()
 	res.Summary = summarize(res)
@@ -736,7 +759,7 @@ func (r *Result) write(outDir string) error {
 
 // WriteSummary writes the run's figures as a table.
 func (r *Result) WriteSummary(w io.Writer) error {
-	harness.WriteFleetNote(w, r.Settings.Fleet, r.Settings.FleetPooler)
+	harness.WriteFleetNote(w, r.Settings.Fleet, r.Settings.FleetPooler, r.FleetLoad)
 	tw := harness.NewTable(w)
 	fmt.Fprintln(tw, "trial\tjob\tkilled\tlive workers\treclaim reason\tkill→reclaim\tkill→claim 2\tkill→done\tattempts\tok")
 	for _, t := range r.Trials {

@@ -2,6 +2,7 @@ package crash
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,13 +96,18 @@ func TestRun_Short(t *testing.T) {
 	}
 }
 
-// TestRun_AKillIsFoundInAFleetBehindAPooler kills a worker beside a
+// TestRun_AKillIsFoundInABusyFleetBehindAPooler kills a worker beside a
 // fleet larger than the one in which every worker looks for dead workers'
-// jobs at the base interval, the fleet's pools through a pooler, and checks
-// that the job came back for its worker's session, not its lease, and that
-// the fleet was live at the kill.
-func TestRun_AKillIsFoundInAFleetBehindAPooler(t *testing.T) {
-	const fleet = 20
+// jobs at the base interval, the fleet's pools through a pooler and jobs
+// put on its queue all along, and checks that the job came back for its
+// worker's session, not its lease, that the fleet was live at the kill,
+// and that every job put on the fleet's queue is accounted for.
+func TestRun_AKillIsFoundInABusyFleetBehindAPooler(t *testing.T) {
+	const (
+		fleet = 20
+		rate  = 50
+		job   = 5 * time.Millisecond
+	)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, Config{
@@ -113,6 +119,8 @@ func TestRun_AKillIsFoundInAFleetBehindAPooler(t *testing.T) {
 		SkipZombie:      true,
 		Fleet:           fleet,
 		FleetPoolerSize: 2,
+		FleetRate:       rate,
+		FleetJob:        job,
 	})
 	if err != nil {
 		t.Fatalf("Crash: %v", err)
@@ -129,6 +137,30 @@ func TestRun_AKillIsFoundInAFleetBehindAPooler(t *testing.T) {
 	}
 	if s := res.Settings; s.Fleet != fleet || s.FleetPooler == nil || s.FleetPooler.PoolSize != 2 || s.FleetPooler.PoolMode != "transaction" {
 		t.Errorf("settings record a fleet of %d behind %+v, want %d behind a transaction-mode pooler of 2", s.Fleet, s.FleetPooler, fleet)
+	}
+	l := res.FleetLoad
+	if l == nil {
+		t.Fatal("no record of the fleet's load")
+	}
+	if l.RatePerSec != rate || l.JobMs != 5 || l.Seconds <= 0 {
+		t.Errorf("load recorded as %g jobs/s of %g ms for %g s, want %d of 5 ms for some time", l.RatePerSec, l.JobMs, l.Seconds, rate)
+	}
+	if l.Enqueued == 0 || l.EnqueueErrors != 0 {
+		t.Errorf("%d jobs put on the fleet's queue, %d refused (first: %s); want some, none refused", l.Enqueued, l.EnqueueErrors, l.FirstError)
+	}
+	if counted := l.Succeeded + l.Running + l.Available + l.Failed; counted != l.Enqueued || l.Succeeded == 0 || l.Failed != 0 {
+		t.Errorf("the fleet's queue holds %d succeeded, %d running, %d waiting and %d failed jobs; want the %d accepted, some succeeded, none failed",
+			l.Succeeded, l.Running, l.Available, l.Failed, l.Enqueued)
+	}
+	if l.PickupP50Ms <= 0 || l.PickupP95Ms < l.PickupP50Ms || l.PickupP99Ms < l.PickupP95Ms {
+		t.Errorf("pickup p50 %g, p95 %g, p99 %g ms; want positive and in order", l.PickupP50Ms, l.PickupP95Ms, l.PickupP99Ms)
+	}
+	var summary strings.Builder
+	if err := res.WriteSummary(&summary); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(summary.String(), fmt.Sprintf("Its load: %d jobs/s of sleep (5 ms)", rate)) {
+		t.Errorf("the summary does not describe the fleet's load:\n%s", summary.String())
 	}
 }
 

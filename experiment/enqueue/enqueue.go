@@ -165,15 +165,15 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	}
 
 	if cfg.Fleet > 0 {
-		pooler, stopFleet, err := harness.StartFleet(ctx, harness.FleetConfig{
+		fleet, err := harness.StartFleet(ctx, harness.FleetConfig{
 			RelayBin: cfg.RelayBin, LogDir: logDir, Size: cfg.Fleet, PoolerSize: cfg.FleetPoolerSize, Queue: fleetQueue,
 		}, d, prog)
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %w", err)
 		}
-		defer stopFleet()
+		defer fleet.Stop()
 		res.Fleet = cfg.Fleet
-		res.FleetPooler = pooler
+		res.FleetPooler = fleet.Pooler
 	}
 
 	prog.Note("%d clients posting one job per request: %s warm-up, %s measured", cfg.Clients, cfg.Warmup, cfg.Duration)
@@ -354,7 +354,7 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	harness.WriteFleetNote(w, r.Fleet, r.FleetPooler)
+	harness.WriteFleetNote(w, r.Fleet, r.FleetPooler, nil)
 	for _, f := range r.Files {
 		fmt.Fprintf(w, "wrote %s\n", f)
 	}

@@ -42,6 +42,45 @@ func (q *Queries) ExperimentClock(ctx context.Context) (time.Time, error) {
 	return now, err
 }
 
+const experimentFleetLoad = `-- name: ExperimentFleetLoad :one
+SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint           AS succeeded,
+       count(*) FILTER (WHERE j.state = 'running')::bigint             AS running,
+       count(*) FILTER (WHERE j.state = 'available')::bigint           AS available,
+       count(*) FILTER (WHERE j.state IN ('dead', 'cancelled'))::bigint AS failed,
+       COALESCE(percentile_disc(ARRAY[0.5, 0.95, 0.99]::float8[])
+                    WITHIN GROUP (ORDER BY extract(epoch FROM j.started_at - j.created_at) * 1000)
+                    FILTER (WHERE j.started_at IS NOT NULL),
+                '{}')::float8[]                                         AS pickup_ms
+FROM jobs AS j
+WHERE j.queue = $1
+`
+
+type ExperimentFleetLoadRow struct {
+	Succeeded int64
+	Running   int64
+	Available int64
+	Failed    int64
+	PickupMs  []float64
+}
+
+// What became of the jobs put on a busy fleet's queue: how many finished,
+// run or wait, and how long those that started waited for it (from their
+// creation to their latest attempt's start, on the database clock), at the
+// 50th, 95th and 99th percentiles, in milliseconds (an empty array while
+// none has started).
+func (q *Queries) ExperimentFleetLoad(ctx context.Context, queue string) (ExperimentFleetLoadRow, error) {
+	row := q.db.QueryRow(ctx, experimentFleetLoad, queue)
+	var i ExperimentFleetLoadRow
+	err := row.Scan(
+		&i.Succeeded,
+		&i.Running,
+		&i.Available,
+		&i.Failed,
+		&i.PickupMs,
+	)
+	return i, err
+}
+
 const experimentJobTimes = `-- name: ExperimentJobTimes :many
 SELECT j.id,
        j.state,

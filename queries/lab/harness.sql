@@ -142,3 +142,20 @@ SELECT pg_current_wal_flush_lsn()::text AS lsn;
 -- Drops the slot of a WAL window, which lets the server recycle its
 -- segments again.
 SELECT pg_drop_replication_slot(@slot_name::text);
+
+-- name: ExperimentFleetLoad :one
+-- What became of the jobs put on a busy fleet's queue: how many finished,
+-- run or wait, and how long those that started waited for it (from their
+-- creation to their latest attempt's start, on the database clock), at the
+-- 50th, 95th and 99th percentiles, in milliseconds (an empty array while
+-- none has started).
+SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint           AS succeeded,
+       count(*) FILTER (WHERE j.state = 'running')::bigint             AS running,
+       count(*) FILTER (WHERE j.state = 'available')::bigint           AS available,
+       count(*) FILTER (WHERE j.state IN ('dead', 'cancelled'))::bigint AS failed,
+       COALESCE(percentile_disc(ARRAY[0.5, 0.95, 0.99]::float8[])
+                    WITHIN GROUP (ORDER BY extract(epoch FROM j.started_at - j.created_at) * 1000)
+                    FILTER (WHERE j.started_at IS NOT NULL),
+                '{}')::float8[]                                         AS pickup_ms
+FROM jobs AS j
+WHERE j.queue = @queue;
