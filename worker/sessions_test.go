@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -280,6 +281,92 @@ func TestWorkerForgetEnded_KeepsLiveSessionsAndThoseHoldingJobs(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"live"}, ids); diff != "" {
 		t.Errorf("worker ids still held (-want +got):\n%s", diff)
+	}
+}
+
+// TestWorkerForgetEnded_KeepsAnIDTakenOverWhileItRuns has a new session
+// take over an ended session's worker id in a transaction that commits
+// only once the forget waits for the id's row: the forget, which found the
+// id's session ended, must leave the id to its new holder.
+func TestWorkerForgetEnded_KeepsAnIDTakenOverWhileItRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.register(t, "x", 0).end(t, b)
+
+	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	reg, err := db.New(tx).WorkerRegister(b.ctx, db.WorkerRegisterParams{ID: "x", Queue: "default", PID: 2, Host: "test"})
+	if err != nil {
+		t.Fatalf("take over the id: %v", err)
+	}
+
+	type result struct {
+		n   int64
+		err error
+	}
+	forgot := make(chan result, 1)
+	go func() {
+		n, err := b.q.WorkerForgetEnded(b.ctx)
+		forgot <- result{n, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, tx); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the forget never waited for the id's row")
+		}
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-forgot; r.err != nil || r.n != 1 {
+		t.Fatalf("forget ended sessions: %d, %v; want the ended session's 1", r.n, r.err)
+	}
+	workers, err := b.q.WorkerList(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(workers) != 1 || workers[0].ID != "x" || workers[0].SessionKey != reg.SessionKey || !workers[0].SessionAlive {
+		t.Errorf("workers after the forget: %+v, want x held by the live session %d", workers, reg.SessionKey)
+	}
+}
+
+// TestWorkerForgetEnded_LooksUpNoWorkersSessionOneByOne forgets one ended
+// session beside 20 live ones, and counts the per-session lock checks the
+// statement made: each reads the whole lock table, and one per worker made
+// the fleet's forgets cost the square of its size.
+func TestWorkerForgetEnded_LooksUpNoWorkersSessionOneByOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 20 {
+		b.register(t, fmt.Sprintf("live%d", i), 0)
+	}
+	b.register(t, "gone", 0).end(t, b)
+
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if _, err := tx.Exec(b.ctx, "SET LOCAL track_functions = 'all'"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := db.New(tx).WorkerForgetEnded(b.ctx); err != nil || n != 1 {
+		t.Fatalf("forget ended sessions: %d, %v; want 1", n, err)
+	}
+	var calls int64
+	if err := tx.QueryRow(b.ctx,
+		"SELECT COALESCE(pg_stat_get_xact_function_calls('worker_session_alive(integer)'::regprocedure), 0)").Scan(&calls); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 0 {
+		t.Errorf("the forget checked %d sessions one by one, want none: it reads the lock table once", calls)
 	}
 }
 
