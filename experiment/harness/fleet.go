@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -214,7 +215,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig, d *Database, prog *Progres
 		if f.load, err = startFleetLoad(ctx, cfg, d); err != nil {
 			return nil, err
 		}
-		prog.Note("putting %g jobs/s of %s on the fleet's queue", cfg.Rate, fleetJob(cfg.JobDuration))
+		prog.Note("putting %g jobs/s of %s on the fleet's queue", cfg.Rate, cmp.Or(cfg.JobDuration, DefaultFleetJob))
 	}
 	return f, nil
 }
@@ -242,18 +243,10 @@ type fleetLoad struct {
 	ended    time.Time
 
 	enqueued, failed atomic.Int64
-	maxLag           atomic.Int64
 	mu               sync.Mutex
 	firstErr         error
-}
-
-// fleetJob is how long a busy fleet's jobs sleep when FleetConfig.JobDuration
-// is d.
-func fleetJob(d time.Duration) time.Duration {
-	if d == 0 {
-		return DefaultFleetJob
-	}
-	return d
+	// maxLag is written by run alone, and read once it has returned.
+	maxLag time.Duration
 }
 
 func startFleetLoad(ctx context.Context, cfg FleetConfig, d *Database) (*fleetLoad, error) {
@@ -261,7 +254,7 @@ func startFleetLoad(ctx context.Context, cfg FleetConfig, d *Database) (*fleetLo
 	if err != nil {
 		return nil, fmt.Errorf("fleet load: %w", err)
 	}
-	cfg.JobDuration = fleetJob(cfg.JobDuration)
+	cfg.JobDuration = cmp.Or(cfg.JobDuration, DefaultFleetJob)
 	payload, err := json.Marshal(builtin.SleepPayload{Ms: cfg.JobDuration.Milliseconds()})
 	if err != nil {
 		pool.Close()
@@ -298,9 +291,7 @@ func (l *fleetLoad) run(ctx context.Context, job client.Job) {
 			return
 		case senders <- struct{}{}:
 		}
-		if lag := int64(time.Since(at)); lag > l.maxLag.Load() {
-			l.maxLag.Store(lag)
-		}
+		l.maxLag = max(l.maxLag, time.Since(at))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -340,7 +331,7 @@ func (l *fleetLoad) finish(ctx context.Context, d *Database) (*FleetLoad, error)
 		Seconds:       Round3(l.ended.Sub(l.start).Seconds()),
 		Enqueued:      l.enqueued.Load(),
 		EnqueueErrors: l.failed.Load(),
-		MaxLagMs:      Millis(time.Duration(l.maxLag.Load())),
+		MaxLagMs:      Millis(l.maxLag),
 	}
 	if l.firstErr != nil {
 		out.FirstError = l.firstErr.Error()
