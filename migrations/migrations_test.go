@@ -338,3 +338,25 @@ const (
 	twoHistoryIndexes = "jobs_finished_queue_kind_state_idx t 1000 (finished_at IS NOT NULL)," +
 		"jobs_finished_queue_state_idx t 1000 (finished_at IS NOT NULL)"
 )
+
+// TestMigrations_StopNotifyingTheSharedChannelsOverAPopulatedDatabase
+// carries available, running and finished jobs over 00015 and back: up
+// leaves each queue's channels as the only ones the triggers notify; down
+// notifies the channels shared by all queues again; the jobs are the
+// same throughout. What the workers hear is checked in package worker.
+func TestMigrations_StopNotifyingTheSharedChannelsOverAPopulatedDatabase(t *testing.T) {
+	carryOver(t, 14, 15, backlogAndHistory,
+		jobsDigest,
+		carriedOver{what: "the triggers' functions that notify the shared channels", query: `
+			SELECT coalesce(string_agg(proname, ',' ORDER BY proname), 'none')
+			FROM pg_proc
+			WHERE proname IN ('jobs_notify_available', 'jobs_notify_returned')
+			  AND prosrc ~ 'relay_jobs_(available|returned)'`,
+			before: "jobs_notify_available,jobs_notify_returned", after: "none"},
+		carriedOver{what: "the triggers' functions that notify each queue's channels", query: `
+			SELECT string_agg(proname, ',' ORDER BY proname)
+			FROM pg_proc
+			WHERE proname IN ('jobs_notify_available', 'jobs_notify_returned')
+			  AND prosrc ~ 'relay_queue_channel'`,
+			before: "jobs_notify_available,jobs_notify_returned", after: "jobs_notify_available,jobs_notify_returned"})
+}

@@ -336,6 +336,7 @@ var migrationNames = []string{
 	"00012_list_history_queue_by_queue.sql",
 	"00013_index_history_by_state_and_kind_again.sql",
 	"00014_notify_each_queue_on_its_own_channel.sql",
+	"00015_stop_notifying_the_shared_channels.sql",
 }
 
 // migrateStatus is what relay migrate status prints with the first
