@@ -53,8 +53,12 @@ type Environment struct {
 // ServerInfo is what the experiments record of the PostgreSQL server: its
 // version and the settings that bear on their figures.
 type ServerInfo struct {
-	Version            string `json:"version"`
-	SynchronousCommit  string `json:"synchronous_commit"`
+	Version           string `json:"version"`
+	SynchronousCommit string `json:"synchronous_commit"`
+	// CommitDelay and CommitSiblings lengthen each commit's flush when
+	// set: a way to stand in for a slower disk.
+	CommitDelay        string `json:"commit_delay,omitempty"`
+	CommitSiblings     string `json:"commit_siblings,omitempty"`
 	Fsync              string `json:"fsync"`
 	FullPageWrites     string `json:"full_page_writes,omitempty"`
 	SharedBuffers      string `json:"shared_buffers"`
@@ -89,6 +93,8 @@ func ReadServerInfo(ctx context.Context, q *labdb.Queries) (ServerInfo, error) {
 	return ServerInfo{
 		Version:                     info.ServerVersion,
 		SynchronousCommit:           info.SynchronousCommit,
+		CommitDelay:                 info.CommitDelay,
+		CommitSiblings:              info.CommitSiblings,
 		Fsync:                       info.Fsync,
 		FullPageWrites:              info.FullPageWrites,
 		SharedBuffers:               info.SharedBuffers,

@@ -246,6 +246,8 @@ func (q *Queries) ExperimentRestoreSynchronousCommit(ctx context.Context) error 
 const experimentServerInfo = `-- name: ExperimentServerInfo :one
 SELECT current_setting('server_version')                  AS server_version,
        current_setting('synchronous_commit')              AS synchronous_commit,
+       current_setting('commit_delay')                    AS commit_delay,
+       current_setting('commit_siblings')                 AS commit_siblings,
        current_setting('fsync')                           AS fsync,
        current_setting('full_page_writes')                AS full_page_writes,
        current_setting('shared_buffers')                  AS shared_buffers,
@@ -269,6 +271,8 @@ SELECT current_setting('server_version')                  AS server_version,
 type ExperimentServerInfoRow struct {
 	ServerVersion               string
 	SynchronousCommit           string
+	CommitDelay                 string
+	CommitSiblings              string
 	Fsync                       string
 	FullPageWrites              string
 	SharedBuffers               string
@@ -289,7 +293,8 @@ type ExperimentServerInfoRow struct {
 	SharedPreloadLibraries      string
 }
 
-// The server settings that bear on the experiments' figures: durability,
+// The server settings that bear on the experiments' figures: durability
+// and how long a commit waits to share its flush (commit_delay),
 // memory, and vacuum, which decides whether dead row versions are ever
 // reclaimed (the shared server of these machines runs without it); JIT,
 // which can turn a costly plan's every run into a compilation; and the
@@ -301,6 +306,8 @@ func (q *Queries) ExperimentServerInfo(ctx context.Context) (ExperimentServerInf
 	err := row.Scan(
 		&i.ServerVersion,
 		&i.SynchronousCommit,
+		&i.CommitDelay,
+		&i.CommitSiblings,
 		&i.Fsync,
 		&i.FullPageWrites,
 		&i.SharedBuffers,

@@ -10,7 +10,8 @@
 SELECT clock_timestamp()::timestamptz AS now;
 
 -- name: ExperimentServerInfo :one
--- The server settings that bear on the experiments' figures: durability,
+-- The server settings that bear on the experiments' figures: durability
+-- and how long a commit waits to share its flush (commit_delay),
 -- memory, and vacuum, which decides whether dead row versions are ever
 -- reclaimed (the shared server of these machines runs without it); JIT,
 -- which can turn a costly plan's every run into a compilation; and the
@@ -18,6 +19,8 @@ SELECT clock_timestamp()::timestamptz AS now;
 -- statement's cost.
 SELECT current_setting('server_version')                  AS server_version,
        current_setting('synchronous_commit')              AS synchronous_commit,
+       current_setting('commit_delay')                    AS commit_delay,
+       current_setting('commit_siblings')                 AS commit_siblings,
        current_setting('fsync')                           AS fsync,
        current_setting('full_page_writes')                AS full_page_writes,
        current_setting('shared_buffers')                  AS shared_buffers,
