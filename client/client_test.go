@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
@@ -135,6 +137,159 @@ func TestInsert_InTheCallersTransactionCommitsOrRollsBackWithIt(t *testing.T) {
 				t.Errorf("commit %v: job %d found %v (err %v)", commit, id, found, err)
 			}
 		}
+	}
+}
+
+// TestInsert_AnnouncesEachReadyJobOnceItCommits listens as a worker of the
+// default queue does and checks what it hears of each way of storing a
+// job: one notification per commit that stores ready jobs in the queue,
+// sent once they are committed and never before; none for jobs that run
+// later, or for an idempotent replay. A statement that commits on its own
+// is announced by Insert or InsertAll after its commit, and a
+// transaction's at its commit by the trigger; either way exactly once.
+func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	job := func(t *testing.T, req client.Request) client.Job {
+		t.Helper()
+		req.Kind = "k"
+		j, err := client.Validate(req, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	insert := func(t *testing.T, dbtx db.DBTX, j client.Job) {
+		t.Helper()
+		if _, _, err := client.Insert(ctx, dbtx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec := func(t *testing.T, dbtx db.DBTX, sql string) {
+		t.Helper()
+		if _, err := dbtx.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		// do stores jobs; before its commit, if it has one, it calls
+		// uncommitted, by when nothing may have been heard.
+		do    func(t *testing.T, uncommitted func())
+		heard int
+	}{
+		{name: "through a pool", heard: 1, do: func(t *testing.T, _ func()) {
+			insert(t, pool, job(t, client.Request{}))
+		}},
+		{name: "on a pool's connection, then a plain insert on it", heard: 2, do: func(t *testing.T, _ func()) {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			insert(t, conn, job(t, client.Request{}))
+			// Insert's setting ends with its statement: an insert of
+			// someone else's on the same connection is announced by the
+			// trigger.
+			exec(t, conn, `INSERT INTO jobs (kind) VALUES ('plain')`)
+		}},
+		{name: "on a connection of its own", heard: 1, do: func(t *testing.T, _ func()) {
+			conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			insert(t, conn, job(t, client.Request{}))
+		}},
+		{name: "in the caller's transaction", heard: 1, do: func(t *testing.T, uncommitted func()) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			insert(t, tx, job(t, client.Request{}))
+			uncommitted()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "on a connection in a transaction begun by hand", heard: 1, do: func(t *testing.T, uncommitted func()) {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			exec(t, conn, "BEGIN")
+			insert(t, conn, job(t, client.Request{}))
+			uncommitted()
+			exec(t, conn, "COMMIT")
+		}},
+		{name: "several at once through a pool", heard: 1, do: func(t *testing.T, _ func()) {
+			if _, err := client.InsertAll(ctx, pool, []client.Job{
+				job(t, client.Request{}), job(t, client.Request{}),
+				job(t, client.Request{Queue: ptr("other")}), job(t, client.Request{Delay: ptr(time.Hour)}),
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "several at once in the caller's transaction", heard: 1, do: func(t *testing.T, uncommitted func()) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			if _, err := client.InsertAll(ctx, tx, []client.Job{job(t, client.Request{}), job(t, client.Request{})}); err != nil {
+				t.Fatal(err)
+			}
+			uncommitted()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "only jobs to run in an hour, at once", heard: 0, do: func(t *testing.T, _ func()) {
+			if _, err := client.InsertAll(ctx, pool, []client.Job{job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "a job to run in an hour", heard: 0, do: func(t *testing.T, _ func()) {
+			insert(t, pool, job(t, client.Request{Delay: ptr(time.Hour)}))
+		}},
+		{name: "an idempotent replay", heard: 1, do: func(t *testing.T, _ func()) {
+			j := job(t, client.Request{IdempotencyKey: ptr("once")})
+			insert(t, pool, j)
+			insert(t, pool, j)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer listener.Close(context.Background())
+			channels, err := db.New(listener).WorkerListen(ctx, "default")
+			if err != nil {
+				t.Fatal(err)
+			}
+			count := func() int {
+				n := 0
+				for _, heard := range dbtest.Heard(t, ctx, listener) {
+					if heard.Channel != channels.AvailableChannel || heard.Payload != "default" {
+						t.Errorf("notification %q on %s, want %q on %s", heard.Payload, heard.Channel, "default", channels.AvailableChannel)
+						continue
+					}
+					n++
+				}
+				return n
+			}
+			tc.do(t, func() {
+				if n := count(); n != 0 {
+					t.Errorf("heard %d notifications before the commit, want none", n)
+				}
+			})
+			if n := count(); n != tc.heard {
+				t.Errorf("heard %d notifications, want %d", n, tc.heard)
+			}
+		})
 	}
 }
 

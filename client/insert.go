@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/jsonb"
@@ -33,21 +34,37 @@ const idempotencyAttempts = 3
 // since a delay is relative to each request), it returns that job with
 // replayed true, and otherwise ErrIdempotencyConflict. dbtx may be a
 // transaction of the caller's.
+//
+// A job stored in a transaction of the caller's is announced to its
+// queue's workers when that transaction commits. One stored through a pool
+// or a connection outside a transaction commits on its own, and Insert then
+// announces it once it has (JobAnnounce), so that its commit need not wait
+// for the other notifying commits of the server (migrations/00016). If
+// that announcement fails, as when ctx ends first, the job is stored all
+// the same and Insert does not fail: the workers find it at their next poll.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	q := db.New(dbtx)
+	announceAfterCommit := commitsOnItsOwn(dbtx)
 	params := db.JobInsertParams{
-		Queue:          job.Queue,
-		Kind:           job.Kind,
-		Payload:        job.Payload,
-		Priority:       job.Priority,
-		MaxAttempts:    job.MaxAttempts,
-		RunAt:          job.RunAt,
-		DelayMs:        job.DelayMs,
-		IdempotencyKey: job.IdempotencyKey,
+		Queue:               job.Queue,
+		Kind:                job.Kind,
+		Payload:             job.Payload,
+		Priority:            job.Priority,
+		MaxAttempts:         job.MaxAttempts,
+		RunAt:               job.RunAt,
+		DelayMs:             job.DelayMs,
+		IdempotencyKey:      job.IdempotencyKey,
+		AnnounceAfterCommit: announceAfterCommit,
 	}
 	for range idempotencyAttempts {
 		stored, err := q.JobInsert(ctx, params)
 		if err == nil {
+			if announceAfterCommit {
+				// Stored and committed: if the announcement fails, as when
+				// ctx has ended, the workers find the job at their next
+				// poll, and the enqueue has not failed.
+				_ = q.JobAnnounce(ctx, db.JobAnnounceParams{Queue: stored.Queue, RunAt: stored.RunAt})
+			}
 			return stored, false, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) || job.IdempotencyKey == nil {
@@ -69,6 +86,22 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		return existing, true, nil
 	}
 	return db.Job{}, false, fmt.Errorf("insert job with idempotency key %q: %w", *job.IdempotencyKey, ErrIdempotencyRace)
+}
+
+// commitsOnItsOwn reports whether a statement run through dbtx commits on
+// its own: through a pool, or on a connection with no transaction open.
+// A transaction, or a DBTX of a kind Insert does not know, is taken to
+// commit when its owner says.
+func commitsOnItsOwn(dbtx db.DBTX) bool {
+	switch d := dbtx.(type) {
+	case *pgxpool.Pool:
+		return true
+	case *pgxpool.Conn:
+		return d.Conn().PgConn().TxStatus() == 'I'
+	case *pgx.Conn:
+		return d.PgConn().TxStatus() == 'I'
+	}
+	return false
 }
 
 // sameJob reports whether j is what job would have stored, for an

@@ -11,6 +11,26 @@ import (
 	"time"
 )
 
+const jobAnnounce = `-- name: JobAnnounce :exec
+SELECT pg_notify(relay_queue_channel('available', $1::text), $1::text)
+WHERE $2::timestamptz <= now()
+`
+
+type JobAnnounceParams struct {
+	Queue string
+	RunAt time.Time
+}
+
+// Tells the listeners of queue that a job became available there, as the
+// jobs_notify_available trigger does at an insert's commit, for a job
+// JobInsert stored with announce_after_commit: once the insert has
+// committed, and only if the job is ready by then (run_at). Its
+// transaction writes no row and its commit waits for no flush.
+func (q *Queries) JobAnnounce(ctx context.Context, arg JobAnnounceParams) error {
+	_, err := q.db.Exec(ctx, jobAnnounce, arg.Queue, arg.RunAt)
+	return err
+}
+
 const jobCancel = `-- name: JobCancel :one
 UPDATE jobs AS j
 SET state               = CASE WHEN j.state = 'available' THEN 'cancelled'::job_state ELSE j.state END,
@@ -196,31 +216,40 @@ func (q *Queries) JobIDIssued(ctx context.Context, id int64) (bool, error) {
 }
 
 const jobInsert = `-- name: JobInsert :one
-INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
-VALUES (
-    $1, $2, $3, $4, $5,
-    COALESCE($6::timestamptz, now() + interval '1 millisecond' * $7::bigint),
-    $8
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN $9::boolean THEN 'after_commit' ELSE '' END, true)
 )
+INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
+SELECT $1::text, $2::text, $3::jsonb, $4::smallint, $5::integer,
+       COALESCE($6::timestamptz, now() + interval '1 millisecond' * $7::bigint),
+       $8::text
+FROM announce
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count
 `
 
 type JobInsertParams struct {
-	Queue          string
-	Kind           string
-	Payload        json.RawMessage
-	Priority       int16
-	MaxAttempts    int32
-	RunAt          *time.Time
-	DelayMs        int64
-	IdempotencyKey *string
+	Queue               string
+	Kind                string
+	Payload             json.RawMessage
+	Priority            int16
+	MaxAttempts         int32
+	RunAt               *time.Time
+	DelayMs             int64
+	IdempotencyKey      *string
+	AnnounceAfterCommit bool
 }
 
 // Inserts one job to run at run_at, or delay_ms after now() in the database.
 // With an idempotency key the queue already holds, it inserts nothing and
 // returns no row; the caller then reads the existing job with
 // JobGetByIdempotencyKey.
+//
+// With announce_after_commit the insert does not notify the queue's
+// listeners itself (migrations/00016): the caller, whose statement commits
+// on its own, announces the job with JobAnnounce once it has. Without it,
+// as in a transaction of the caller's, the job is announced when it
+// commits.
 func (q *Queries) JobInsert(ctx context.Context, arg JobInsertParams) (Job, error) {
 	row := q.db.QueryRow(ctx, jobInsert,
 		arg.Queue,
@@ -231,6 +260,7 @@ func (q *Queries) JobInsert(ctx context.Context, arg JobInsertParams) (Job, erro
 		arg.RunAt,
 		arg.DelayMs,
 		arg.IdempotencyKey,
+		arg.AnnounceAfterCommit,
 	)
 	var i Job
 	err := row.Scan(

@@ -360,3 +360,17 @@ func TestMigrations_StopNotifyingTheSharedChannelsOverAPopulatedDatabase(t *test
 			  AND prosrc ~ 'relay_queue_channel'`,
 			before: "jobs_notify_available,jobs_notify_returned", after: "jobs_notify_available,jobs_notify_returned"})
 }
+
+// TestMigrations_LetEnqueuesAnnounceAfterCommitOverAPopulatedDatabase
+// carries available, running and finished jobs over 00016 and back: up
+// has the insert's trigger leave the notification to an insert that says
+// it announces its job after its commit; down has it notify always; the
+// jobs are the same throughout. What the workers hear is checked in
+// package client.
+func TestMigrations_LetEnqueuesAnnounceAfterCommitOverAPopulatedDatabase(t *testing.T) {
+	carryOver(t, 15, 16, backlogAndHistory,
+		jobsDigest,
+		carriedOver{what: "the insert trigger's function, whether it reads relay.announce", query: `
+			SELECT (prosrc ~ 'relay\.announce')::text FROM pg_proc WHERE proname = 'jobs_notify_available'`,
+			before: "false", after: "true"})
+}

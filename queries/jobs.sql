@@ -3,14 +3,31 @@
 -- With an idempotency key the queue already holds, it inserts nothing and
 -- returns no row; the caller then reads the existing job with
 -- JobGetByIdempotencyKey.
-INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
-VALUES (
-    @queue, @kind, @payload, @priority, @max_attempts,
-    COALESCE(sqlc.narg(run_at)::timestamptz, now() + interval '1 millisecond' * @delay_ms::bigint),
-    sqlc.narg(idempotency_key)
+--
+-- With announce_after_commit the insert does not notify the queue's
+-- listeners itself (migrations/00016): the caller, whose statement commits
+-- on its own, announces the job with JobAnnounce once it has. Without it,
+-- as in a transaction of the caller's, the job is announced when it
+-- commits.
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN @announce_after_commit::boolean THEN 'after_commit' ELSE '' END, true)
 )
+INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
+SELECT @queue::text, @kind::text, @payload::jsonb, @priority::smallint, @max_attempts::integer,
+       COALESCE(sqlc.narg(run_at)::timestamptz, now() + interval '1 millisecond' * @delay_ms::bigint),
+       sqlc.narg(idempotency_key)::text
+FROM announce
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
+
+-- name: JobAnnounce :exec
+-- Tells the listeners of queue that a job became available there, as the
+-- jobs_notify_available trigger does at an insert's commit, for a job
+-- JobInsert stored with announce_after_commit: once the insert has
+-- committed, and only if the job is ready by then (run_at). Its
+-- transaction writes no row and its commit waits for no flush.
+SELECT pg_notify(relay_queue_channel('available', @queue::text), @queue::text)
+WHERE @run_at::timestamptz <= now();
 
 -- name: JobInsertMany :many
 -- Inserts many jobs in one statement, all or none, and returns their ids in

@@ -8,10 +8,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/worker"
 )
 
@@ -225,7 +225,7 @@ func TestNotifications_ReachTheirQueuesListenersAlone(t *testing.T) {
 			// Notifications are sent at commit, and each transaction of
 			// tc.do has committed: what is coming is in the server's queue.
 			var heard []string
-			for _, n := range heardBy(t, b.ctx, listener) {
+			for _, n := range dbtest.Heard(t, b.ctx, listener) {
 				switch {
 				case n.Payload != "default":
 					t.Errorf("notification %q on %s, want only the listener's queue, default", n.Payload, n.Channel)
@@ -241,28 +241,6 @@ func TestNotifications_ReachTheirQueuesListenersAlone(t *testing.T) {
 				t.Errorf("heard (-want +got):\n%s", diff)
 			}
 		})
-	}
-}
-
-// heardBy returns the notifications conn receives until none comes for
-// half a second. Any other failure to receive fails the test, so that a
-// lost connection does not pass for silence.
-func heardBy(t *testing.T, ctx context.Context, conn *pgx.Conn) []*pgconn.Notification {
-	t.Helper()
-	var heard []*pgconn.Notification
-	for {
-		waitCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		n, err := conn.WaitForNotification(waitCtx)
-		quiet := waitCtx.Err() != nil && ctx.Err() == nil
-		cancel()
-		switch {
-		case err == nil:
-			heard = append(heard, n)
-		case quiet && !conn.IsClosed():
-			return heard
-		default:
-			t.Fatalf("wait for notifications: %v", err)
-		}
 	}
 }
 

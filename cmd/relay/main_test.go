@@ -337,6 +337,7 @@ var migrationNames = []string{
 	"00013_index_history_by_state_and_kind_again.sql",
 	"00014_notify_each_queue_on_its_own_channel.sql",
 	"00015_stop_notifying_the_shared_channels.sql",
+	"00016_let_enqueues_announce_after_commit.sql",
 }
 
 // migrateStatus is what relay migrate status prints with the first
