@@ -144,9 +144,10 @@ func TestInsert_InTheCallersTransactionCommitsOrRollsBackWithIt(t *testing.T) {
 // default queue does and checks what it hears of each way of storing a
 // job: one notification per commit that stores ready jobs in the queue,
 // sent once they are committed and never before; none for jobs that run
-// later, or for an idempotent replay. A statement that commits on its own
-// is announced by Insert or InsertAll after its commit, and a
-// transaction's at its commit by the trigger; either way exactly once.
+// later, or for an idempotent replay. A statement of Insert's that
+// commits on its own is announced by Insert after its commit; a
+// transaction's, and InsertAll's, at their commit by the trigger; either
+// way exactly once.
 func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()

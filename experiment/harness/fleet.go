@@ -296,7 +296,9 @@ func (l *fleetLoad) run(ctx context.Context, job client.Job) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-senders }()
-			if err := InsertJobs(ctx, l.pool, job, 1); err != nil {
+			// As a producer that stores one job per call does: through
+			// a pool, announced after its commit.
+			if _, _, err := client.Insert(ctx, l.pool, job); err != nil {
 				l.failed.Add(1)
 				l.mu.Lock()
 				if l.firstErr == nil {

@@ -181,7 +181,7 @@ acknowledgement is rejected once it is thawed (SIGCONT).`)
 	fs.DurationVar(&cfg.PauseAfter, "pause-after", 0, "how long after the claim the zombie is frozen (default: a quarter of the job)")
 	fs.IntVar(&cfg.Fleet, "fleet", 0, "relay work processes to run beside the trials' workers, on a queue of their own, idle unless --fleet-rate says otherwise: each worker of a large fleet looks for dead workers' jobs less often")
 	fs.IntVar(&cfg.FleetPoolerSize, "fleet-pooler", 0, "put a PgBouncer in transaction mode with this many server connections between the fleet's pools and the server, their sessions on the server itself (0: none)")
-	fs.Float64Var(&cfg.FleetRate, "fleet-rate", 0, "keep the fleet busy: put this many sleep jobs a second on its queue, one per transaction, through the trials (0: an idle fleet)")
+	fs.Float64Var(&cfg.FleetRate, "fleet-rate", 0, "keep the fleet busy: put this many sleep jobs a second on its queue, one per call of client.Insert, through the trials (0: an idle fleet)")
 	fs.DurationVar(&cfg.FleetJob, "fleet-job", 0, fmt.Sprintf("how long each of the fleet's jobs sleeps, whole milliseconds (default %s with --fleet-rate)", harness.DefaultFleetJob))
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
