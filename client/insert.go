@@ -39,9 +39,11 @@ const idempotencyAttempts = 3
 // queue's workers when that transaction commits. One stored through a pool
 // or a connection outside a transaction commits on its own, and Insert then
 // announces it once it has (JobAnnounce), so that its commit need not wait
-// for the other notifying commits of the server (migrations/00016). If
-// that announcement fails, as when ctx ends first, the job is stored all
-// the same and Insert does not fail: the workers find it at their next poll.
+// for the other notifying commits of the server (migrations/00016): a
+// second round trip for the caller, which lets concurrent callers share
+// their flushes. If that announcement fails, as when ctx ends first, the
+// job is stored all the same and Insert does not fail: the workers find it
+// at their next poll.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	q := db.New(dbtx)
 	announceAfterCommit := commitsOnItsOwn(dbtx)

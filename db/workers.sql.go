@@ -64,7 +64,7 @@ WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
 // its lock before its row commits (WorkerRegister), and an ended session
 // never holds it again. Checking each id's session against pg_locks
 // instead read the lock table once per worker, every worker's id, not only
-// the ended ones': 45 ms a statement beside 150 live workers.
+// the ended ones': 30 to 46 ms a statement beside 152 live workers.
 func (q *Queries) WorkerForgetEnded(ctx context.Context) (int64, error) {
 	result, err := q.db.Exec(ctx, workerForgetEnded)
 	if err != nil {
