@@ -109,7 +109,9 @@ type Config struct {
 	// Lease is how long each claim lasts unless renewed.
 	Lease time.Duration
 	// HeartbeatInterval is how often held leases are renewed, together, in
-	// one statement. It must be shorter than Lease. Default: Lease/3.
+	// one statement. It must be shorter than Lease. Default: Lease/3. A
+	// renewal whose answer takes longer than the interval is waited for
+	// while the leases it renews last, and the next follows when it ends.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker checks for ready jobs when no
 	// notification woke it. While notifications tell it of new jobs, a

@@ -210,6 +210,46 @@ func TestWorker_SessionSurvivesAStallShorterThanTheLease(t *testing.T) {
 	}
 }
 
+func TestWorker_KeepsItsLeaseThroughHeartbeatsSlowerThanTheirInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "steady", `{}`, 5)
+	proxy, through := b.proxied(t)
+	started := make(chan int64, 1)
+	// A renewal may take three round trips: the pool's ping of a
+	// connection idle for a second, and the statement's preparation and
+	// execution on a connection that has not run it yet.
+	const (
+		lease     = 5 * time.Second
+		heartbeat = 500 * time.Millisecond
+		late      = 600 * time.Millisecond // every answer, more than a heartbeat interval
+		runs      = lease + 2*time.Second
+	)
+	b.runWorker(t, newPool(t, through), worker.Config{
+		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, PollInterval: 100 * time.Millisecond, ShutdownGrace: -1,
+	}, func(w *worker.Worker) {
+		w.HandleFunc("steady", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			select {
+			case <-time.After(runs):
+				return "done", nil
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+		})
+	})
+	<-started
+	// From now on the database answers each of the worker's statements
+	// later than a heartbeat interval, and well within the lease: each
+	// renewal takes long, and each one succeeds.
+	proxy.Slow(late)
+	got := b.waitFor(t, job.ID, 30*time.Second, "finished", func(j db.Job) bool { return j.FinishedAt != nil || j.Attempt > 1 })
+	if got.State != db.JobStateSucceeded || got.Attempt != 1 || string(got.Errors) != "[]" || string(got.Result) != `"done"` {
+		t.Errorf("with every answer %s late: %s at attempt %d, result %s, history %s; want succeeded at attempt 1 with result \"done\" and no reclaim",
+			late, got.State, got.Attempt, got.Result, got.Errors)
+	}
+}
+
 func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -32,9 +32,13 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 	w := h.w
 	w.mu.Lock()
 	held := make([]*execution, 0, len(w.held))
+	var oldest time.Time
 	for _, e := range w.held {
 		if !e.lost {
 			held = append(held, e)
+			if oldest.IsZero() || e.renewedAt.Before(oldest) {
+				oldest = e.renewedAt
+			}
 		}
 	}
 	w.mu.Unlock()
@@ -42,7 +46,15 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 		return
 	}
 	sentAt := time.Now()
-	renewed, cancelled, busy, err := w.leases.heartbeatMany(ctx, held)
+	// A renewal is worth waiting for as long as the leases it renews
+	// last: an answer that comes after the next tick, from a slow or
+	// overloaded server, still keeps them. Abandoning it at the interval
+	// would also close its connection, and lose every lease of a worker
+	// whose server answers slower than that. It waits at least an
+	// interval, and gives up when the soonest lease runs out by the
+	// worker's clock, which then loses that job.
+	until := later(oldest.Add(w.cfg.Lease), sentAt.Add(w.cfg.HeartbeatInterval))
+	renewed, cancelled, busy, err := w.leases.heartbeatMany(ctx, held, until)
 	if err != nil {
 		if ctx.Err() != nil {
 			return
@@ -104,4 +116,12 @@ func (h heartbeater) lose(e *execution, why string) {
 	}
 	w.log.Warn("lease lost; cancelling handler", "job", e.job.ID, "attempt", e.job.Attempt, "why", why)
 	e.cancel(ErrLeaseLost)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

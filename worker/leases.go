@@ -190,12 +190,12 @@ func claimedRow(r db.JobGetClaimedRow) db.JobCompleteAndClaimRow {
 	}
 }
 
-// heartbeatMany renews the leases of held (JobHeartbeatMany), and returns
-// the jobs whose lease it renewed and, among them, those someone asked to
-// cancel, and the jobs it left for the next heartbeat because another
-// transaction held their rows. Any other job of held is no longer the
-// worker's.
-func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, cancelled, busy map[int64]bool, err error) {
+// heartbeatMany renews the leases of held (JobHeartbeatMany), waiting for
+// the answer until the time until, and returns the jobs whose lease it
+// renewed and, among them, those someone asked to cancel, and the jobs it
+// left for the next heartbeat because another transaction held their
+// rows. Any other job of held is no longer the worker's.
+func (l leases) heartbeatMany(ctx context.Context, held []*execution, until time.Time) (renewed, cancelled, busy map[int64]bool, err error) {
 	w := l.w
 	params := db.JobHeartbeatManyParams{
 		LeaseMs: w.cfg.Lease.Milliseconds(),
@@ -206,7 +206,7 @@ func (l leases) heartbeatMany(ctx context.Context, held []*execution) (renewed, 
 		params.IDs[i] = e.job.ID
 		params.Tokens[i] = e.token
 	}
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	rows, err := w.q.JobHeartbeatMany(ctx, params)
 	if err != nil {

@@ -11,6 +11,9 @@
 //   - CutAfterCommit closes a connection just after the server committed a
 //     statement of interest and before the client reads the answer: the
 //     client cannot know whether its statement took effect.
+//   - Slow holds what clients send for a while before forwarding it: a
+//     server that answers late, as an overloaded one or one far away does,
+//     while every connection stays open.
 //
 // The proxy listens on 127.0.0.1 on a port of its own; point a client at
 // Addr instead of the server. Only the last case reads the traffic: it
@@ -45,6 +48,7 @@ type Proxy struct {
 	nextLinkID int
 	commitCut  *CommitCut
 	closed     bool
+	delay      time.Duration // set by Slow
 
 	wg sync.WaitGroup
 
@@ -148,6 +152,24 @@ func (p *Proxy) Heal() {
 		close(p.resume)
 	}
 	p.state = stateOpen
+}
+
+// Slow holds every read from a client, on every connection, old and new,
+// for d before forwarding it to the server, until Slow(0). A client that
+// sends one message or statement at a time gets each answer d late; one
+// that sends several before reading waits d more for each read the proxy
+// made of them. Slow(0) ends it; Heal does not.
+func (p *Proxy) Slow(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = max(d, 0)
+}
+
+// holdFor returns how long Slow asks that a read be held.
+func (p *Proxy) holdFor() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delay
 }
 
 // Close stops the proxy and closes every connection.
@@ -408,6 +430,13 @@ func (l *link) pumpClient(server net.Conn, fe *frontendParser, be *backendParser
 	for {
 		n, err := l.client.Read(buf)
 		if n > 0 {
+			if d := l.p.holdFor(); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-l.done:
+					return
+				}
+			}
 			// Parse before forwarding, so that the link awaits the answer
 			// before the server can send it.
 			fe.match, fe.nonEmptyFirstArray = l.p.armedStatement()

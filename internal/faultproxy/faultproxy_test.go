@@ -122,6 +122,45 @@ func TestProxy_BlackholeHoldsTrafficAndDeliversItLateOnHeal(t *testing.T) {
 	}
 }
 
+func TestProxy_SlowDeliversEachStatementLateAndLosesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	direct, through, p := proxied(t)
+	c := connect(t, ctx, through)
+	d := connect(t, ctx, direct)
+	const hold = 400 * time.Millisecond
+
+	p.Slow(hold)
+	sent := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, "INSERT INTO jobs (kind) VALUES ('sent while slow')")
+		done <- err
+	}()
+	time.Sleep(hold / 4)
+	var n int
+	if err := d.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the server saw the statement before its hold ended: %d rows, %v", n, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("statement through a slow proxy: %v", err)
+	}
+	if took := time.Since(sent); took < hold {
+		t.Errorf("statement answered %s after it was sent, want at least the hold, %s", took, hold)
+	}
+	if err := d.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&n); err != nil || n != 1 {
+		t.Errorf("after the hold: %d rows, %v; want the one sent", n, err)
+	}
+
+	p.Slow(0)
+	if _, err := c.Exec(ctx, "INSERT INTO jobs (kind) VALUES ('sent after')"); err != nil {
+		t.Fatalf("statement after Slow(0): %v", err)
+	}
+	if st := p.Stats(); st.Open != 1 || st.Cut != 0 {
+		t.Errorf("stats %+v; want the connection still open and none cut", st)
+	}
+}
+
 func TestProxy_CutAfterCommitLeavesTheClientUnsureAlthoughTheStatementCommitted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
