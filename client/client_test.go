@@ -247,6 +247,118 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		{name: "in a Tx, announced once it has committed", heard: 1, do: func(t *testing.T, uncommitted func()) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			insert(t, tx, job(t, client.Request{}))
+			insert(t, tx, job(t, client.Request{}))
+			uncommitted()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "in a Tx, whose commit alone announces nothing", heard: 0, do: func(t *testing.T, uncommitted func()) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			insert(t, tx, job(t, client.Request{}))
+			if _, err := client.InsertMany(ctx, tx, []client.Job{job(t, client.Request{})}); err != nil {
+				t.Fatal(err)
+			}
+			// Someone else's insert after them in the transaction is left
+			// to the poll too.
+			exec(t, tx, `INSERT INTO jobs (kind) VALUES ('plain')`)
+			uncommitted()
+			// The transaction inside, committed without Tx.Commit's
+			// announcement.
+			if err := tx.Tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "in a Tx on a connection of its own, several at once", heard: 1, do: func(t *testing.T, uncommitted func()) {
+			conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			tx, err := client.BeginTx(ctx, conn, pgx.TxOptions{IsoLevel: pgx.Serializable})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			if _, err := client.InsertMany(ctx, tx, []client.Job{
+				job(t, client.Request{Delay: ptr(time.Hour)}), job(t, client.Request{Queue: ptr("other")}), job(t, client.Request{}),
+			}); err != nil {
+				t.Fatal(err)
+			}
+			uncommitted()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "in a Tx, whole jobs at once", heard: 1, do: func(t *testing.T, uncommitted func()) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			if _, err := client.InsertAll(ctx, tx, []client.Job{job(t, client.Request{}), job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
+				t.Fatal(err)
+			}
+			uncommitted()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "in a Tx, only jobs to run in an hour", heard: 0, do: func(t *testing.T, uncommitted func()) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			insert(t, tx, job(t, client.Request{Delay: ptr(time.Hour)}))
+			if _, err := client.InsertAll(ctx, tx, []client.Job{job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.InsertMany(ctx, tx, []client.Job{job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
+				t.Fatal(err)
+			}
+			uncommitted()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "in a Tx rolled back", heard: 0, do: func(t *testing.T, uncommitted func()) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			insert(t, tx, job(t, client.Request{}))
+			uncommitted()
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "in a Tx whose commit fails", heard: 0, do: func(t *testing.T, uncommitted func()) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			insert(t, tx, job(t, client.Request{}))
+			if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
+				t.Fatal("division by zero succeeded")
+			}
+			uncommitted()
+			if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+				t.Errorf("Commit of a failed transaction: %v, want %v", err, pgx.ErrTxCommitRollback)
+			}
+		}},
 		{name: "only jobs to run in an hour, at once", heard: 0, do: func(t *testing.T, _ func()) {
 			if _, err := client.InsertAll(ctx, pool, []client.Job{job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
 				t.Fatal(err)

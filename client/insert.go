@@ -36,17 +36,18 @@ const idempotencyAttempts = 3
 // transaction of the caller's.
 //
 // A job stored in a transaction of the caller's is announced to its
-// queue's workers when that transaction commits. One stored through a pool
-// or a connection outside a transaction commits on its own, and Insert then
-// announces it once it has (JobAnnounce), so that its commit need not wait
-// for the other notifying commits of the server (migrations/00016): a
-// second round trip for the caller, which lets concurrent callers share
-// their flushes. If that announcement fails, as when ctx ends first, the
-// job is stored all the same and Insert does not fail: the workers find it
-// at their next poll.
+// queue's workers when that transaction commits, or, in a Tx, once it has
+// committed. One stored through a pool or a connection outside a
+// transaction commits on its own, and Insert then announces it once it has
+// (JobAnnounce), so that its commit need not wait for the other notifying
+// commits of the server (migrations/00016): a second round trip for the
+// caller, which lets concurrent callers share their flushes. If that
+// announcement fails, as when ctx ends first, the job is stored all the
+// same and Insert does not fail: the workers find it at their next poll.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	q := db.New(dbtx)
-	announceAfterCommit := commitsOnItsOwn(dbtx)
+	tx, inTx := announcing(dbtx)
+	announceAfterCommit := inTx || commitsOnItsOwn(dbtx)
 	params := db.JobInsertParams{
 		Queue:               job.Queue,
 		Kind:                job.Kind,
@@ -61,7 +62,9 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 	for range idempotencyAttempts {
 		stored, err := q.JobInsert(ctx, params)
 		if err == nil {
-			if announceAfterCommit {
+			if inTx {
+				tx.stored(stored.Queue, stored.RunAt)
+			} else if announceAfterCommit {
 				// Stored and committed: if the announcement fails, as when
 				// ctx has ended, the workers find the job at their next
 				// poll, and the enqueue has not failed.
@@ -123,15 +126,30 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // InsertMany stores jobs in one statement (JobInsertMany), all or none, and
 // returns their ids in the order given. It takes from 1 to MaxBatchJobs
 // jobs, none with an idempotency key. dbtx may be a transaction of the
-// caller's.
+// caller's. The jobs are announced to their queues' workers when the
+// statement's transaction commits, or, in a Tx, once it has committed.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
 		return nil, err
 	}
+	tx, inTx := announcing(dbtx)
+	params.AnnounceAfterCommit = inTx
 	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
+	}
+	if inTx {
+		for _, job := range jobs {
+			switch {
+			case job.RunAt != nil:
+				tx.stored(job.Queue, *job.RunAt)
+			case job.DelayMs == 0:
+				tx.stored(job.Queue, time.Time{})
+			}
+			// A job delayed from the database's now() is left to the
+			// workers, as at an insert's commit.
+		}
 	}
 	return ids, nil
 }
@@ -143,12 +161,19 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 	if err != nil {
 		return nil, err
 	}
+	tx, inTx := announcing(dbtx)
+	params.AnnounceAfterCommit = inTx
 	stored, err := db.New(dbtx).JobInsertAll(ctx, db.JobInsertAllParams(params))
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 	}
 	if len(stored) != len(jobs) {
 		return nil, fmt.Errorf("insert %d jobs: the database returned %d", len(jobs), len(stored))
+	}
+	if inTx {
+		for _, j := range stored {
+			tx.stored(j.Queue, j.RunAt)
+		}
 	}
 	return stored, nil
 }

@@ -1,11 +1,13 @@
 package client_test
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/client"
@@ -20,12 +22,55 @@ import (
 func BenchmarkInsert_OneJobPerCommit(b *testing.B) {
 	for _, inserters := range []int{1, 8} {
 		b.Run(fmt.Sprintf("inserters=%d", inserters), func(b *testing.B) {
-			benchmarkInsert(b, inserters)
+			benchmarkInsert(b, inserters, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+				_, _, err := client.Insert(ctx, pool, job)
+				return err
+			})
 		})
 	}
 }
 
-func benchmarkInsert(b *testing.B, inserters int) {
+// BenchmarkInsert_InATransaction stores one ready job in each transaction
+// of the caller's, from one goroutine and from eight at once, and reports
+// the jobs stored per second: in a transaction begun with pool.Begin, whose
+// commit notifies the queue's listeners, and in one begun with
+// client.Begin, which announces its jobs once it has committed.
+func BenchmarkInsert_InATransaction(b *testing.B) {
+	for _, tc := range []struct {
+		name      string
+		inserters int
+		begin     func(context.Context, *pgxpool.Pool) (pgx.Tx, error)
+	}{
+		{"notified at commit/inserters=1", 1, beginPgx},
+		{"announced after commit/inserters=1", 1, beginClient},
+		{"notified at commit/inserters=8", 8, beginPgx},
+		{"announced after commit/inserters=8", 8, beginClient},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			benchmarkInsert(b, tc.inserters, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+				tx, err := tc.begin(ctx, pool)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback(ctx)
+				if _, _, err := client.Insert(ctx, tx, job); err != nil {
+					return err
+				}
+				return tx.Commit(ctx)
+			})
+		})
+	}
+}
+
+func beginPgx(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) { return pool.Begin(ctx) }
+
+func beginClient(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
+	return client.Begin(ctx, pool)
+}
+
+// benchmarkInsert runs insert b.N times from as many goroutines as
+// inserters, each with a connection of a pool of its own.
+func benchmarkInsert(b *testing.B, inserters int, insert func(context.Context, *pgxpool.Pool, client.Job) error) {
 	ctx := b.Context()
 	config, err := pgxpool.ParseConfig(dbtest.NewURL(b))
 	if err != nil {
@@ -44,8 +89,8 @@ func benchmarkInsert(b *testing.B, inserters int) {
 	}
 	// RunParallel runs parallelism × GOMAXPROCS goroutines; one inserter
 	// runs in the benchmark's own.
-	insert := func() bool {
-		if _, _, err := client.Insert(ctx, pool, job); err != nil {
+	once := func() bool {
+		if err := insert(ctx, pool, job); err != nil {
 			b.Error(err)
 			return false
 		}
@@ -54,14 +99,14 @@ func benchmarkInsert(b *testing.B, inserters int) {
 	b.ResetTimer()
 	if inserters == 1 {
 		for range b.N {
-			if !insert() {
+			if !once() {
 				return
 			}
 		}
 	} else {
 		b.SetParallelism(max(1, inserters/runtime.GOMAXPROCS(0)))
 		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() && insert() {
+			for pb.Next() && once() {
 			}
 		})
 	}

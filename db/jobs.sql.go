@@ -31,6 +31,29 @@ func (q *Queries) JobAnnounce(ctx context.Context, arg JobAnnounceParams) error 
 	return err
 }
 
+const jobAnnounceMany = `-- name: JobAnnounceMany :exec
+SELECT pg_notify(relay_queue_channel('available', a.queue), a.queue)
+FROM (
+    SELECT unnest($1::text[])          AS queue,
+           unnest($2::timestamptz[])  AS run_at
+) AS a
+WHERE a.run_at <= now()
+`
+
+type JobAnnounceManyParams struct {
+	Queues []string
+	RunAts []time.Time
+}
+
+// Tells the listeners of each queue given that a job became available
+// there, as JobAnnounce does for one: for the jobs a transaction of the
+// caller's stored with announce_after_commit, once it has committed. A
+// queue is announced if the earliest run_at given for it is due by now.
+func (q *Queries) JobAnnounceMany(ctx context.Context, arg JobAnnounceManyParams) error {
+	_, err := q.db.Exec(ctx, jobAnnounceMany, arg.Queues, arg.RunAts)
+	return err
+}
+
 const jobCancel = `-- name: JobCancel :one
 UPDATE jobs AS j
 SET state               = CASE WHEN j.state = 'available' THEN 'cancelled'::job_state ELSE j.state END,
@@ -246,10 +269,12 @@ type JobInsertParams struct {
 // JobGetByIdempotencyKey.
 //
 // With announce_after_commit the insert does not notify the queue's
-// listeners itself (migrations/00016): the caller, whose statement commits
-// on its own, announces the job with JobAnnounce once it has. Without it,
-// as in a transaction of the caller's, the job is announced when it
-// commits.
+// listeners itself (migrations/00016), and nor does any insert after it in
+// its transaction until one sets relay.announce again: the caller
+// announces the job once the transaction has committed, with JobAnnounce
+// for an insert that commits on its own, with JobAnnounceMany for a
+// transaction of the caller's (client.Tx). Without it the job is announced
+// when it commits.
 func (q *Queries) JobInsert(ctx context.Context, arg JobInsertParams) (Job, error) {
 	row := q.db.QueryRow(ctx, jobInsert,
 		arg.Queue,
@@ -292,10 +317,13 @@ func (q *Queries) JobInsert(ctx context.Context, arg JobInsertParams) (Job, erro
 }
 
 const jobInsertAll = `-- name: JobInsertAll :many
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN $8::boolean THEN 'after_commit' ELSE '' END, true)
+)
 INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at)
 SELECT b.queue, b.kind, b.payload, b.priority, b.max_attempts,
        COALESCE(NULLIF(b.run_at, '0001-01-01 00:00:00+00'), now() + interval '1 millisecond' * b.delay_ms)
-FROM (
+FROM announce, (
     SELECT unnest($1::text[])           AS queue,
            unnest($2::text[])            AS kind,
            unnest($3::jsonb[])        AS payload,
@@ -308,13 +336,14 @@ RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fenc
 `
 
 type JobInsertAllParams struct {
-	Queues      []string
-	Kinds       []string
-	Payloads    []json.RawMessage
-	Priorities  []int16
-	MaxAttempts []int32
-	RunAts      []time.Time
-	DelaysMs    []int64
+	Queues              []string
+	Kinds               []string
+	Payloads            []json.RawMessage
+	Priorities          []int16
+	MaxAttempts         []int32
+	RunAts              []time.Time
+	DelaysMs            []int64
+	AnnounceAfterCommit bool
 }
 
 // Inserts many jobs in one statement, all or none, as JobInsertMany does,
@@ -330,6 +359,7 @@ func (q *Queries) JobInsertAll(ctx context.Context, arg JobInsertAllParams) ([]J
 		arg.MaxAttempts,
 		arg.RunAts,
 		arg.DelaysMs,
+		arg.AnnounceAfterCommit,
 	)
 	if err != nil {
 		return nil, err
@@ -374,10 +404,13 @@ func (q *Queries) JobInsertAll(ctx context.Context, arg JobInsertAllParams) ([]J
 }
 
 const jobInsertMany = `-- name: JobInsertMany :many
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN $8::boolean THEN 'after_commit' ELSE '' END, true)
+)
 INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at)
 SELECT b.queue, b.kind, b.payload, b.priority, b.max_attempts,
        COALESCE(NULLIF(b.run_at, '0001-01-01 00:00:00+00'), now() + interval '1 millisecond' * b.delay_ms)
-FROM (
+FROM announce, (
     SELECT unnest($1::text[])           AS queue,
            unnest($2::text[])            AS kind,
            unnest($3::jsonb[])        AS payload,
@@ -390,19 +423,23 @@ RETURNING id
 `
 
 type JobInsertManyParams struct {
-	Queues      []string
-	Kinds       []string
-	Payloads    []json.RawMessage
-	Priorities  []int16
-	MaxAttempts []int32
-	RunAts      []time.Time
-	DelaysMs    []int64
+	Queues              []string
+	Kinds               []string
+	Payloads            []json.RawMessage
+	Priorities          []int16
+	MaxAttempts         []int32
+	RunAts              []time.Time
+	DelaysMs            []int64
+	AnnounceAfterCommit bool
 }
 
 // Inserts many jobs in one statement, all or none, and returns their ids in
 // the order given. A run_at of year 1 (the zero time.Time) means delay_ms
 // after now() in the database, since an array parameter cannot carry nulls
-// through sqlc.
+// through sqlc. With announce_after_commit, as JobInsert, it leaves the
+// notification of its jobs to the caller, here for the rest of a
+// transaction of the caller's that announces its jobs once it has
+// committed (JobAnnounceMany).
 func (q *Queries) JobInsertMany(ctx context.Context, arg JobInsertManyParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, jobInsertMany,
 		arg.Queues,
@@ -412,6 +449,7 @@ func (q *Queries) JobInsertMany(ctx context.Context, arg JobInsertManyParams) ([
 		arg.MaxAttempts,
 		arg.RunAts,
 		arg.DelaysMs,
+		arg.AnnounceAfterCommit,
 	)
 	if err != nil {
 		return nil, err

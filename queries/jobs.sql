@@ -5,10 +5,12 @@
 -- JobGetByIdempotencyKey.
 --
 -- With announce_after_commit the insert does not notify the queue's
--- listeners itself (migrations/00016): the caller, whose statement commits
--- on its own, announces the job with JobAnnounce once it has. Without it,
--- as in a transaction of the caller's, the job is announced when it
--- commits.
+-- listeners itself (migrations/00016), and nor does any insert after it in
+-- its transaction until one sets relay.announce again: the caller
+-- announces the job once the transaction has committed, with JobAnnounce
+-- for an insert that commits on its own, with JobAnnounceMany for a
+-- transaction of the caller's (client.Tx). Without it the job is announced
+-- when it commits.
 WITH announce AS (
     SELECT set_config('relay.announce', CASE WHEN @announce_after_commit::boolean THEN 'after_commit' ELSE '' END, true)
 )
@@ -29,15 +31,33 @@ RETURNING *;
 SELECT pg_notify(relay_queue_channel('available', @queue::text), @queue::text)
 WHERE @run_at::timestamptz <= now();
 
+-- name: JobAnnounceMany :exec
+-- Tells the listeners of each queue given that a job became available
+-- there, as JobAnnounce does for one: for the jobs a transaction of the
+-- caller's stored with announce_after_commit, once it has committed. A
+-- queue is announced if the earliest run_at given for it is due by now.
+SELECT pg_notify(relay_queue_channel('available', a.queue), a.queue)
+FROM (
+    SELECT unnest(@queues::text[])          AS queue,
+           unnest(@run_ats::timestamptz[])  AS run_at
+) AS a
+WHERE a.run_at <= now();
+
 -- name: JobInsertMany :many
 -- Inserts many jobs in one statement, all or none, and returns their ids in
 -- the order given. A run_at of year 1 (the zero time.Time) means delay_ms
 -- after now() in the database, since an array parameter cannot carry nulls
--- through sqlc.
+-- through sqlc. With announce_after_commit, as JobInsert, it leaves the
+-- notification of its jobs to the caller, here for the rest of a
+-- transaction of the caller's that announces its jobs once it has
+-- committed (JobAnnounceMany).
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN @announce_after_commit::boolean THEN 'after_commit' ELSE '' END, true)
+)
 INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at)
 SELECT b.queue, b.kind, b.payload, b.priority, b.max_attempts,
        COALESCE(NULLIF(b.run_at, '0001-01-01 00:00:00+00'), now() + interval '1 millisecond' * b.delay_ms)
-FROM (
+FROM announce, (
     SELECT unnest(@queues::text[])           AS queue,
            unnest(@kinds::text[])            AS kind,
            unnest(@payloads::jsonb[])        AS payload,
@@ -53,10 +73,13 @@ RETURNING id;
 -- and returns them whole, in the order given: for the API, which stores
 -- single-job requests that arrive together in one statement and answers
 -- each with its job.
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN @announce_after_commit::boolean THEN 'after_commit' ELSE '' END, true)
+)
 INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at)
 SELECT b.queue, b.kind, b.payload, b.priority, b.max_attempts,
        COALESCE(NULLIF(b.run_at, '0001-01-01 00:00:00+00'), now() + interval '1 millisecond' * b.delay_ms)
-FROM (
+FROM announce, (
     SELECT unnest(@queues::text[])           AS queue,
            unnest(@kinds::text[])            AS kind,
            unnest(@payloads::jsonb[])        AS payload,

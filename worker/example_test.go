@@ -27,8 +27,11 @@ func Example() {
 	defer pool.Close()
 
 	// Enqueue in a transaction of the program's own: the job exists for
-	// workers when, and only if, the transaction commits.
-	tx, err := pool.Begin(ctx)
+	// workers when, and only if, the transaction commits. client.Begin's
+	// transaction is a pgx.Tx whose Commit tells the queue's workers once
+	// it has committed, so that its commit does not queue behind the
+	// server's other notifying commits.
+	tx, err := client.Begin(ctx, pool)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,0 +1,112 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/db"
+)
+
+// Beginner is what a Tx begins on and announces its jobs through once it
+// has committed: a *pgxpool.Pool, a *pgxpool.Conn or a *pgx.Conn.
+type Beginner interface {
+	db.DBTX
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// Tx is a transaction of the caller's whose jobs are announced to their
+// queues' workers after it commits, rather than by its commit.
+//
+// A commit that notifies listeners holds a lock of the whole server from
+// before its WAL flush until it ends, so such commits go one at a time and
+// share no flush (migrations/00016). An application that stores jobs in
+// many concurrent transactions of its own, with its other writes, pays
+// for that in every one of them. Begun with Begin or BeginTx, the
+// transaction works as any pgx.Tx, and Insert, InsertMany and InsertAll
+// given it store their jobs without notifying at commit. Commit commits,
+// then announces their queues in a statement of its own, which holds that
+// lock only briefly. That is a second round trip: worth it where many
+// such transactions commit at once, and the more so the slower the
+// server's flush, and a cost to a program that commits one at a time
+// (docs/experiments.md, "Transactions that announce their jobs after they
+// commit").
+//
+// From the first job stored through it to the end of the transaction, no
+// insert of the transaction notifies at commit: jobs it stores by other
+// means (its own INSERT INTO jobs, or Insert given the pgx.Tx inside) are
+// announced by Commit only if they share a queue with a job stored
+// through it, and otherwise are found at the workers' next poll. If
+// the announcement fails, as when ctx ends first, the jobs are stored
+// all the same, Commit does not fail, and the workers find them at their
+// next poll. A job whose run_at is still ahead when the transaction
+// commits is not announced, as at an insert's commit.
+//
+// A Tx is not for concurrent use, as a pgx.Tx is not.
+type Tx struct {
+	pgx.Tx
+	announceOn db.DBTX
+	// due holds, for each queue a job was stored on through the Tx, the
+	// earliest run_at of its jobs there, or the zero time for one due at
+	// once.
+	due map[string]time.Time
+}
+
+// Begin begins a transaction on b whose jobs are announced after it
+// commits: see Tx.
+func Begin(ctx context.Context, b Beginner) (*Tx, error) {
+	return BeginTx(ctx, b, pgx.TxOptions{})
+}
+
+// BeginTx begins a transaction on b, with opts, whose jobs are announced
+// after it commits: see Tx.
+func BeginTx(ctx context.Context, b Beginner, opts pgx.TxOptions) (*Tx, error) {
+	tx, err := b.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("begin a transaction: %w", err)
+	}
+	return &Tx{Tx: tx, announceOn: b}, nil
+}
+
+// Commit commits the transaction and then announces the queues of the
+// jobs stored through it (JobAnnounceMany). It returns the commit's error
+// alone: a failed announcement leaves the jobs to the workers' next poll.
+func (tx *Tx) Commit(ctx context.Context) error {
+	if err := tx.Tx.Commit(ctx); err != nil {
+		return err
+	}
+	if len(tx.due) == 0 {
+		return nil
+	}
+	params := db.JobAnnounceManyParams{
+		Queues: make([]string, 0, len(tx.due)),
+		RunAts: make([]time.Time, 0, len(tx.due)),
+	}
+	for queue, runAt := range tx.due {
+		params.Queues = append(params.Queues, queue)
+		params.RunAts = append(params.RunAts, runAt)
+	}
+	tx.due = nil
+	// Committed: the jobs are stored whatever the announcement's fate.
+	_ = db.New(tx.announceOn).JobAnnounceMany(ctx, params)
+	return nil
+}
+
+// stored records that a job due at runAt was stored on queue through tx.
+func (tx *Tx) stored(queue string, runAt time.Time) {
+	if tx.due == nil {
+		tx.due = map[string]time.Time{}
+	}
+	if earliest, ok := tx.due[queue]; !ok || runAt.Before(earliest) {
+		tx.due[queue] = runAt
+	}
+}
+
+// announcing returns dbtx as a *Tx if it is one: the transaction that
+// announces the jobs stored through it after it commits.
+func announcing(dbtx db.DBTX) (*Tx, bool) {
+	tx, ok := dbtx.(*Tx)
+	return tx, ok
+}
