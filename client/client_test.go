@@ -280,6 +280,21 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		{name: "in a Tx, then through the pgx.Tx inside", heard: 2, do: func(t *testing.T, uncommitted func()) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			insert(t, tx, job(t, client.Request{}))
+			// Given the pgx.Tx inside, Insert sets relay.announce back:
+			// the commit notifies, and Commit announces the first job.
+			insert(t, tx.Tx, job(t, client.Request{}))
+			uncommitted()
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{name: "in a Tx on a connection of its own, several at once", heard: 1, do: func(t *testing.T, uncommitted func()) {
 			conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
 			if err != nil {

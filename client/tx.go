@@ -34,15 +34,18 @@ type Beginner interface {
 // (docs/experiments.md, "Transactions that announce their jobs after they
 // commit").
 //
-// From the first job stored through it to the end of the transaction, no
-// insert of the transaction notifies at commit: jobs it stores by other
-// means (its own INSERT INTO jobs, or Insert given the pgx.Tx inside) are
-// announced by Commit only if they share a queue with a job stored
-// through it, and otherwise are found at the workers' next poll. If
-// the announcement fails, as when ctx ends first, the jobs are stored
-// all the same, Commit does not fail, and the workers find them at their
-// next poll. A job whose run_at is still ahead when the transaction
-// commits is not announced, as at an insert's commit.
+// A job stored through it sets relay.announce for the rest of the
+// transaction, so a job the transaction stores after that by a statement
+// of its own (an INSERT INTO jobs of the application's) is not notified
+// at commit either: Commit announces it only if it shares a queue with a
+// job stored through the Tx, and otherwise the workers find it at their
+// next poll. (Insert, InsertMany and InsertAll given the pgx.Tx inside
+// set relay.announce back, and their jobs, and those stored after them,
+// are notified at commit, as in any transaction.) If the announcement
+// fails, as when ctx ends first, the jobs are stored all the same, Commit
+// does not fail, and the workers find them at their next poll. A job
+// whose run_at is still ahead when the transaction commits is not
+// announced, as at an insert's commit.
 //
 // A Tx is not for concurrent use, as a pgx.Tx is not.
 type Tx struct {
