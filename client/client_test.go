@@ -172,6 +172,35 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
+	many := func(t *testing.T, dbtx db.DBTX, jobs ...client.Job) {
+		t.Helper()
+		if _, err := client.InsertMany(ctx, dbtx, jobs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := func(t *testing.T, dbtx db.DBTX, jobs ...client.Job) {
+		t.Helper()
+		if _, err := client.InsertAll(ctx, dbtx, jobs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// begin begins a client.Tx on pool, rolled back when the test ends
+	// unless it has ended by then.
+	begin := func(t *testing.T) *client.Tx {
+		t.Helper()
+		tx, err := client.Begin(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tx.Rollback(context.Background()) })
+		return tx
+	}
+	commit := func(t *testing.T, tx pgx.Tx) {
+		t.Helper()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		// do stores jobs; before its commit, if it has one, it calls
@@ -248,52 +277,32 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			}
 		}},
 		{name: "in a Tx, announced once it has committed", heard: 1, do: func(t *testing.T, uncommitted func()) {
-			tx, err := client.Begin(ctx, pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(context.Background())
+			tx := begin(t)
 			insert(t, tx, job(t, client.Request{}))
 			insert(t, tx, job(t, client.Request{}))
 			uncommitted()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx)
 		}},
 		{name: "in a Tx, whose commit alone announces nothing", heard: 0, do: func(t *testing.T, uncommitted func()) {
-			tx, err := client.Begin(ctx, pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(context.Background())
+			tx := begin(t)
 			insert(t, tx, job(t, client.Request{}))
-			if _, err := client.InsertMany(ctx, tx, []client.Job{job(t, client.Request{})}); err != nil {
-				t.Fatal(err)
-			}
+			many(t, tx, job(t, client.Request{}))
 			// Someone else's insert after them in the transaction is left
 			// to the poll too.
 			exec(t, tx, `INSERT INTO jobs (kind) VALUES ('plain')`)
 			uncommitted()
 			// The transaction inside, committed without Tx.Commit's
 			// announcement.
-			if err := tx.Tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx.Tx)
 		}},
 		{name: "in a Tx, then through the pgx.Tx inside", heard: 2, do: func(t *testing.T, uncommitted func()) {
-			tx, err := client.Begin(ctx, pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(context.Background())
+			tx := begin(t)
 			insert(t, tx, job(t, client.Request{}))
 			// Given the pgx.Tx inside, Insert sets relay.announce back:
 			// the commit notifies, and Commit announces the first job.
 			insert(t, tx.Tx, job(t, client.Request{}))
 			uncommitted()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx)
 		}},
 		{name: "in a Tx on a connection of its own, several at once", heard: 1, do: func(t *testing.T, uncommitted func()) {
 			conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
@@ -306,53 +315,26 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tx.Rollback(context.Background())
-			if _, err := client.InsertMany(ctx, tx, []client.Job{
-				job(t, client.Request{Delay: ptr(time.Hour)}), job(t, client.Request{Queue: ptr("other")}), job(t, client.Request{}),
-			}); err != nil {
-				t.Fatal(err)
-			}
+			many(t, tx, job(t, client.Request{Delay: ptr(time.Hour)}), job(t, client.Request{Queue: ptr("other")}), job(t, client.Request{}))
 			uncommitted()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx)
 		}},
 		{name: "in a Tx, whole jobs at once", heard: 1, do: func(t *testing.T, uncommitted func()) {
-			tx, err := client.Begin(ctx, pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(context.Background())
-			if _, err := client.InsertAll(ctx, tx, []client.Job{job(t, client.Request{}), job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
-				t.Fatal(err)
-			}
+			tx := begin(t)
+			all(t, tx, job(t, client.Request{}), job(t, client.Request{Delay: ptr(time.Hour)}))
 			uncommitted()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx)
 		}},
 		{name: "in a Tx, only jobs to run in an hour", heard: 0, do: func(t *testing.T, uncommitted func()) {
-			tx, err := client.Begin(ctx, pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(context.Background())
+			tx := begin(t)
 			insert(t, tx, job(t, client.Request{Delay: ptr(time.Hour)}))
-			if _, err := client.InsertAll(ctx, tx, []client.Job{job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := client.InsertMany(ctx, tx, []client.Job{job(t, client.Request{Delay: ptr(time.Hour)})}); err != nil {
-				t.Fatal(err)
-			}
+			all(t, tx, job(t, client.Request{Delay: ptr(time.Hour)}))
+			many(t, tx, job(t, client.Request{Delay: ptr(time.Hour)}))
 			uncommitted()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx)
 		}},
 		{name: "in a Tx rolled back", heard: 0, do: func(t *testing.T, uncommitted func()) {
-			tx, err := client.Begin(ctx, pool)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := begin(t)
 			insert(t, tx, job(t, client.Request{}))
 			uncommitted()
 			if err := tx.Rollback(ctx); err != nil {
@@ -360,11 +342,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			}
 		}},
 		{name: "in a Tx whose commit fails", heard: 0, do: func(t *testing.T, uncommitted func()) {
-			tx, err := client.Begin(ctx, pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(context.Background())
+			tx := begin(t)
 			insert(t, tx, job(t, client.Request{}))
 			if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
 				t.Fatal("division by zero succeeded")

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -172,59 +173,15 @@ func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 	}
 }
 
-func TestWorker_SessionSurvivesAStallShorterThanTheLease(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
+// steadyThroughProxy enqueues a job whose handler runs for runs and then
+// succeeds with "done", and starts a worker of one slot with lease and
+// heartbeat, on a pool that goes through a fault proxy. It returns the job
+// and the proxy once the handler has started.
+func (b *bundle) steadyThroughProxy(t *testing.T, lease, heartbeat, runs time.Duration) (db.Job, *faultproxy.Proxy) {
+	t.Helper()
 	job := b.enqueue(t, "steady", `{}`, 5)
 	proxy, through := b.proxied(t)
 	started := make(chan int64, 1)
-	const (
-		lease     = 4 * time.Second
-		heartbeat = time.Second
-		stall     = 2 * time.Second
-	)
-	// The session pings every 100 ms, so it is pinging when the stall
-	// begins, and its ping outlasts a heartbeat interval.
-	b.runWorker(t, newPool(t, through), worker.Config{
-		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, PollInterval: 100 * time.Millisecond, ShutdownGrace: -1,
-	}, func(w *worker.Worker) {
-		w.HandleFunc("steady", func(ctx context.Context, j *worker.Job) (any, error) {
-			started <- j.ID
-			select {
-			case <-time.After(stall + 2*heartbeat):
-				return "done", nil
-			case <-ctx.Done():
-				return nil, context.Cause(ctx)
-			}
-		})
-	})
-	<-started
-	// Every connection of the worker stalls, in both directions, for less
-	// than the lease.
-	proxy.Blackhole()
-	time.Sleep(stall)
-	proxy.Heal()
-	got := b.waitFor(t, job.ID, 15*time.Second, "finished", func(j db.Job) bool { return j.FinishedAt != nil || j.Attempt > 1 })
-	if got.State != db.JobStateSucceeded || got.Attempt != 1 || string(got.Errors) != "[]" {
-		t.Errorf("after a %s stall: %s at attempt %d, history %s; want succeeded at attempt 1 with no reclaim", stall, got.State, got.Attempt, got.Errors)
-	}
-}
-
-func TestWorker_KeepsItsLeaseThroughHeartbeatsSlowerThanTheirInterval(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	job := b.enqueue(t, "steady", `{}`, 5)
-	proxy, through := b.proxied(t)
-	started := make(chan int64, 1)
-	// A renewal may take three round trips: the pool's ping of a
-	// connection idle for a second, and the statement's preparation and
-	// execution on a connection that has not run it yet.
-	const (
-		lease     = 5 * time.Second
-		heartbeat = 500 * time.Millisecond
-		late      = 600 * time.Millisecond // every answer, more than a heartbeat interval
-		runs      = lease + 2*time.Second
-	)
 	b.runWorker(t, newPool(t, through), worker.Config{
 		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, PollInterval: 100 * time.Millisecond, ShutdownGrace: -1,
 	}, func(w *worker.Worker) {
@@ -239,15 +196,57 @@ func TestWorker_KeepsItsLeaseThroughHeartbeatsSlowerThanTheirInterval(t *testing
 		})
 	})
 	<-started
+	return job, proxy
+}
+
+// wantRanOnce fails the test unless job, by timeout, succeeded at its first
+// attempt with the result "done" and no reclaim in its history; after says
+// what it went through.
+func (b *bundle) wantRanOnce(t *testing.T, job db.Job, timeout time.Duration, after string) {
+	t.Helper()
+	got := b.waitFor(t, job.ID, timeout, "finished", func(j db.Job) bool { return j.FinishedAt != nil || j.Attempt > 1 })
+	if got.State != db.JobStateSucceeded || got.Attempt != 1 || string(got.Errors) != "[]" || string(got.Result) != `"done"` {
+		t.Errorf("%s: %s at attempt %d, result %s, history %s; want succeeded at attempt 1 with result \"done\" and no reclaim",
+			after, got.State, got.Attempt, got.Result, got.Errors)
+	}
+}
+
+func TestWorker_SessionSurvivesAStallShorterThanTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const (
+		lease     = 4 * time.Second
+		heartbeat = time.Second
+		stall     = 2 * time.Second
+	)
+	// The session pings every 100 ms, so it is pinging when the stall
+	// begins, and its ping outlasts a heartbeat interval.
+	job, proxy := b.steadyThroughProxy(t, lease, heartbeat, stall+2*heartbeat)
+	// Every connection of the worker stalls, in both directions, for less
+	// than the lease.
+	proxy.Blackhole()
+	time.Sleep(stall)
+	proxy.Heal()
+	b.wantRanOnce(t, job, 15*time.Second, fmt.Sprintf("after a %s stall", stall))
+}
+
+func TestWorker_KeepsItsLeaseThroughHeartbeatsSlowerThanTheirInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// A renewal may take three round trips: the pool's ping of a
+	// connection idle for a second, and the statement's preparation and
+	// execution on a connection that has not run it yet.
+	const (
+		lease     = 5 * time.Second
+		heartbeat = 500 * time.Millisecond
+		late      = 600 * time.Millisecond // every answer, more than a heartbeat interval
+	)
+	job, proxy := b.steadyThroughProxy(t, lease, heartbeat, lease+2*time.Second)
 	// From now on the database answers each of the worker's statements
 	// later than a heartbeat interval, and well within the lease: each
 	// renewal takes long, and each one succeeds.
 	proxy.Slow(late)
-	got := b.waitFor(t, job.ID, 30*time.Second, "finished", func(j db.Job) bool { return j.FinishedAt != nil || j.Attempt > 1 })
-	if got.State != db.JobStateSucceeded || got.Attempt != 1 || string(got.Errors) != "[]" || string(got.Result) != `"done"` {
-		t.Errorf("with every answer %s late: %s at attempt %d, result %s, history %s; want succeeded at attempt 1 with result \"done\" and no reclaim",
-			late, got.State, got.Attempt, got.Result, got.Errors)
-	}
+	b.wantRanOnce(t, job, 30*time.Second, fmt.Sprintf("with every answer %s late", late))
 }
 
 func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T) {
