@@ -239,9 +239,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			defer tx.Rollback(context.Background())
 			insert(t, tx, job(t, client.Request{}))
 			uncommitted()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx)
 		}},
 		{name: "on a connection in a transaction begun by hand", heard: 1, do: func(t *testing.T, uncommitted func()) {
 			conn, err := pool.Acquire(ctx)
@@ -268,13 +266,9 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tx.Rollback(context.Background())
-			if _, err := client.InsertAll(ctx, tx, []client.Job{job(t, client.Request{}), job(t, client.Request{})}); err != nil {
-				t.Fatal(err)
-			}
+			all(t, tx, job(t, client.Request{}), job(t, client.Request{}))
 			uncommitted()
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			commit(t, tx)
 		}},
 		{name: "in a Tx, announced once it has committed", heard: 1, do: func(t *testing.T, uncommitted func()) {
 			tx := begin(t)

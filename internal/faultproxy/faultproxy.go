@@ -16,7 +16,7 @@
 //     while every connection stays open.
 //
 // The proxy listens on 127.0.0.1 on a port of its own; point a client at
-// Addr instead of the server. Only the last case reads the traffic: it
+// Addr instead of the server. Only CutAfterCommit reads the traffic: it
 // follows PostgreSQL's wire protocol (version 3) without TLS, so the client
 // must connect with sslmode=disable (or prefer, which the proxy leaves
 // unparsed and so never cuts).
