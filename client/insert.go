@@ -46,7 +46,7 @@ const idempotencyAttempts = 3
 // same and Insert does not fail: the workers find it at their next poll.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	q := db.New(dbtx)
-	tx, inTx := announcing(dbtx)
+	tx, inTx := dbtx.(*Tx)
 	announceAfterCommit := inTx || commitsOnItsOwn(dbtx)
 	params := db.JobInsertParams{
 		Queue:               job.Queue,
@@ -133,7 +133,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	if err != nil {
 		return nil, err
 	}
-	tx, inTx := announcing(dbtx)
+	tx, inTx := dbtx.(*Tx)
 	params.AnnounceAfterCommit = inTx
 	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
 	if err != nil {
@@ -161,7 +161,7 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 	if err != nil {
 		return nil, err
 	}
-	tx, inTx := announcing(dbtx)
+	tx, inTx := dbtx.(*Tx)
 	params.AnnounceAfterCommit = inTx
 	stored, err := db.New(dbtx).JobInsertAll(ctx, db.JobInsertAllParams(params))
 	if err != nil {

@@ -45,7 +45,8 @@ type Beginner interface {
 // fails, as when ctx ends first, the jobs are stored all the same, Commit
 // does not fail, and the workers find them at their next poll. A job
 // whose run_at is still ahead when the transaction commits is not
-// announced, as at an insert's commit.
+// announced, as at an insert's commit, nor is one InsertMany stored with
+// a delay, whose run_at it does not learn.
 //
 // A Tx is not for concurrent use, as a pgx.Tx is not.
 type Tx struct {
@@ -105,11 +106,4 @@ func (tx *Tx) stored(queue string, runAt time.Time) {
 	if earliest, ok := tx.due[queue]; !ok || runAt.Before(earliest) {
 		tx.due[queue] = runAt
 	}
-}
-
-// announcing returns dbtx as a *Tx if it is one: the transaction that
-// announces the jobs stored through it after it commits.
-func announcing(dbtx db.DBTX) (*Tx, bool) {
-	tx, ok := dbtx.(*Tx)
-	return tx, ok
 }

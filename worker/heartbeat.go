@@ -53,7 +53,10 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 	// whose server answers slower than that. It waits at least an
 	// interval, and gives up when the soonest lease runs out by the
 	// worker's clock, which then loses that job.
-	until := later(oldest.Add(w.cfg.Lease), sentAt.Add(w.cfg.HeartbeatInterval))
+	until := oldest.Add(w.cfg.Lease)
+	if floor := sentAt.Add(w.cfg.HeartbeatInterval); until.Before(floor) {
+		until = floor
+	}
 	renewed, cancelled, busy, err := w.leases.heartbeatMany(ctx, held, until)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -116,12 +119,4 @@ func (h heartbeater) lose(e *execution, why string) {
 	}
 	w.log.Warn("lease lost; cancelling handler", "job", e.job.ID, "attempt", e.job.Attempt, "why", why)
 	e.cancel(ErrLeaseLost)
-}
-
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
