@@ -289,6 +289,34 @@ func (q *Queries) WorkerSessionKeys(ctx context.Context) ([]int32, error) {
 	return items, nil
 }
 
+const workerTakeListenerSeat = `-- name: WorkerTakeListenerSeat :one
+SELECT s.seat::integer AS seat
+FROM generate_series(0, $1::integer - 1) AS s(seat)
+WHERE pg_try_advisory_lock(1380273243, hashtext($2::text || '/' || s.seat::text))
+LIMIT 1
+`
+
+type WorkerTakeListenerSeatParams struct {
+	Seats int32
+	Queue string
+}
+
+// Takes one of the queue's listener seats for the calling session, if one
+// is free, and returns its number; no row when all are taken. A seat is an
+// advisory lock of the session, held until the session ends, so that the
+// seat of a worker that dies is free again at once. Only a seated worker
+// listens for its queue's notifications (WorkerListen): PostgreSQL wakes
+// every listening session of the database at each commit that notifies,
+// whatever the channel, so the listeners are kept few and the other
+// workers of the queue poll. The seats are tried in order and the first
+// free one is taken. Two queues whose seats hash alike share that seat.
+func (q *Queries) WorkerTakeListenerSeat(ctx context.Context, arg WorkerTakeListenerSeatParams) (int32, error) {
+	row := q.db.QueryRow(ctx, workerTakeListenerSeat, arg.Seats, arg.Queue)
+	var seat int32
+	err := row.Scan(&seat)
+	return seat, err
+}
+
 const workerUnregister = `-- name: WorkerUnregister :one
 WITH holder AS (
     DELETE FROM workers AS w

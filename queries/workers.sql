@@ -143,3 +143,18 @@ ORDER BY w.id;
 SELECT relay_queue_channel('available', @queue::text)::text AS available_channel,
        relay_queue_channel('returned', @queue::text)::text AS returned_channel
 FROM worker_listen(@queue::text);
+
+-- name: WorkerTakeListenerSeat :one
+-- Takes one of the queue's listener seats for the calling session, if one
+-- is free, and returns its number; no row when all are taken. A seat is an
+-- advisory lock of the session, held until the session ends, so that the
+-- seat of a worker that dies is free again at once. Only a seated worker
+-- listens for its queue's notifications (WorkerListen): PostgreSQL wakes
+-- every listening session of the database at each commit that notifies,
+-- whatever the channel, so the listeners are kept few and the other
+-- workers of the queue poll. The seats are tried in order and the first
+-- free one is taken. Two queues whose seats hash alike share that seat.
+SELECT s.seat::integer AS seat
+FROM generate_series(0, sqlc.arg(seats)::integer - 1) AS s(seat)
+WHERE pg_try_advisory_lock(1380273243, hashtext(sqlc.arg(queue)::text || '/' || s.seat::text))
+LIMIT 1;

@@ -37,6 +37,9 @@ const (
 	// whole still looks 16 times per interval; a worker counts the live
 	// workers as it starts and every 10 seconds.
 	DefaultReclaimInterval = 250 * time.Millisecond
+	// DefaultQueueListeners is how many workers of a queue listen for its
+	// notifications at most. See Config.QueueListeners.
+	DefaultQueueListeners = 16
 	// DefaultReclaimBatch is how many jobs one reclaim statement takes back.
 	DefaultReclaimBatch = 1000
 	// DefaultPrefetchWait is the longest a job claimed ahead of a free slot
@@ -119,6 +122,18 @@ type Config struct {
 	// longer in proportion, so that the fleet as a whole still checks the
 	// queue 16 times per interval.
 	PollInterval time.Duration
+	// QueueListeners is how many workers of the queue, at most, listen for
+	// its notifications, each in a seat its session holds. PostgreSQL
+	// wakes every listening session of the database, and each wakes its
+	// worker, at every commit that notifies, whatever the channel, so a
+	// fleet that all listens pays each new job once per worker. A worker
+	// that finds every seat taken polls at PollInterval instead, tries for
+	// a seat as often, and looks for work with every completion; the seat
+	// of a worker that stops or dies is free at once. So in a fleet larger
+	// than this a new job waits for a poll only while every seated worker
+	// is busy. Default: DefaultQueueListeners. Negative: every worker
+	// listens.
+	QueueListeners int
 	// ReclaimInterval is how often this worker takes back jobs of dead
 	// workers and expired leases.
 	ReclaimInterval time.Duration
@@ -249,6 +264,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ReclaimInterval == 0 {
 		c.ReclaimInterval = DefaultReclaimInterval
+	}
+	if c.QueueListeners == 0 {
+		c.QueueListeners = DefaultQueueListeners
 	}
 	if c.RetainSucceeded == 0 {
 		c.RetainSucceeded = DefaultRetainSucceeded

@@ -20,3 +20,7 @@ func SetFleetCountEvery(t testing.TB, d time.Duration) {
 	fleetCountEvery = d
 	t.Cleanup(func() { fleetCountEvery = old })
 }
+
+// Told reports whether w is told of its queue's new jobs: whether its
+// session listens for them.
+func (w *Worker) Told() bool { return w.session.told() }

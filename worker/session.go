@@ -158,16 +158,13 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 			}
 		}()
 	}
-	channels, err := q.WorkerListen(connectCtx, w.cfg.Queue)
+	defer s.listening.Store(false)
+	listening, channels, err := s.listen(connectCtx, q, key)
 	if err != nil {
-		return fmt.Errorf("listen for the queue's jobs: %w", err)
+		return err
 	}
 	done = true
 	registered(nil)
-	if key != 0 {
-		s.listening.Store(true)
-		defer s.listening.Store(false)
-	}
 	// Jobs may have become ready, or gone back behind the claim cursors,
 	// while no one was listening.
 	w.cursors.fromHead()
@@ -193,13 +190,20 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 			}
 			notify(w.wake)
 		case waitCtx.Err() != nil && !conn.PgConn().IsClosed():
+			wasListening := listening
 			// A ping that is merely slow is no reason to end the session:
 			// that would drop its lock and have every job it holds taken
 			// back at once, though their leases would have outlived the
 			// stall. The session gives up on a definite loss of the
 			// connection, or once a whole lease has passed.
+			// A worker without a seat tries for one instead, which shows
+			// the connection alive as well.
 			pingCtx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			err := conn.Ping(pingCtx)
+			if listening {
+				err = conn.Ping(pingCtx)
+			} else {
+				listening, channels, err = s.listen(pingCtx, q, key)
+			}
 			cancel()
 			if err != nil {
 				if ctx.Err() != nil {
@@ -207,10 +211,44 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 				}
 				return fmt.Errorf("session ping: %w", err)
 			}
+			if listening && !wasListening {
+				w.log.Debug("worker took a listener seat of its queue")
+				w.cursors.fromHead()
+				notify(w.wake)
+			}
 		default:
 			return fmt.Errorf("wait for notification: %w", err)
 		}
 	}
+}
+
+// listen subscribes the session on conn to its queue's notifications if
+// it may, and reports whether it does, with the channels it listens on. A
+// registered session (key not 0) listens only once it holds one of the
+// queue's listener seats, unless Config.QueueListeners is negative, and
+// the worker is told of new jobs while it does. A session through a pooler
+// holds no seat, since a seat taken through a transaction pooler would stay
+// with whichever server session ran it, and listens as before: through a
+// session-mode pool it hears, through a transaction pooler nothing.
+func (s *session) listen(ctx context.Context, q *db.Queries, key int32) (bool, db.WorkerListenRow, error) {
+	w := s.w
+	if key != 0 && w.cfg.QueueListeners > 0 {
+		_, err := q.WorkerTakeListenerSeat(ctx, db.WorkerTakeListenerSeatParams{Seats: int32(w.cfg.QueueListeners), Queue: w.cfg.Queue})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, db.WorkerListenRow{}, nil
+		}
+		if err != nil {
+			return false, db.WorkerListenRow{}, fmt.Errorf("take a listener seat: %w", err)
+		}
+	}
+	channels, err := q.WorkerListen(ctx, w.cfg.Queue)
+	if err != nil {
+		return false, db.WorkerListenRow{}, fmt.Errorf("listen for the queue's jobs: %w", err)
+	}
+	if key != 0 {
+		s.listening.Store(true)
+	}
+	return true, channels, nil
 }
 
 // register registers a new session on conn and returns its key, or 0 when

@@ -184,6 +184,7 @@ type WorkerFlags struct {
 	Heartbeat       time.Duration
 	Poll            time.Duration
 	ReclaimInterval time.Duration
+	QueueListeners  int
 	Prefetch        int
 	PrefetchWait    time.Duration
 	ShutdownGrace   time.Duration
@@ -202,8 +203,9 @@ func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) 
 	fs.StringVar(&w.ID, "id", "", "worker id, unique among live workers (default host-pid-random)")
 	fs.DurationVar(&w.Lease, "lease", worker.DefaultLease, "how long a claim holds a job without a heartbeat")
 	fs.DurationVar(&w.Heartbeat, "heartbeat", 0, "how often leases are renewed (default lease/3)")
-	fs.DurationVar(&w.Poll, "poll", worker.DefaultPollInterval, "how often an idle worker looks for jobs no notification announced; in a fleet of more than 16 on its queue, each less often, the fleet 16 times as often")
+	fs.DurationVar(&w.Poll, "poll", worker.DefaultPollInterval, "how often an idle worker looks for jobs no notification announced; a listening worker of a fleet of more than 16 on its queue less often, the fleet 16 times as often")
 	fs.DurationVar(&w.ReclaimInterval, "reclaim-interval", worker.DefaultReclaimInterval, "how often jobs of dead workers and expired leases are taken back")
+	fs.IntVar(&w.QueueListeners, "queue-listeners", worker.DefaultQueueListeners, "how many workers of the queue, at most, listen for its new jobs (each is woken by every commit of the database that notifies); the others look every --poll and with every completion (-1: every worker listens)")
 	fs.IntVar(&w.Prefetch, "prefetch", 0, fmt.Sprintf("jobs claimed ahead of a free slot while jobs are short (default: as many as --slots, at least %d; -1: none)", worker.DefaultMinPrefetch))
 	fs.DurationVar(&w.PrefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is released")
 	fs.DurationVar(&w.ShutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (negative: release at once)")
@@ -224,6 +226,9 @@ func (w *WorkerFlags) ResolveEnv(getenv func(string) string) {
 
 // Config returns the worker configuration the flags describe.
 func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
+	if w.QueueListeners == 0 || w.QueueListeners < -1 {
+		return worker.Config{}, Usagef("--queue-listeners must be positive, or -1 for every worker, got %d", w.QueueListeners)
+	}
 	if w.BackoffBase <= 0 {
 		return worker.Config{}, Usagef("--backoff-base must be positive, got %s", w.BackoffBase)
 	}
@@ -250,6 +255,7 @@ func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 		HeartbeatInterval:  w.Heartbeat,
 		PollInterval:       w.Poll,
 		ReclaimInterval:    w.ReclaimInterval,
+		QueueListeners:     w.QueueListeners,
 		Prefetch:           w.Prefetch,
 		PrefetchWait:       w.PrefetchWait,
 		ShutdownGrace:      w.ShutdownGrace,

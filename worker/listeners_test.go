@@ -1,0 +1,125 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/worker"
+)
+
+// TestWorker_ListensOnlyInOneOfTheQueuesSeats starts more workers on a
+// queue than it has listener seats and checks that as many listen as there
+// are seats, each holding one, that a worker of another queue has seats of
+// its own, that the seat of a worker that stops passes to one that had
+// none, and that with QueueListeners negative every worker listens.
+func TestWorker_ListensOnlyInOneOfTheQueuesSeats(t *testing.T) {
+	t.Parallel()
+	noHandlers := func(*worker.Worker) {}
+	start := func(t *testing.T, b *bundle, id, queue string, listeners int) (*worker.Worker, func()) {
+		t.Helper()
+		return b.startWorker(t, worker.Config{ID: id, Queue: queue, Slots: 1, QueueListeners: listeners, PollInterval: 100 * time.Millisecond}, noHandlers)
+	}
+	// settle waits until the workers given report told as want, and the
+	// database holds seats listener seats, and fails after a few seconds.
+	settle := func(t *testing.T, b *bundle, ws []*worker.Worker, want []bool, seats int) {
+		t.Helper()
+		var told []bool
+		var held int
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			told = told[:0]
+			for _, w := range ws {
+				told = append(told, w.Told())
+			}
+			if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks
+				WHERE locktype = 'advisory' AND classid = 1380273243 AND granted
+				  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&held); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(told) == fmt.Sprint(want) && held == seats {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("workers told %v with %d seats held, want %v with %d", told, held, want, seats)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	t.Run("seats are few", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		first, stopFirst := start(t, b, "first", "default", 2)
+		settle(t, b, []*worker.Worker{first}, []bool{true}, 1)
+		second, _ := start(t, b, "second", "default", 2)
+		settle(t, b, []*worker.Worker{first, second}, []bool{true, true}, 2)
+		third, _ := start(t, b, "third", "default", 2)
+		other, _ := start(t, b, "other", "other", 2)
+		// The third finds both seats taken, and keeps trying, taking none.
+		time.Sleep(300 * time.Millisecond)
+		settle(t, b, []*worker.Worker{first, second, third, other}, []bool{true, true, false, true}, 3)
+		stopFirst()
+		settle(t, b, []*worker.Worker{second, third, other}, []bool{true, true, true}, 3)
+	})
+	t.Run("every worker listens", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var ws []*worker.Worker
+		for i := range 3 {
+			w, _ := start(t, b, fmt.Sprint("w", i), "default", -1)
+			ws = append(ws, w)
+		}
+		settle(t, b, ws, []bool{true, true, true}, 0)
+	})
+}
+
+// TestWorker_WithoutASeatRunsWhatTheSeatedCannot fills the one seated
+// worker's only slot and checks that a worker without a seat runs the next
+// job, which it finds by its poll.
+func TestWorker_WithoutASeatRunsWhatTheSeatedCannot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	ran := make(chan string, 2)
+	handle := func(id string) func(*worker.Worker) {
+		return func(w *worker.Worker) {
+			w.HandleFunc("hold", func(ctx context.Context, j *worker.Job) (any, error) {
+				ran <- id
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil, nil
+			})
+		}
+	}
+	defer close(release)
+	cfg := worker.Config{Slots: 1, QueueListeners: 1, Prefetch: -1, PollInterval: 200 * time.Millisecond}
+	cfg.ID = "seated"
+	seated, _ := b.startWorker(t, cfg, handle("seated"))
+	for deadline := time.Now().Add(5 * time.Second); !seated.Told(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first worker took no seat")
+		}
+	}
+	cfg.ID = "unseated"
+	unseated, _ := b.startWorker(t, cfg, handle("unseated"))
+	time.Sleep(500 * time.Millisecond)
+	if unseated.Told() {
+		t.Fatal("the second worker listens, though the queue's one seat is taken")
+	}
+	b.enqueue(t, "hold", `{}`, 1)
+	if got := <-ran; got != "seated" {
+		t.Fatalf("the first job ran on %s, want the seated worker, which is told of it", got)
+	}
+	b.enqueue(t, "hold", `{}`, 1)
+	select {
+	case got := <-ran:
+		if got != "unseated" {
+			t.Fatalf("the second job ran on %s, want the worker without a seat", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker without a seat never ran the job the seated worker had no slot for")
+	}
+}
