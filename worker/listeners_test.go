@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/faultproxy"
 	"github.com/relayq/relay/worker"
 )
 
@@ -121,5 +123,51 @@ func TestWorker_WithoutASeatRunsWhatTheSeatedCannot(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker without a seat never ran the job the seated worker had no slot for")
+	}
+}
+
+// TestWorker_ClaimsUnderASessionOnlyOnceItListens cuts a worker's session
+// and, while the worker registers the next, cuts that one's connection
+// just after it took its listener seat: after it registered, before it
+// listens. Every statement of the session is slowed, so that the worker
+// polls many times meanwhile. A job enqueued then must run once, at its
+// first attempt: a claim made under the session that failed would be taken
+// back as soon as its connection closed, although the worker lives.
+func TestWorker_ClaimsUnderASessionOnlyOnceItListens(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, through := b.proxied(t)
+	w, _ := b.startWorker(t, worker.Config{Slots: 1, Lease: 10 * time.Second, SessionDatabaseURL: through}, func(w *worker.Worker) {
+		// Long enough to be running when a session it was claimed under
+		// fails.
+		w.HandleFunc("sleep", func(ctx context.Context, j *worker.Job) (any, error) {
+			select {
+			case <-time.After(2 * time.Second):
+			case <-ctx.Done():
+			}
+			return nil, ctx.Err()
+		})
+	})
+	waitTold := func(want bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); w.Told() != want; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the worker told %v after 10s, want %v", w.Told(), want)
+			}
+		}
+	}
+	waitTold(true)
+	proxy.Slow(300 * time.Millisecond)
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: WorkerTakeListenerSeat", Times: 1})
+	proxy.Cut()
+	proxy.Heal()
+	waitTold(false)
+	job := b.enqueue(t, "sleep", `{}`, 5)
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 30*time.Second)
+	if proxy.Armed() != 0 {
+		t.Fatal("the session's connection was never cut after it took its seat")
+	}
+	if got.Attempt != 1 {
+		t.Errorf("the job succeeded at attempt %d, want 1; its errors: %s", got.Attempt, got.Errors)
 	}
 }

@@ -137,8 +137,6 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 	}
 	if key != 0 {
 		*previous = key
-		w.session.key.Store(key)
-		w.log.Debug("worker session registered", "session_key", key)
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
@@ -162,6 +160,13 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 	listening, channels, err := s.listen(connectCtx, q, key)
 	if err != nil {
 		return err
+	}
+	// Only now may the worker claim under the session: a claim made under
+	// it before a failure here would be taken back at once, as the session
+	// ends with this connection, although the worker lives.
+	if key != 0 {
+		w.session.key.Store(key)
+		w.log.Debug("worker session registered", "session_key", key)
 	}
 	done = true
 	registered(nil)
