@@ -274,8 +274,8 @@ func (c *Check) judgeReclaims(reclaims []labdb.ChaosReclaimsRow, faults []labdb.
 			}
 		case "worker session ended":
 			if !sessionEndedByFault(rc, faults) {
-				c.PrematureReclaims.add("job %d reclaimed from %s at %s for an ended session, but no fault ended that session (lease still valid for %s)",
-					rc.JobID, rc.Worker, rc.At.Format(time.RFC3339Nano), leaseLeft(rc))
+				c.PrematureReclaims.add("job %d reclaimed from %s at %s for an ended session (%s), but no fault ended that session (lease still valid for %s)",
+					rc.JobID, rc.Worker, rc.At.Format(time.RFC3339Nano), sessionOf(rc), leaseLeft(rc))
 			}
 		default:
 			c.PrematureReclaims.add("job %d reclaimed from %s for an unknown reason %q", rc.JobID, rc.Worker, rc.Reason)
@@ -306,6 +306,15 @@ func (c *Check) judgeReclaims(reclaims []labdb.ChaosReclaimsRow, faults []labdb.
 	for _, k := range kinds {
 		c.ReclaimDelays[k] = Delays{Detected: harness.PercentilesOf(delays[k].detected), Redelivered: harness.PercentilesOf(delays[k].redelivered)}
 	}
+}
+
+// sessionOf names the session a reclaimed claim was made under, and when
+// that session registered.
+func sessionOf(rc labdb.ChaosReclaimsRow) string {
+	if rc.OldLeaseSession == nil {
+		return "claimed without a session"
+	}
+	return fmt.Sprintf("session %d, registered at %s", *rc.OldLeaseSession, rc.SessionAt.Format(time.RFC3339Nano))
 }
 
 // sessionEndedByFault reports whether a fault explains a reclaim for an

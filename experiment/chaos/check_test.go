@@ -84,9 +84,17 @@ type claimed struct {
 // start, as a chaos worker does.
 func (h *history) claim(worker string, lease time.Duration) claimed {
 	h.t.Helper()
+	return h.claimUnder(worker, nil, lease)
+}
+
+// claimUnder claims as claim does, under the worker session given (nil:
+// none).
+func (h *history) claimUnder(worker string, session *int32, lease time.Duration) claimed {
+	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
 		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
 		Queue: "default", ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: lease.Milliseconds(), WorkerID: worker,
+		SessionKey: session,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {
 		h.t.Fatalf("claim: %v (%d rows)", err, len(rows))
@@ -142,6 +150,25 @@ func (h *history) ack(c claimed, ack string, accepted bool) {
 	}
 }
 
+// register registers a session of worker, as a worker does, on a
+// connection of its own that holds the session's lock until the test ends,
+// and returns its key.
+func (h *history) register(worker string, previous *int32) *int32 {
+	h.t.Helper()
+	conn, err := h.pool.Acquire(h.ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { conn.Conn().Close(context.Background()); conn.Release() })
+	reg, err := db.New(conn).WorkerRegister(h.ctx, db.WorkerRegisterParams{
+		ID: worker, Queue: "default", PID: 1, Host: "test", PreviousSessionKey: previous,
+	})
+	if err != nil {
+		h.t.Fatalf("register %s: %v", worker, err)
+	}
+	return &reg.SessionKey
+}
+
 // fault records a fault on a worker.
 func (h *history) fault(kind, worker string) {
 	h.t.Helper()
@@ -162,7 +189,7 @@ func (h *history) exec(sql string, args ...any) {
 // whether or not that is justified.
 func (h *history) reclaim(id int64, reason string) {
 	h.t.Helper()
-	h.exec(`UPDATE jobs SET state = 'available', run_at = now(), lease_token = NULL, lease_expires_at = NULL,
+	h.exec(`UPDATE jobs SET state = 'available', run_at = now(), lease_token = NULL, lease_expires_at = NULL, lease_session = NULL,
 	            last_error = $2, error_count = error_count + 1, errors = job_errors_append(errors, jsonb_build_object(
 	                'attempt', attempt, 'worker', leased_by, 'error', $2::text, 'at', now()))
 	        WHERE id = $1`, id, reason)
@@ -332,6 +359,35 @@ func TestCheckHistory_CatchesPrematureReclaims(t *testing.T) {
 	h.reclaim(killed.id, "worker session ended")
 	h.complete(h.claim("w2", time.Minute))
 	wantFindings(t, h.check(), map[string]int64{"premature reclaims": 3})
+}
+
+// TestCheckHistory_JudgesASessionReclaimByTheClaimsOwnSession specifies a
+// partition's aftermath: a claim sent under a worker's session before a
+// partition that runs only once it heals, after the worker registered its
+// next session, was made under the session the partition ended, and its
+// reclaim is explained; a claim under the next session, reclaimed for an
+// ended session that no fault touched, is not.
+func TestCheckHistory_JudgesASessionReclaimByTheClaimsOwnSession(t *testing.T) {
+	h := newHistory(t)
+	first := h.register("w1", nil)
+	h.fault("blackhole", "w1")
+	// Recorded faults and registrations are ordered by their clocks.
+	time.Sleep(10 * time.Millisecond)
+	next := h.register("w1", first)
+	time.Sleep(10 * time.Millisecond)
+	h.enqueue("sleep", 25)
+	late := h.claimUnder("w1", first, time.Minute)
+	h.reclaim(late.id, "worker session ended")
+	h.complete(h.claim("w2", time.Minute))
+	h.enqueue("sleep", 25)
+	alive := h.claimUnder("w1", next, time.Minute)
+	h.reclaim(alive.id, "worker session ended")
+	h.complete(h.claim("w2", time.Minute))
+	c := h.check()
+	wantFindings(t, c, map[string]int64{"premature reclaims": 1})
+	if got := c.PrematureReclaims.Examples; len(got) != 1 || !strings.Contains(got[0], fmt.Sprintf("job %d ", alive.id)) {
+		t.Errorf("premature reclaims %q, want only job %d's", got, alive.id)
+	}
 }
 
 func TestCheckHistory_CatchesUnexpectedExecutionsAndPhantomJobs(t *testing.T) {

@@ -218,6 +218,7 @@ type ChaosTransition struct {
 	NewLeaseExpiresAt *time.Time
 	OldLeasedBy       *string
 	NewLeasedBy       *string
+	OldLeaseSession   *int32
 	NewRunAt          time.Time
 	Error             json.RawMessage
 	ResultFence       *int64

@@ -227,14 +227,17 @@ ORDER BY t.id;
 -- name: ChaosReclaims :many
 -- Every reclaim, with what the checker needs to judge it and to time it:
 -- the reason, the worker and lease taken away, when the reclaimed claim was
--- made, when the session of that worker current at the claim registered,
--- and when the job was claimed next.
+-- made, when the session that claim was made under registered (for a claim
+-- without a session, the worker's session current at the claim), and when
+-- the job was claimed next. A claim is judged by its own session: one sent
+-- under a session before a partition may run only once it heals, after the
+-- worker registered its next session.
 -- @sqlc-vet-disable sqlc/db-prepare
 SELECT r.id, r.job_id, r.kind,
        (r.error ->> 'error')::text AS reason,
        COALESCE(r.old_leased_by, '')::text AS worker,
        r.old_fence, r.old_lease_expires_at, r.tx_at, r.at,
-       r.new_state,
+       r.new_state, r.old_lease_session,
        c.at AS claimed_at,
        -- Year 1 (the zero time.Time) when there is none.
        COALESCE(sess.at, '0001-01-01 00:00:00+00')::timestamptz AS session_at,
@@ -244,7 +247,9 @@ LEFT JOIN chaos_transitions AS c
   ON c.job_id = r.job_id AND c.action = 'claim' AND c.new_fence = r.old_fence
 LEFT JOIN LATERAL (
     SELECT s.at FROM chaos_sessions AS s
-    WHERE s.worker = r.old_leased_by AND s.at <= c.at
+    WHERE s.worker = r.old_leased_by
+      AND CASE WHEN r.old_lease_session IS NOT NULL THEN s.session_key = r.old_lease_session
+               ELSE s.at <= c.at END
     ORDER BY s.at DESC LIMIT 1
 ) AS sess ON true
 LEFT JOIN LATERAL (

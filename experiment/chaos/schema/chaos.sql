@@ -116,6 +116,8 @@ CREATE TABLE IF NOT EXISTS chaos_transitions (
     new_lease_expires_at timestamptz,
     old_leased_by        text,
     new_leased_by        text,
+    -- The session the claim this update ends was made under, if any.
+    old_lease_session    integer,
     new_run_at           timestamptz NOT NULL,
     -- The entry this update appended to the job's error history, if any.
     error                jsonb,
@@ -168,12 +170,12 @@ BEGIN
         job_id, kind, action, old_state, new_state, old_token, new_token,
         old_fence, new_fence, old_attempt, new_attempt,
         old_lease_expires_at, new_lease_expires_at, old_leased_by, new_leased_by,
-        new_run_at, error, result_fence, tx_at, at)
+        old_lease_session, new_run_at, error, result_fence, tx_at, at)
     VALUES (
         NEW.id, NEW.kind, act, OLD.state, NEW.state, OLD.lease_token, NEW.lease_token,
         OLD.fence, NEW.fence, OLD.attempt, NEW.attempt,
         OLD.lease_expires_at, NEW.lease_expires_at, OLD.leased_by, NEW.leased_by,
-        NEW.run_at, entry, rfence, now(), clock_timestamp());
+        OLD.lease_session, NEW.run_at, entry, rfence, now(), clock_timestamp());
     RETURN NULL;
 END;
 $$;
