@@ -195,14 +195,14 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 			}
 			notify(w.wake)
 		case waitCtx.Err() != nil && !conn.PgConn().IsClosed():
-			wasListening := listening
 			// A ping that is merely slow is no reason to end the session:
 			// that would drop its lock and have every job it holds taken
 			// back at once, though their leases would have outlived the
 			// stall. The session gives up on a definite loss of the
-			// connection, or once a whole lease has passed.
-			// A worker without a seat tries for one instead, which shows
-			// the connection alive as well.
+			// connection, or once a whole lease has passed. A session
+			// without a listener seat tries for one in place of the ping,
+			// which shows the connection alive as well.
+			wasListening := listening
 			pingCtx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 			if listening {
 				err = conn.Ping(pingCtx)
@@ -232,9 +232,10 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 // registered session (key not 0) listens only once it holds one of the
 // queue's listener seats, unless Config.QueueListeners is negative, and
 // the worker is told of new jobs while it does. A session through a pooler
-// holds no seat, since a seat taken through a transaction pooler would stay
-// with whichever server session ran it, and listens as before: through a
-// session-mode pool it hears, through a transaction pooler nothing.
+// (key 0) holds no seat, since a seat taken through a transaction pooler
+// would stay with whichever server session ran it, and listens without
+// one: through a session-mode pool it hears, through a transaction pooler
+// nothing.
 func (s *session) listen(ctx context.Context, q *db.Queries, key int32) (bool, db.WorkerListenRow, error) {
 	w := s.w
 	if key != 0 && w.cfg.QueueListeners > 0 {
