@@ -100,11 +100,7 @@ func TestWorker_WithoutASeatRunsWhatTheSeatedCannot(t *testing.T) {
 	cfg := worker.Config{Slots: 1, QueueListeners: 1, Prefetch: -1, PollInterval: 200 * time.Millisecond}
 	cfg.ID = "seated"
 	seated, _ := b.startWorker(t, cfg, handle("seated"))
-	for deadline := time.Now().Add(5 * time.Second); !seated.Told(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first worker took no seat")
-		}
-	}
+	waitTold(t, seated, true)
 	cfg.ID = "unseated"
 	unseated, _ := b.startWorker(t, cfg, handle("unseated"))
 	time.Sleep(500 * time.Millisecond)
@@ -148,20 +144,12 @@ func TestWorker_ClaimsUnderASessionOnlyOnceItListens(t *testing.T) {
 			return nil, ctx.Err()
 		})
 	})
-	waitTold := func(want bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); w.Told() != want; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the worker told %v after 10s, want %v", w.Told(), want)
-			}
-		}
-	}
-	waitTold(true)
+	waitTold(t, w, true)
 	proxy.Slow(300 * time.Millisecond)
 	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: WorkerTakeListenerSeat", Times: 1})
 	proxy.Cut()
 	proxy.Heal()
-	waitTold(false)
+	waitTold(t, w, false)
 	job := b.enqueue(t, "sleep", `{}`, 5)
 	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 30*time.Second)
 	if proxy.Armed() != 0 {
@@ -169,5 +157,16 @@ func TestWorker_ClaimsUnderASessionOnlyOnceItListens(t *testing.T) {
 	}
 	if got.Attempt != 1 {
 		t.Errorf("the job succeeded at attempt %d, want 1; its errors: %s", got.Attempt, got.Errors)
+	}
+}
+
+// waitTold waits up to 10 seconds for w to be told of its queue's new jobs,
+// or to stop being told, as want says.
+func waitTold(t *testing.T, w *worker.Worker, want bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); w.Told() != want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker told %v after 10s, want %v", w.Told(), want)
+		}
 	}
 }

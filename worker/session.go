@@ -202,12 +202,12 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 			// connection, or once a whole lease has passed. A session
 			// without a listener seat tries for one in place of the ping,
 			// which shows the connection alive as well.
-			wasListening := listening
 			pingCtx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+			seated := false
 			if listening {
 				err = conn.Ping(pingCtx)
 			} else {
-				listening, channels, err = s.listen(pingCtx, q, key)
+				seated, channels, err = s.listen(pingCtx, q, key)
 			}
 			cancel()
 			if err != nil {
@@ -216,7 +216,8 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 				}
 				return fmt.Errorf("session ping: %w", err)
 			}
-			if listening && !wasListening {
+			if seated {
+				listening = true
 				w.log.Debug("worker took a listener seat of its queue")
 				w.cursors.fromHead()
 				notify(w.wake)
