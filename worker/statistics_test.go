@@ -220,7 +220,12 @@ func TestStatistics_AWorkerNeverWaitsForTheTableWhileAutovacuumWorksOnIt(t *test
 
 	b.startWorker(t, worker.Config{PruneInterval: 20 * time.Millisecond}, func(*worker.Worker) {})
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if n := b.count(t, `SELECT count(*) FROM pg_locks WHERE relation = 'jobs'::regclass AND NOT granted`); n > 0 {
+		// The test databases are copies of one template, so the jobs table
+		// of every other test's database has the same oid: the locks are
+		// this database's only.
+		if n := b.count(t, `SELECT count(*) FROM pg_locks
+			WHERE relation = 'jobs'::regclass AND NOT granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`); n > 0 {
 			t.Fatalf("%d sessions wait for a lock on jobs while its vacuum lock is held", n)
 		}
 	}
