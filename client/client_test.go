@@ -260,6 +260,24 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		{name: "several ids at once through a pool", heard: 1, do: func(t *testing.T, _ func()) {
+			many(t, pool, job(t, client.Request{}), job(t, client.Request{}),
+				job(t, client.Request{Queue: ptr("other")}), job(t, client.Request{Delay: ptr(time.Hour)}))
+		}},
+		{name: "several ids at once on a connection in a transaction begun by hand", heard: 1, do: func(t *testing.T, uncommitted func()) {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			exec(t, conn, "BEGIN")
+			many(t, conn, job(t, client.Request{}), job(t, client.Request{}))
+			uncommitted()
+			exec(t, conn, "COMMIT")
+		}},
+		{name: "only ids of jobs to run in an hour, at once through a pool", heard: 0, do: func(t *testing.T, _ func()) {
+			many(t, pool, job(t, client.Request{Delay: ptr(time.Hour)}), job(t, client.Request{RunAt: ptr(time.Now().Add(time.Hour))}))
+		}},
 		{name: "several at once in the caller's transaction", heard: 1, do: func(t *testing.T, uncommitted func()) {
 			tx, err := pool.Begin(ctx)
 			if err != nil {

@@ -126,36 +126,58 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // InsertMany stores jobs in one statement (JobInsertMany), all or none, and
 // returns their ids in the order given. It takes from 1 to MaxBatchJobs
 // jobs, none with an idempotency key. dbtx may be a transaction of the
-// caller's. The jobs are announced to their queues' workers when the
-// statement's transaction commits, or, in a Tx, once it has committed.
+// caller's. The jobs are announced to their queues' workers as Insert's
+// are: when the caller's transaction commits, or, in a Tx or when the
+// statement commits on its own, once it has committed (JobAnnounceMany).
+// A job given a delay rather than a run_at is not announced then, since
+// its run_at is the database's to compute: the workers find it when it is
+// due, as after a commit that notifies. Outside a transaction that is a
+// second round trip, which lets concurrent callers share their flushes
+// (docs/experiments.md, "Batches announced after their commit").
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
 		return nil, err
 	}
 	tx, inTx := dbtx.(*Tx)
-	params.AnnounceAfterCommit = inTx
+	ownCommit := !inTx && commitsOnItsOwn(dbtx)
+	params.AnnounceAfterCommit = inTx || ownCommit
 	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 	}
-	if inTx {
-		for _, job := range jobs {
-			switch {
-			case job.RunAt != nil:
-				tx.stored(job.Queue, *job.RunAt)
-			case job.DelayMs == 0:
-				tx.stored(job.Queue, time.Time{})
-			}
-			// A job delayed from the database's now() is left to the
-			// workers, as at an insert's commit.
+	var due dueQueues
+	for _, job := range jobs {
+		switch {
+		case job.RunAt != nil:
+			due.add(job.Queue, *job.RunAt)
+		case job.DelayMs == 0:
+			due.add(job.Queue, time.Time{})
 		}
+		// A job delayed from the database's now() is left to the workers,
+		// as at an insert's commit.
+	}
+	switch {
+	case inTx:
+		tx.due.merge(due)
+	case ownCommit:
+		// Stored and committed: if the announcement fails, as when ctx has
+		// ended, the workers find the jobs at their next poll, and the
+		// insert has not failed.
+		_ = due.announce(ctx, dbtx)
 	}
 	return ids, nil
 }
 
 // InsertAll stores jobs in one statement (JobInsertAll), all or none, as
-// InsertMany does, and returns them whole, in the order given.
+// InsertMany does, and returns them whole, in the order given. It is for
+// the API, which stores the one-job requests that arrive together in one
+// statement. Unlike InsertMany's, its jobs are announced when the
+// statement's transaction commits, also when it commits on its own: for
+// those groups, a second statement that announces them after the commit
+// accepted no more requests a second (docs/experiments.md, "The API's
+// groups, announced after their commit"). In a Tx they are announced once
+// it has committed.
 func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -171,9 +193,7 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 		return nil, fmt.Errorf("insert %d jobs: the database returned %d", len(jobs), len(stored))
 	}
 	if inTx {
-		for _, j := range stored {
-			tx.stored(j.Queue, j.RunAt)
-		}
+		tx.due.merge(dueOf(stored))
 	}
 	return stored, nil
 }

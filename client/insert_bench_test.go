@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -22,8 +23,24 @@ import (
 func BenchmarkInsert_OneJobPerCommit(b *testing.B) {
 	for _, inserters := range []int{1, 8} {
 		b.Run(fmt.Sprintf("inserters=%d", inserters), func(b *testing.B) {
-			benchmarkInsert(b, inserters, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			benchmarkInsert(b, inserters, 1, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
 				_, _, err := client.Insert(ctx, pool, job)
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkInsertMany_TenJobsPerCommit stores ten ready jobs per commit
+// through a pool with InsertMany, from one goroutine and from eight at
+// once, as a producer of small batches would, and reports the jobs stored
+// per second.
+func BenchmarkInsertMany_TenJobsPerCommit(b *testing.B) {
+	const batch = 10
+	for _, inserters := range []int{1, 8} {
+		b.Run(fmt.Sprintf("inserters=%d", inserters), func(b *testing.B) {
+			benchmarkInsert(b, inserters, batch, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+				_, err := client.InsertMany(ctx, pool, slices.Repeat([]client.Job{job}, batch))
 				return err
 			})
 		})
@@ -47,7 +64,7 @@ func BenchmarkInsert_InATransaction(b *testing.B) {
 		{"announced after commit/inserters=8", 8, beginClient},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			benchmarkInsert(b, tc.inserters, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			benchmarkInsert(b, tc.inserters, 1, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
 				tx, err := tc.begin(ctx, pool)
 				if err != nil {
 					return err
@@ -68,9 +85,10 @@ func beginClient(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
 	return client.Begin(ctx, pool)
 }
 
-// benchmarkInsert runs insert b.N times from as many goroutines as
-// inserters, each with a connection of a pool of its own.
-func benchmarkInsert(b *testing.B, inserters int, insert func(context.Context, *pgxpool.Pool, client.Job) error) {
+// benchmarkInsert runs insert, which stores jobsPerCall jobs, b.N times
+// from as many goroutines as inserters, each with a connection of a pool
+// of its own.
+func benchmarkInsert(b *testing.B, inserters, jobsPerCall int, insert func(context.Context, *pgxpool.Pool, client.Job) error) {
 	ctx := b.Context()
 	config, err := pgxpool.ParseConfig(dbtest.NewURL(b))
 	if err != nil {
@@ -110,5 +128,5 @@ func benchmarkInsert(b *testing.B, inserters int, insert func(context.Context, *
 			}
 		})
 	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "jobs/s")
+	b.ReportMetric(float64(b.N*jobsPerCall)/b.Elapsed().Seconds(), "jobs/s")
 }

@@ -52,10 +52,8 @@ type Beginner interface {
 type Tx struct {
 	pgx.Tx
 	announceOn db.DBTX
-	// due holds, for each queue a job was stored on through the Tx, the
-	// earliest run_at of its jobs there, or the zero time for one due at
-	// once.
-	due map[string]time.Time
+	// due holds the queues of the jobs stored through the Tx.
+	due dueQueues
 }
 
 // Begin begins a transaction on b whose jobs are announced after it
@@ -81,29 +79,14 @@ func (tx *Tx) Commit(ctx context.Context) error {
 	if err := tx.Tx.Commit(ctx); err != nil {
 		return err
 	}
-	if len(tx.due) == 0 {
-		return nil
-	}
-	params := db.JobAnnounceManyParams{
-		Queues: make([]string, 0, len(tx.due)),
-		RunAts: make([]time.Time, 0, len(tx.due)),
-	}
-	for queue, runAt := range tx.due {
-		params.Queues = append(params.Queues, queue)
-		params.RunAts = append(params.RunAts, runAt)
-	}
+	due := tx.due
 	tx.due = nil
 	// Committed: the jobs are stored whatever the announcement's fate.
-	_ = db.New(tx.announceOn).JobAnnounceMany(ctx, params)
+	_ = due.announce(ctx, tx.announceOn)
 	return nil
 }
 
 // stored records that a job due at runAt was stored on queue through tx.
 func (tx *Tx) stored(queue string, runAt time.Time) {
-	if tx.due == nil {
-		tx.due = map[string]time.Time{}
-	}
-	if earliest, ok := tx.due[queue]; !ok || runAt.Before(earliest) {
-		tx.due[queue] = runAt
-	}
+	tx.due.add(queue, runAt)
 }

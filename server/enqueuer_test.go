@@ -10,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 )
 
 // postConcurrently sends one POST /v1/jobs per body, all at once, and
@@ -76,6 +80,69 @@ func TestEnqueue_ConcurrentRequestsShareStatementsAndEachGetsItsOwnJob(t *testin
 	t.Logf("%d jobs stored by %d statements", jobs, statements)
 	if jobs != n || statements >= n {
 		t.Errorf("%d jobs stored by %d statements; want %d jobs, by fewer statements", jobs, statements, n)
+	}
+}
+
+// TestEnqueue_EachRequestsJobIsAnnouncedToItsQueueOnceItCommits listens
+// as a worker of the default queue does. A one-job request is heard once,
+// with an Idempotency-Key or without, and its replay not at all. Of 200
+// requests at once, every job is announced after its commit, and the
+// listener is woken at most once per statement that stored them.
+func TestEnqueue_EachRequestsJobIsAnnouncedToItsQueueOnceItCommits(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := t.Context()
+	listener, err := pgx.ConnectConfig(ctx, e.pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := db.New(listener).WorkerListen(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
+	heard := func() int { return len(dbtest.Heard(t, ctx, listener)) }
+
+	for _, tc := range []struct {
+		name   string
+		key    string
+		status int
+		heard  int
+	}{
+		{name: "one job", status: http.StatusCreated, heard: 1},
+		{name: "one job under a key", key: "k1", status: http.StatusCreated, heard: 1},
+		{name: "its replay", key: "k1", status: http.StatusOK, heard: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var headers []string
+			if tc.key != "" {
+				headers = []string{"Idempotency-Key", tc.key}
+			}
+			rec := e.do(t, "POST", "/v1/jobs", `{"kind":"k"}`, headers...)
+			if rec.Code != tc.status {
+				t.Fatalf("status %d, want %d: %s", rec.Code, tc.status, rec.Body)
+			}
+			if got := heard(); got != tc.heard {
+				t.Errorf("heard %d notifications, want %d", got, tc.heard)
+			}
+		})
+	}
+
+	if _, err := e.pool.Exec(ctx, `TRUNCATE jobs`); err != nil {
+		t.Fatal(err)
+	}
+	bodies := make([]string, 200)
+	for i := range bodies {
+		bodies[i] = fmt.Sprintf(`{"kind":"k%d"}`, i)
+	}
+	postConcurrently(t, e, bodies)
+	got := heard()
+	var statements int
+	if err := e.pool.QueryRow(ctx, `SELECT count(DISTINCT xmin::text) FROM jobs`).Scan(&statements); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("200 jobs stored by %d statements, announced by %d notifications", statements, got)
+	if got < 1 || got > statements {
+		t.Errorf("heard %d notifications for 200 jobs stored by %d statements, want 1 to %d", got, statements, statements)
 	}
 }
 
