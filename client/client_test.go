@@ -144,10 +144,11 @@ func TestInsert_InTheCallersTransactionCommitsOrRollsBackWithIt(t *testing.T) {
 // default queue does and checks what it hears of each way of storing a
 // job: one notification per commit that stores ready jobs in the queue,
 // sent once they are committed and never before; none for jobs that run
-// later, or for an idempotent replay. A statement of Insert's that
-// commits on its own is announced by Insert after its commit; a
-// transaction's, and InsertAll's, at their commit by the trigger; either
-// way exactly once.
+// later, or for an idempotent replay. A statement of Insert's or
+// InsertMany's that commits on its own is announced by them after its
+// commit, and the jobs stored through a client.Tx by its Commit; the
+// jobs of any other transaction, and InsertAll's, at their commit by the
+// trigger; either way exactly once.
 func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()
@@ -260,11 +261,11 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{name: "several ids at once through a pool", heard: 1, do: func(t *testing.T, _ func()) {
+		{name: "InsertMany through a pool, on two queues and with a delayed job", heard: 1, do: func(t *testing.T, _ func()) {
 			many(t, pool, job(t, client.Request{}), job(t, client.Request{}),
 				job(t, client.Request{Queue: ptr("other")}), job(t, client.Request{Delay: ptr(time.Hour)}))
 		}},
-		{name: "several ids at once on a connection in a transaction begun by hand", heard: 1, do: func(t *testing.T, uncommitted func()) {
+		{name: "InsertMany on a connection in a transaction begun by hand", heard: 1, do: func(t *testing.T, uncommitted func()) {
 			conn, err := pool.Acquire(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -275,7 +276,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			uncommitted()
 			exec(t, conn, "COMMIT")
 		}},
-		{name: "only ids of jobs to run in an hour, at once through a pool", heard: 0, do: func(t *testing.T, _ func()) {
+		{name: "InsertMany through a pool, only jobs to run in an hour", heard: 0, do: func(t *testing.T, _ func()) {
 			many(t, pool, job(t, client.Request{Delay: ptr(time.Hour)}), job(t, client.Request{RunAt: ptr(time.Now().Add(time.Hour))}))
 		}},
 		{name: "several at once in the caller's transaction", heard: 1, do: func(t *testing.T, uncommitted func()) {

@@ -129,11 +129,14 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // caller's. The jobs are announced to their queues' workers as Insert's
 // are: when the caller's transaction commits, or, in a Tx or when the
 // statement commits on its own, once it has committed (JobAnnounceMany).
-// A job given a delay rather than a run_at is not announced then, since
-// its run_at is the database's to compute: the workers find it when it is
-// due, as after a commit that notifies. Outside a transaction that is a
-// second round trip, which lets concurrent callers share their flushes
-// (docs/experiments.md, "Batches announced after their commit").
+// A job given a non-zero delay rather than a run_at is not announced
+// then, since its run_at is the database's to compute: the workers find
+// it when it is due, as after a commit that notifies. Outside a
+// transaction that is a second round trip, which lets concurrent callers
+// share their flushes (docs/experiments.md, "Batches announced after
+// their commit"). If that announcement fails, as when ctx ends first, the
+// jobs are stored all the same and InsertMany does not fail: the workers
+// find them at their next poll.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -175,9 +178,10 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 // statement. Unlike InsertMany's, its jobs are announced when the
 // statement's transaction commits, also when it commits on its own: for
 // those groups, a second statement that announces them after the commit
-// accepted no more requests a second (docs/experiments.md, "The API's
-// groups, announced after their commit"). In a Tx they are announced once
-// it has committed.
+// accepted requests no faster than the runs' spread alone, and slower
+// beside an idle fleet of workers and with a slower flush
+// (docs/experiments.md, "The API's groups, announced after their
+// commit"). In a Tx they are announced once it has committed.
 func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
 	params, err := manyParams(jobs)
 	if err != nil {

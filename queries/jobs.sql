@@ -33,9 +33,11 @@ WHERE @run_at::timestamptz <= now();
 
 -- name: JobAnnounceMany :exec
 -- Tells the listeners of each queue given that a job became available
--- there, as JobAnnounce does for one: for the jobs a transaction of the
--- caller's stored with announce_after_commit, once it has committed. A
--- queue is announced if the earliest run_at given for it is due by now.
+-- there, as JobAnnounce does for one: for the jobs stored with
+-- announce_after_commit, once they have committed, by a transaction of
+-- the caller's (client.Tx) or by a JobInsertMany that committed on its
+-- own. A queue is announced if the earliest run_at given for it is due by
+-- now.
 SELECT pg_notify(relay_queue_channel('available', a.queue), a.queue)
 FROM (
     SELECT unnest(@queues::text[])          AS queue,
@@ -48,9 +50,11 @@ WHERE a.run_at <= now();
 -- the order given. A run_at of year 1 (the zero time.Time) means delay_ms
 -- after now() in the database, since an array parameter cannot carry nulls
 -- through sqlc. With announce_after_commit, as JobInsert, it leaves the
--- notification of its jobs to the caller, here for the rest of a
--- transaction of the caller's that announces its jobs once it has
--- committed (JobAnnounceMany).
+-- notification of its jobs, and of those inserted after it in its
+-- transaction, to the caller, which announces them once they have
+-- committed (JobAnnounceMany): at once for a statement that commits on
+-- its own, and after its commit for a transaction of the caller's
+-- (client.Tx).
 WITH announce AS (
     SELECT set_config('relay.announce', CASE WHEN @announce_after_commit::boolean THEN 'after_commit' ELSE '' END, true)
 )
