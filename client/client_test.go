@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
@@ -185,6 +186,20 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// byHand runs store on a connection of pool inside a transaction
+	// begun and committed by hand, calling uncommitted before the COMMIT.
+	byHand := func(t *testing.T, uncommitted func(), store func(conn *pgxpool.Conn)) {
+		t.Helper()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		exec(t, conn, "BEGIN")
+		store(conn)
+		uncommitted()
+		exec(t, conn, "COMMIT")
+	}
 	// begin begins a client.Tx on pool, rolled back when the test ends
 	// unless it has ended by then.
 	begin := func(t *testing.T) *client.Tx {
@@ -243,15 +258,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			commit(t, tx)
 		}},
 		{name: "on a connection in a transaction begun by hand", heard: 1, do: func(t *testing.T, uncommitted func()) {
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			exec(t, conn, "BEGIN")
-			insert(t, conn, job(t, client.Request{}))
-			uncommitted()
-			exec(t, conn, "COMMIT")
+			byHand(t, uncommitted, func(conn *pgxpool.Conn) { insert(t, conn, job(t, client.Request{})) })
 		}},
 		{name: "several at once through a pool", heard: 1, do: func(t *testing.T, _ func()) {
 			if _, err := client.InsertAll(ctx, pool, []client.Job{
@@ -266,15 +273,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 				job(t, client.Request{Queue: ptr("other")}), job(t, client.Request{Delay: ptr(time.Hour)}))
 		}},
 		{name: "InsertMany on a connection in a transaction begun by hand", heard: 1, do: func(t *testing.T, uncommitted func()) {
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			exec(t, conn, "BEGIN")
-			many(t, conn, job(t, client.Request{}), job(t, client.Request{}))
-			uncommitted()
-			exec(t, conn, "COMMIT")
+			byHand(t, uncommitted, func(conn *pgxpool.Conn) { many(t, conn, job(t, client.Request{}), job(t, client.Request{})) })
 		}},
 		{name: "InsertMany through a pool, only jobs to run in an hour", heard: 0, do: func(t *testing.T, _ func()) {
 			many(t, pool, job(t, client.Request{Delay: ptr(time.Hour)}), job(t, client.Request{RunAt: ptr(time.Now().Add(time.Hour))}))
