@@ -29,6 +29,9 @@ type workerPause struct {
 	worker  string
 	faultID int64
 	proc    *harness.Proc
+	// longJobs is how many young long jobs the worker held when it was
+	// chosen: 0 if none did by the deadline.
+	longJobs int64
 }
 
 // partitionHeal is the end of a partition of one worker.
@@ -134,7 +137,7 @@ func (r *scenarioRun) pauseWorkers(ctx context.Context, start time.Time) error {
 		if !sleepUntil(ctx, next) {
 			return nil
 		}
-		w := r.pauseVictim(ctx, until.Add(-pause))
+		w, longJobs := r.pauseVictim(ctx, until.Add(-pause))
 		if w == nil {
 			next = time.Now().Add(100 * time.Millisecond)
 			continue
@@ -151,7 +154,7 @@ func (r *scenarioRun) pauseWorkers(ctx context.Context, start time.Time) error {
 			return fmt.Errorf("chaos: resume %s: %w", w.id, err)
 		}
 		r.mu.Lock()
-		r.details.pauses = append(r.details.pauses, workerPause{worker: w.id, faultID: id, proc: w.proc})
+		r.details.pauses = append(r.details.pauses, workerPause{worker: w.id, faultID: id, proc: w.proc, longJobs: longJobs})
 		r.mu.Unlock()
 		next = time.Now().Add(r.cfg.Lease)
 	}
@@ -190,8 +193,8 @@ func (r *scenarioRun) randomBusyWorker(ctx context.Context, eligible func(*worke
 // so that the zombie's handlers are still running when it wakes. It waits
 // for one that holds two such jobs until half-way to deadline, then for one
 // that holds one until deadline; after that it takes the busiest live
-// worker, or a random one.
-func (r *scenarioRun) pauseVictim(ctx context.Context, deadline time.Time) *workerProc {
+// worker, or a random one. It returns how many such jobs the worker held.
+func (r *scenarioRun) pauseVictim(ctx context.Context, deadline time.Time) (*workerProc, int64) {
 	start := time.Now()
 	soft := start.Add(deadline.Sub(start) / 2)
 	for {
@@ -213,19 +216,19 @@ func (r *scenarioRun) pauseVictim(ctx context.Context, deadline time.Time) *work
 			for _, row := range rows {
 				w := r.worker(row.Worker)
 				if w != nil && !w.proc.Exited() && !w.killed.Load() && row.LongRunning >= want {
-					return w
+					return w, row.LongRunning
 				}
 			}
 		}
 		if want == 0 {
 			live := r.liveWorkers()
 			if len(live) == 0 {
-				return nil
+				return nil, 0
 			}
-			return live[r.randN(len(live))]
+			return live[r.randN(len(live))], 0
 		}
 		if !sleepUntil(ctx, now.Add(50*time.Millisecond)) {
-			return nil
+			return nil, 0
 		}
 	}
 }
