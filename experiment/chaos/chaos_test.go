@@ -111,7 +111,7 @@ func TestPause_RefusesEveryZombieAcknowledgement(t *testing.T) {
 	if p == nil {
 		t.Fatal("no pause findings")
 	}
-	t.Logf("zombies: %d in flight, %d of them long jobs; completions refused %d, failures refused %d, dropped %d, heartbeats refused %d, handlers cancelled %d (p95 %.0f ms after SIGCONT)",
+	t.Logf("zombies: %d in flight, %d young long jobs caught; completions refused %d, failures refused %d, dropped %d, heartbeats refused %d, handlers cancelled %d (p95 %.0f ms after SIGCONT)",
 		p.InFlight, p.LongJobsCaught, p.CompletionsRefused, p.FailuresRefused, p.Dropped, p.HeartbeatsRefused, p.HandlersCancelled, p.CancelLatency.P95)
 	// What the zombie does first after SIGCONT is a race: it sends an
 	// acknowledgement and is refused (a heartbeat, or a completion whose

@@ -30,7 +30,7 @@ type workerPause struct {
 	faultID int64
 	proc    *harness.Proc
 	// longJobs is how many young long jobs the worker held when it was
-	// chosen: 0 if none did by the deadline.
+	// chosen: 0 if none did by the deadline, or if that could not be read.
 	longJobs int64
 }
 
