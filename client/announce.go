@@ -23,22 +23,6 @@ func (d *dueQueues) add(queue string, runAt time.Time) {
 	}
 }
 
-// merge adds the jobs of other to d.
-func (d *dueQueues) merge(other dueQueues) {
-	for queue, runAt := range other {
-		d.add(queue, runAt)
-	}
-}
-
-// dueOf records the queues of jobs stored.
-func dueOf(stored []db.Job) dueQueues {
-	var due dueQueues
-	for _, j := range stored {
-		due.add(j.Queue, j.RunAt)
-	}
-	return due
-}
-
 // announce tells the listeners of each queue of d whose earliest job is
 // due by now that jobs became available there (JobAnnounceMany), in one
 // statement, or does nothing if d holds no queue.

@@ -63,7 +63,7 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		stored, err := q.JobInsert(ctx, params)
 		if err == nil {
 			if inTx {
-				tx.stored(stored.Queue, stored.RunAt)
+				tx.due.add(stored.Queue, stored.RunAt)
 			} else if announceAfterCommit {
 				// Stored and committed: if the announcement fails, as when
 				// ctx has ended, the workers find the job at their next
@@ -149,7 +149,14 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 	}
-	var due dueQueues
+	if !params.AnnounceAfterCommit {
+		return ids, nil // announced by the trigger at the caller's commit
+	}
+	var own dueQueues
+	due := &own
+	if inTx {
+		due = &tx.due
+	}
 	for _, job := range jobs {
 		switch {
 		case job.RunAt != nil:
@@ -160,15 +167,10 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 		// A job delayed from the database's now() is left to the workers,
 		// as at an insert's commit.
 	}
-	switch {
-	case inTx:
-		tx.due.merge(due)
-	case ownCommit:
-		// Stored and committed: if the announcement fails, as when ctx has
-		// ended, the workers find the jobs at their next poll, and the
-		// insert has not failed.
-		_ = due.announce(ctx, dbtx)
-	}
+	// Stored and committed, if on its own: if the announcement fails, as
+	// when ctx has ended, the workers find the jobs at their next poll,
+	// and the insert has not failed.
+	_ = own.announce(ctx, dbtx)
 	return ids, nil
 }
 
@@ -197,7 +199,9 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 		return nil, fmt.Errorf("insert %d jobs: the database returned %d", len(jobs), len(stored))
 	}
 	if inTx {
-		tx.due.merge(dueOf(stored))
+		for _, j := range stored {
+			tx.due.add(j.Queue, j.RunAt)
+		}
 	}
 	return stored, nil
 }

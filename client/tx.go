@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -84,9 +83,4 @@ func (tx *Tx) Commit(ctx context.Context) error {
 	// Committed: the jobs are stored whatever the announcement's fate.
 	_ = due.announce(ctx, tx.announceOn)
 	return nil
-}
-
-// stored records that a job due at runAt was stored on queue through tx.
-func (tx *Tx) stored(queue string, runAt time.Time) {
-	tx.due.add(queue, runAt)
 }
