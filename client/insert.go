@@ -38,12 +38,19 @@ const idempotencyAttempts = 3
 // A job stored in a transaction of the caller's is announced to its
 // queue's workers when that transaction commits, or, in a Tx, once it has
 // committed. One stored through a pool or a connection outside a
-// transaction commits on its own, and Insert then announces it once it has
-// (JobAnnounce), so that its commit need not wait for the other notifying
-// commits of the server (migrations/00016): a second round trip for the
-// caller, which lets concurrent callers share their flushes. If that
-// announcement fails, as when ctx ends first, the job is stored all the
-// same and Insert does not fail: the workers find it at their next poll.
+// transaction commits on its own, and is announced once it has, by a
+// statement of its own, so that its commit need not wait for the other
+// notifying commits of the server (migrations/00016), which lets
+// concurrent callers share their flushes. That statement is sent behind
+// the insert, in the same round trip (JobAnnounceMany, storeThenAnnounce),
+// unless the job has an idempotency key, which is announced only once
+// Insert knows it stored a new job, or the connection runs a statement
+// mode other than pgx's default or has a tracer: then Insert sends it
+// once the insert has returned (JobAnnounce), a second round trip. A job
+// given a non-zero delay rather than a run_at is not announced: the
+// workers find it when it is due. If the announcement fails, as when ctx
+// ends first, the job is stored all the same and Insert does not fail: the
+// workers find it at their next poll.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	q := db.New(dbtx)
 	tx, inTx := dbtx.(*Tx)
@@ -59,12 +66,26 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		IdempotencyKey:      job.IdempotencyKey,
 		AnnounceAfterCommit: announceAfterCommit,
 	}
+	if announceAfterCommit && !inTx && job.IdempotencyKey == nil {
+		var due dueQueues
+		addDue(&due, job)
+		var stored db.Job
+		if sent, err := storeThenAnnounce(ctx, dbtx, due, func(d db.DBTX) (err error) {
+			stored, err = db.New(d).JobInsert(ctx, params)
+			return err
+		}); sent {
+			if err != nil {
+				return db.Job{}, false, fmt.Errorf("insert job: %w", err)
+			}
+			return stored, false, nil
+		}
+	}
 	for range idempotencyAttempts {
 		stored, err := q.JobInsert(ctx, params)
 		if err == nil {
 			if inTx {
 				tx.due.add(stored.Queue, stored.RunAt)
-			} else if announceAfterCommit {
+			} else if announceAfterCommit && (job.RunAt != nil || job.DelayMs == 0) {
 				// Stored and committed: if the announcement fails, as when
 				// ctx has ended, the workers find the job at their next
 				// poll, and the enqueue has not failed.
@@ -132,11 +153,13 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // A job given a non-zero delay rather than a run_at is not announced
 // then, since its run_at is the database's to compute: the workers find
 // it when it is due, as after a commit that notifies. Outside a
-// transaction that is a second round trip, which lets concurrent callers
-// share their flushes (docs/experiments.md, "Batches announced after
-// their commit"). If that announcement fails, as when ctx ends first, the
-// jobs are stored all the same and InsertMany does not fail: the workers
-// find them at their next poll.
+// transaction the announcement, a statement of its own, lets concurrent
+// callers share their flushes (docs/experiments.md, "Batches announced
+// after their commit"); it is sent behind the insert, in the same round
+// trip, as Insert's is, or after it where the connection cannot carry
+// both. If that announcement fails, as when ctx ends first, the jobs are
+// stored all the same and InsertMany does not fail: the workers find them
+// at their next poll.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -145,6 +168,26 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	tx, inTx := dbtx.(*Tx)
 	ownCommit := !inTx && commitsOnItsOwn(dbtx)
 	params.AnnounceAfterCommit = inTx || ownCommit
+	var own dueQueues
+	due := &own
+	if inTx {
+		due = &tx.due
+	}
+	if ownCommit {
+		for _, job := range jobs {
+			addDue(due, job)
+		}
+		var ids []int64
+		if sent, err := storeThenAnnounce(ctx, dbtx, own, func(d db.DBTX) (err error) {
+			ids, err = db.New(d).JobInsertMany(ctx, params)
+			return err
+		}); sent {
+			if err != nil {
+				return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
+			}
+			return ids, nil
+		}
+	}
 	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
@@ -152,26 +195,28 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	if !params.AnnounceAfterCommit {
 		return ids, nil // announced by the trigger at the caller's commit
 	}
-	var own dueQueues
-	due := &own
 	if inTx {
-		due = &tx.due
-	}
-	for _, job := range jobs {
-		switch {
-		case job.RunAt != nil:
-			due.add(job.Queue, *job.RunAt)
-		case job.DelayMs == 0:
-			due.add(job.Queue, time.Time{})
+		for _, job := range jobs {
+			addDue(due, job)
 		}
-		// A job delayed from the database's now() is left to the workers,
-		// as at an insert's commit.
 	}
 	// Stored and committed, if on its own: if the announcement fails, as
 	// when ctx has ended, the workers find the jobs at their next poll,
 	// and the insert has not failed.
 	_ = own.announce(ctx, dbtx)
 	return ids, nil
+}
+
+// addDue records in due the queue of job if its run_at is known before it
+// is stored: given, or now for a job with no delay. A job delayed from the
+// database's now() is left to the workers, as at an insert's commit.
+func addDue(due *dueQueues, job Job) {
+	switch {
+	case job.RunAt != nil:
+		due.add(job.Queue, *job.RunAt)
+	case job.DelayMs == 0:
+		due.add(job.Queue, time.Time{})
+	}
 }
 
 // InsertAll stores jobs in one statement (JobInsertAll), all or none, as

@@ -13,6 +13,8 @@ import (
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/faultproxy"
+	"github.com/relayq/relay/internal/pgurl"
 )
 
 // BenchmarkInsert_OneJobPerCommit stores one ready job per commit through
@@ -23,7 +25,7 @@ import (
 func BenchmarkInsert_OneJobPerCommit(b *testing.B) {
 	for _, inserters := range []int{1, 8} {
 		b.Run(fmt.Sprintf("inserters=%d", inserters), func(b *testing.B) {
-			benchmarkInsert(b, inserters, 1, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			benchmarkInsert(b, inserters, 1, 0, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
 				_, _, err := client.Insert(ctx, pool, job)
 				return err
 			})
@@ -39,7 +41,7 @@ func BenchmarkInsertMany_TenJobsPerCommit(b *testing.B) {
 	const batch = 10
 	for _, inserters := range []int{1, 8} {
 		b.Run(fmt.Sprintf("inserters=%d", inserters), func(b *testing.B) {
-			benchmarkInsert(b, inserters, batch, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			benchmarkInsert(b, inserters, batch, 0, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
 				_, err := client.InsertMany(ctx, pool, slices.Repeat([]client.Job{job}, batch))
 				return err
 			})
@@ -64,7 +66,7 @@ func BenchmarkInsert_InATransaction(b *testing.B) {
 		{"announced after commit/inserters=8", 8, beginClient},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			benchmarkInsert(b, tc.inserters, 1, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			benchmarkInsert(b, tc.inserters, 1, 0, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
 				tx, err := tc.begin(ctx, pool)
 				if err != nil {
 					return err
@@ -79,6 +81,46 @@ func BenchmarkInsert_InATransaction(b *testing.B) {
 	}
 }
 
+// BenchmarkInsert_ToAServerFarAway stores ready jobs from one goroutine
+// through a proxy that holds each of the client's writes for a
+// millisecond, as a server across a network answers a round trip later:
+// one job per call with Insert, ten with InsertMany, and one in a Tx
+// begun and committed by hand, as a request handler's would be. It
+// reports the jobs stored per second and the time of each call, in which
+// every round trip the call waits for costs a millisecond.
+func BenchmarkInsert_ToAServerFarAway(b *testing.B) {
+	const lag = time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		jobs   int
+		insert func(context.Context, *pgxpool.Pool, client.Job) error
+	}{
+		{"Insert", 1, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			_, _, err := client.Insert(ctx, pool, job)
+			return err
+		}},
+		{"InsertMany of 10", 10, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			_, err := client.InsertMany(ctx, pool, slices.Repeat([]client.Job{job}, 10))
+			return err
+		}},
+		{"Insert in a Tx", 1, func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx)
+			if _, _, err := client.Insert(ctx, tx, job); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			benchmarkInsert(b, 1, tc.jobs, lag, tc.insert)
+		})
+	}
+}
+
 func beginPgx(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) { return pool.Begin(ctx) }
 
 func beginClient(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
@@ -87,10 +129,27 @@ func beginClient(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
 
 // benchmarkInsert runs insert, which stores jobsPerCall jobs, b.N times
 // from as many goroutines as inserters, each with a connection of a pool
-// of its own.
-func benchmarkInsert(b *testing.B, inserters, jobsPerCall int, insert func(context.Context, *pgxpool.Pool, client.Job) error) {
+// of its own; with a lag, through a proxy that holds each write of the
+// pool's for that long (faultproxy.Proxy.Slow).
+func benchmarkInsert(b *testing.B, inserters, jobsPerCall int, lag time.Duration, insert func(context.Context, *pgxpool.Pool, client.Job) error) {
 	ctx := b.Context()
-	config, err := pgxpool.ParseConfig(dbtest.NewURL(b))
+	url := dbtest.NewURL(b)
+	if lag > 0 {
+		target, err := pgurl.HostPort(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		proxy, err := faultproxy.Start(target)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer proxy.Close()
+		proxy.Slow(lag)
+		if url, err = pgurl.WithHostPort(url, proxy.Addr()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	config, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -129,4 +188,5 @@ func benchmarkInsert(b *testing.B, inserters, jobsPerCall int, insert func(conte
 		})
 	}
 	b.ReportMetric(float64(b.N*jobsPerCall)/b.Elapsed().Seconds(), "jobs/s")
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/call")
 }

@@ -1,0 +1,359 @@
+package client_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
+)
+
+// countingConn counts the writes a client makes, one a round trip, as
+// pgx writes what it sends before each wait for an answer, and the Sync
+// messages in them, each of which ends an implicit transaction.
+type countingConn struct {
+	net.Conn
+	writes, syncs *atomic.Int64
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	c.writes.Add(1)
+	// Past the startup, a write holds whole messages: a type byte and a
+	// length that counts itself. Sync is 'S' with nothing after.
+	for m := b; len(m) >= 5; {
+		n := int(binary.BigEndian.Uint32(m[1:5]))
+		if m[0] == 'S' && n == 4 {
+			c.syncs.Add(1)
+		}
+		if n < 4 || len(m) < 1+n {
+			break
+		}
+		m = m[1+n:]
+	}
+	return c.Conn.Write(b)
+}
+
+// statementTracer records the SQL of each statement pgx traces.
+type statementTracer struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (s *statementTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sql = append(s.sql, data.SQL)
+	return ctx
+}
+
+func (s *statementTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// names returns the sqlc names of the statements traced so far.
+func (s *statementTracer) names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var names []string
+	for _, sql := range s.sql {
+		if name, ok := strings.CutPrefix(sql, "-- name: "); ok {
+			names = append(names, strings.Fields(name)[0])
+		}
+	}
+	return names
+}
+
+// A job stored outside a transaction is announced after its commit, and
+// the caller waits for the server once for both: the announcement is
+// sent behind the insert. Where it cannot be (a keyed insert, which
+// announces only a job it stored; a connection whose statements a tracer
+// watches), the announcement costs a second round trip, and the tracer
+// sees it.
+func TestInsert_OutsideATransactionWaitsForTheServerOnce(t *testing.T) {
+	ctx := t.Context()
+	ready := func(t *testing.T, req client.Request) client.Job {
+		t.Helper()
+		req.Kind = "k"
+		j, err := client.Validate(req, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	insert := func(job client.Job) func(t *testing.T, pool *pgxpool.Pool) {
+		return func(t *testing.T, pool *pgxpool.Pool) {
+			t.Helper()
+			if _, _, err := client.Insert(ctx, pool, job); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		traced bool
+		store  func(t *testing.T, pool *pgxpool.Pool)
+		trips  int64
+		// transactions counts the insert's and the announcement's: the
+		// announcement commits apart from the jobs, after them.
+		transactions int64
+		// traces are the statements a tracer sees, if traced.
+		traces []string
+	}{
+		{name: "Insert of a ready job", trips: 1, transactions: 2, store: insert(ready(t, client.Request{}))},
+		{name: "Insert of a job to run in an hour, which is not announced", trips: 1, transactions: 1, store: insert(ready(t, client.Request{Delay: ptr(time.Hour)}))},
+		{name: "InsertMany of ready jobs on two queues", trips: 1, transactions: 2, store: func(t *testing.T, pool *pgxpool.Pool) {
+			if _, err := client.InsertMany(ctx, pool, []client.Job{ready(t, client.Request{}), ready(t, client.Request{Queue: ptr("other")})}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "Insert under an idempotency key", trips: 2, transactions: 2, store: func(t *testing.T, pool *pgxpool.Pool) {
+			insert(ready(t, client.Request{IdempotencyKey: ptr(time.Now().String())}))(t, pool)
+		}},
+		{name: "Insert of a ready job, traced", traced: true, trips: 2, transactions: 2, store: insert(ready(t, client.Request{})),
+			traces: []string{"JobInsert", "JobAnnounce"}},
+		{name: "InsertMany of ready jobs, traced", traced: true, trips: 2, transactions: 2, store: func(t *testing.T, pool *pgxpool.Pool) {
+			if _, err := client.InsertMany(ctx, pool, []client.Job{ready(t, client.Request{})}); err != nil {
+				t.Fatal(err)
+			}
+		}, traces: []string{"JobInsertMany", "JobAnnounceMany"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(dbtest.NewURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var writes, syncs atomic.Int64
+			dial := cfg.ConnConfig.DialFunc
+			cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dial(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return countingConn{Conn: c, writes: &writes, syncs: &syncs}, nil
+			}
+			tracer := &statementTracer{}
+			if tc.traced {
+				cfg.ConnConfig.Tracer = tracer
+			}
+			cfg.MaxConns = 1
+			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			tc.store(t, pool) // prepares the statements on the connection
+			before, syncsBefore := writes.Load(), syncs.Load()
+			tracedBefore := len(tracer.names())
+			tc.store(t, pool)
+			if trips := writes.Load() - before; trips != tc.trips {
+				t.Errorf("waited for the server %d times, want %d", trips, tc.trips)
+			}
+			if transactions := syncs.Load() - syncsBefore; transactions != tc.transactions {
+				t.Errorf("sent %d implicit transactions, want %d", transactions, tc.transactions)
+			}
+			if got := tracer.names()[tracedBefore:]; strings.Join(got, " ") != strings.Join(tc.traces, " ") {
+				t.Errorf("traced %q, want %q", got, tc.traces)
+			}
+		})
+	}
+}
+
+// A job is announced only once it is stored, even when its insert has to
+// wait, and the announcement sent behind the insert waits with it.
+func TestInsert_AnnouncesAJobOnlyOnceItsInsertHasCommitted(t *testing.T) {
+	ctx := t.Context()
+	cfg, err := pgxpool.ParseConfig(dbtest.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One connection, whose statements the first store prepares: a
+	// statement prepared after the lock below would wait for it already,
+	// before anything is sent.
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	job, err := client.Validate(client.Request{Kind: "k"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	others, err := pgxpool.New(ctx, cfg.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer others.Close()
+	for _, tc := range []struct {
+		name  string
+		store func() error
+	}{
+		{name: "Insert", store: func() error {
+			_, _, err := client.Insert(ctx, pool, job)
+			return err
+		}},
+		{name: "InsertMany", store: func() error {
+			_, err := client.InsertMany(ctx, pool, []client.Job{job, job})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer listener.Close(context.Background())
+			if _, err := db.New(listener).WorkerListen(ctx, "default"); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.store(); err != nil {
+				t.Fatal(err)
+			}
+			dbtest.Heard(t, ctx, listener)
+			blocker, err := others.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer blocker.Rollback(context.Background())
+			if _, err := blocker.Exec(ctx, "LOCK TABLE jobs IN SHARE MODE"); err != nil {
+				t.Fatal(err)
+			}
+			stored := make(chan error, 1)
+			go func() { stored <- tc.store() }()
+			waitForLockWaiter(t, others)
+			if heard := dbtest.Heard(t, ctx, listener); len(heard) != 0 {
+				t.Errorf("heard %d notifications while the insert waited, want none", len(heard))
+			}
+			if err := blocker.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-stored; err != nil {
+				t.Fatal(err)
+			}
+			if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
+				t.Errorf("heard %d notifications once the insert committed, want 1", len(heard))
+			}
+		})
+	}
+}
+
+// waitForLockWaiter waits until a session of pool's database waits for a
+// lock on jobs.
+func waitForLockWaiter(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks
+			WHERE NOT granted AND relation = 'jobs'::regclass
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no insert waited for the lock on jobs within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An insert that fails with the announcement sent behind it returns the
+// database's error, stores nothing, and leaves its connection ready for
+// the next, which is stored and announced.
+func TestInsertMany_AFailedInsertLeavesItsConnectionReady(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	good, err := client.Validate(client.Request{Kind: "k"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := good
+	bad.MaxAttempts = 0
+	for i := range 3 {
+		if _, err := client.InsertMany(ctx, conn, []client.Job{good, bad}); err == nil || !strings.Contains(err.Error(), "jobs_attempts_valid") {
+			t.Fatalf("insert %d of a job with no attempts: %v, want a violation of jobs_attempts_valid", i+1, err)
+		}
+		if _, _, err := client.Insert(ctx, conn, bad); err == nil || !strings.Contains(err.Error(), "jobs_attempts_valid") {
+			t.Fatalf("insert %d of a job with no attempts: %v, want a violation of jobs_attempts_valid", i+1, err)
+		}
+	}
+	if _, err := client.InsertMany(ctx, conn, []client.Job{good, good}); err != nil {
+		t.Fatalf("insert after the failed ones: %v", err)
+	}
+	var stored int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 2 {
+		t.Errorf("%d jobs stored, want 2", stored)
+	}
+}
+
+// A connection whose prepared statements were dropped under it, as by
+// DEALLOCATE ALL, fails the insert that finds them gone, with the
+// server's error, and prepares them again for the next, which is stored
+// and announced.
+func TestInsert_RecoversFromItsPreparedStatementsDroppedUnderIt(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := db.New(listener).WorkerListen(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
+	job, err := client.Validate(client.Request{Kind: "k"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := client.Insert(ctx, conn, job); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if _, _, err := client.Insert(ctx, conn, job); !errors.As(err, &pgErr) || pgErr.Code != "26000" {
+		t.Fatalf("insert with its statement gone: %v, want the server's invalid_sql_statement_name (26000)", err)
+	}
+	dbtest.Heard(t, ctx, listener)
+	if _, _, err := client.Insert(ctx, conn, job); err != nil {
+		t.Fatalf("insert after the one that found its statement gone: %v", err)
+	}
+	if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
+		t.Errorf("heard %d notifications for the insert after, want 1", len(heard))
+	}
+	var stored int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 2 {
+		t.Errorf("%d jobs stored, want 2", stored)
+	}
+}
