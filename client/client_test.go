@@ -20,6 +20,44 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
+// newJob validates req as of now, of kind "k" unless it names one.
+func newJob(t testing.TB, req client.Request) client.Job {
+	t.Helper()
+	if req.Kind == "" {
+		req.Kind = "k"
+	}
+	j, err := client.Validate(req, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// connect opens a connection of its own to pool's database, closed when
+// the test ends.
+func connect(t testing.TB, pool *pgxpool.Pool) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(t.Context(), pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// listen connects to pool's database and listens there as a worker of
+// queue does, until the test ends; it returns the connection and the
+// channels it listens on.
+func listen(t testing.TB, pool *pgxpool.Pool, queue string) (*pgx.Conn, db.WorkerListenRow) {
+	t.Helper()
+	conn := connect(t, pool)
+	channels, err := db.New(conn).WorkerListen(t.Context(), queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, channels
+}
+
 func TestValidate_AppliesTheDefaults(t *testing.T) {
 	job, err := client.Validate(client.Request{Kind: "email"}, time.Now())
 	if err != nil {
@@ -153,15 +191,7 @@ func TestInsert_InTheCallersTransactionCommitsOrRollsBackWithIt(t *testing.T) {
 func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()
-	job := func(t *testing.T, req client.Request) client.Job {
-		t.Helper()
-		req.Kind = "k"
-		j, err := client.Validate(req, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return j
-	}
+	job := newJob
 	insert := func(t *testing.T, dbtx db.DBTX, j client.Job) {
 		t.Helper()
 		if _, _, err := client.Insert(ctx, dbtx, j); err != nil {
@@ -240,12 +270,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			exec(t, conn, `INSERT INTO jobs (kind) VALUES ('plain')`)
 		}},
 		{name: "on a connection of its own", heard: 1, do: func(t *testing.T, _ func()) {
-			conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(context.Background())
-			insert(t, conn, job(t, client.Request{}))
+			insert(t, connect(t, pool), job(t, client.Request{}))
 		}},
 		{name: "in the caller's transaction", heard: 1, do: func(t *testing.T, uncommitted func()) {
 			tx, err := pool.Begin(ctx)
@@ -317,12 +342,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			commit(t, tx)
 		}},
 		{name: "in a Tx on a connection of its own, several at once", heard: 1, do: func(t *testing.T, uncommitted func()) {
-			conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(context.Background())
-			tx, err := client.BeginTx(ctx, conn, pgx.TxOptions{IsoLevel: pgx.Serializable})
+			tx, err := client.BeginTx(ctx, connect(t, pool), pgx.TxOptions{IsoLevel: pgx.Serializable})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -379,15 +399,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer listener.Close(context.Background())
-			channels, err := db.New(listener).WorkerListen(ctx, "default")
-			if err != nil {
-				t.Fatal(err)
-			}
+			listener, channels := listen(t, pool, "default")
 			count := func() int {
 				n := 0
 				for _, heard := range dbtest.Heard(t, ctx, listener) {

@@ -70,10 +70,10 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		var due dueQueues
 		addDue(&due, job)
 		var stored db.Job
-		if sent, err := storeThenAnnounce(ctx, dbtx, due, func(d db.DBTX) (err error) {
+		if handled, err := storeThenAnnounce(ctx, dbtx, due, func(d db.DBTX) (err error) {
 			stored, err = db.New(d).JobInsert(ctx, params)
 			return err
-		}); sent {
+		}); handled {
 			if err != nil {
 				return db.Job{}, false, fmt.Errorf("insert job: %w", err)
 			}
@@ -169,19 +169,15 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	ownCommit := !inTx && commitsOnItsOwn(dbtx)
 	params.AnnounceAfterCommit = inTx || ownCommit
 	var own dueQueues
-	due := &own
-	if inTx {
-		due = &tx.due
-	}
 	if ownCommit {
 		for _, job := range jobs {
-			addDue(due, job)
+			addDue(&own, job)
 		}
 		var ids []int64
-		if sent, err := storeThenAnnounce(ctx, dbtx, own, func(d db.DBTX) (err error) {
+		if handled, err := storeThenAnnounce(ctx, dbtx, own, func(d db.DBTX) (err error) {
 			ids, err = db.New(d).JobInsertMany(ctx, params)
 			return err
-		}); sent {
+		}); handled {
 			if err != nil {
 				return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 			}
@@ -197,7 +193,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	}
 	if inTx {
 		for _, job := range jobs {
-			addDue(due, job)
+			addDue(&tx.due, job)
 		}
 	}
 	// Stored and committed, if on its own: if the announcement fails, as

@@ -21,7 +21,11 @@ import (
 // queues (JobAnnounceMany). Each runs in an implicit transaction of its
 // own, ended by a Sync of the pipeline, so the announcement runs once the
 // statement has committed, as the one Insert and InsertMany send after it
-// would, without the caller waiting a second time for the server.
+// would, without the caller waiting a second time for the server. The
+// statement's error, including one of its commit or a commit whose
+// outcome the connection lost, is store's. The first time a connection
+// carries each of the two statements it prepares it, a round trip of its
+// own, as pgx's default statement mode does.
 //
 // It reports false, having run nothing, where dbtx cannot carry the two
 // together: unless it is a pool, or a connection with no transaction open,
@@ -31,10 +35,13 @@ import (
 // announces as two round trips. If store's statement fails, the
 // announcement runs all the same, and the workers told find nothing new;
 // if the announcement fails, store's outcome stands.
-func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due dueQueues, store func(db.DBTX) error) (bool, error) {
+func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due dueQueues, store func(db.DBTX) error) (handled bool, err error) {
 	var announcement recorder
-	if err := due.announce(ctx, &announcement); err != nil || !announcement.recorded {
-		return false, err // no queue to announce
+	if err := due.announce(ctx, &announcement); err != nil {
+		return true, err
+	}
+	if !announcement.recorded {
+		return false, nil // no queue to announce
 	}
 	var conn *pgx.Conn
 	switch d := dbtx.(type) {
@@ -50,12 +57,18 @@ func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due dueQueues, store f
 		conn = c.Conn()
 	case *pgxpool.Conn:
 		conn = d.Conn()
+		if !pipelines(conn.Config()) {
+			return false, nil
+		}
 	case *pgx.Conn:
 		conn = d
+		if !pipelines(conn.Config()) {
+			return false, nil
+		}
 	default:
 		return false, nil
 	}
-	if !pipelines(conn.Config()) || conn.PgConn().TxStatus() != 'I' {
+	if conn.PgConn().TxStatus() != 'I' {
 		return false, nil
 	}
 	return true, store(&announcedBehind{conn: conn, announcement: announcement.statement})
@@ -83,6 +96,7 @@ type recorder struct {
 	recorded bool
 }
 
+// record keeps sql and args as the statement recorded.
 func (r *recorder) record(sql string, args []any) {
 	r.statement = statement{sql: sql, args: args}
 	r.recorded = true
@@ -122,8 +136,9 @@ type announcedBehind struct {
 }
 
 // Query sends the statement and the announcement, and returns the
-// statement's rows. Closing them reads the rest of the pipeline; the
-// announcement's own outcome is dropped.
+// statement's rows, whose Err is also that of the statement's commit.
+// Closing them reads the rest of the pipeline; the announcement's own
+// outcome is dropped.
 func (a *announcedBehind) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if a.sent {
 		return nil, errors.New("a second statement sent where one was expected with an announcement behind it")
@@ -131,16 +146,15 @@ func (a *announcedBehind) Query(ctx context.Context, sql string, args ...any) (p
 	a.sent = true
 	first, err := a.conn.Prepare(ctx, statementName(sql), sql)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("prepare: %w", err)
 	}
 	second, err := a.conn.Prepare(ctx, statementName(a.announcement.sql), a.announcement.sql)
 	if err != nil {
 		return nil, fmt.Errorf("prepare the announcement: %w", err)
 	}
-	forget := func() { forgetStatements(ctx, a.conn, sql, a.announcement.sql) }
 	var stored, announced pgx.ExtendedQueryBuilder
 	if err := stored.Build(a.conn.TypeMap(), first, args); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("encode the arguments: %w", err)
 	}
 	if err := announced.Build(a.conn.TypeMap(), second, a.announcement.args); err != nil {
 		return nil, fmt.Errorf("encode the announcement: %w", err)
@@ -150,53 +164,30 @@ func (a *announcedBehind) Query(ctx context.Context, sql string, args ...any) (p
 	p.SendPipelineSync()
 	p.SendQueryStatement(second, announced.ParamValues, announced.ParamFormats, announced.ResultFormats)
 	p.SendPipelineSync()
+	forget := func(errs ...error) {
+		for _, err := range errs {
+			if stale(err) {
+				forgetStatements(ctx, a.conn, sql, a.announcement.sql)
+				return
+			}
+		}
+	}
 	if err := p.Flush(); err != nil {
 		_ = p.Close()
-		forget()
-		return nil, err
+		return nil, fmt.Errorf("send: %w", err)
 	}
 	results, err := p.GetResults()
 	if err != nil {
-		_ = p.Close()
-		forget()
+		forget(err, p.Close())
 		return nil, err
 	}
 	reader, ok := results.(*pgconn.ResultReader)
 	if !ok {
 		_ = p.Close()
-		forget()
 		return nil, fmt.Errorf("a pipeline answered %T where a statement's rows were expected", results)
 	}
 	return &pipelinedRows{Rows: pgx.RowsFromResultReader(a.conn.TypeMap(), reader), pipeline: p, forget: forget}, nil
 }
-
-// statementName is the name sql is prepared under on a connection that
-// sends it in a pipeline: one of its own, apart from the statements pgx
-// prepares and caches by their SQL, so that a failure here drops only
-// these (forgetStatements).
-func statementName(sql string) string {
-	sum := sha256.Sum256([]byte(sql))
-	return "relay_pipelined_" + hex.EncodeToString(sum[:12])
-}
-
-// forgetStatements drops the statements of sqls prepared on conn for
-// pipelines, after one of them failed, so that the next use prepares them
-// again: as pgx does with those it caches, since a statement prepared
-// before a change to the schema, or dropped under the connection, would
-// otherwise fail every time.
-func forgetStatements(ctx context.Context, conn *pgx.Conn, sqls ...string) {
-	if conn.IsClosed() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), forgetTimeout)
-	defer cancel()
-	for _, sql := range sqls {
-		_ = conn.Deallocate(ctx, statementName(sql))
-	}
-}
-
-// forgetTimeout bounds forgetStatements, which runs after a failure.
-const forgetTimeout = 5 * time.Second
 
 // QueryRow sends the statement and the announcement, as Query does, and
 // returns the statement's one row.
@@ -219,28 +210,106 @@ func (a *announcedBehind) Exec(ctx context.Context, sql string, args ...any) (pg
 	return rows.CommandTag(), rows.Err()
 }
 
-// pipelinedRows are the rows of the first statement of a pipeline. Close
-// closes them, then reads what the pipeline still owes and ends it.
+// statementName is the name sql is prepared under on a connection that
+// sends it in a pipeline: one of its own, apart from the statements pgx
+// prepares and caches by their SQL, so that forgetStatements drops only
+// these.
+func statementName(sql string) string {
+	sum := sha256.Sum256([]byte(sql))
+	return "relay_pipelined_" + hex.EncodeToString(sum[:12])
+}
+
+// stale reports whether err says that a statement prepared on the
+// connection is gone (invalid_sql_statement_name, 26000), as after a
+// DEALLOCATE, or no longer fits the schema ("cached plan must not change
+// result type", feature_not_supported, 0A000).
+func stale(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "0A000")
+}
+
+// forgetStatements drops the statements of sqls prepared on conn for
+// pipelines, after one of them was found stale, so that the next use
+// prepares them again: as pgx does with those it caches, since such a
+// statement would otherwise fail every time.
+func forgetStatements(ctx context.Context, conn *pgx.Conn, sqls ...string) {
+	if conn.IsClosed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), forgetTimeout)
+	defer cancel()
+	for _, sql := range sqls {
+		_ = conn.Deallocate(ctx, statementName(sql))
+	}
+}
+
+// forgetTimeout bounds forgetStatements, which runs after a failure.
+const forgetTimeout = 5 * time.Second
+
+// pipelinedRows are the rows of the first statement of a pipeline. Once
+// they are read, they read the Sync after them, which commits the
+// statement's implicit transaction: Err reports a failed commit, or a
+// connection lost before its outcome came back, as the statement's error.
+// Close then reads what the pipeline still owes and ends it.
 type pipelinedRows struct {
 	pgx.Rows
 	pipeline *pgconn.Pipeline
-	forget   func()
-	closed   bool
+	forget   func(...error)
+	// synced is set once the Sync after the rows was read; commitErr is
+	// what it answered.
+	synced    bool
+	commitErr error
+	closed    bool
 }
 
-// Close closes the rows and ends the pipeline. An error of the statements
-// behind the rows' own is not theirs, and is dropped; the connection is
-// closed if the pipeline could not be read to its end. After any error,
-// the pipeline's statements are prepared again at their next use.
+// Next advances to the next row; after the last, it reads the commit.
+func (r *pipelinedRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.sync()
+	return false
+}
+
+// Err returns the statement's error, or its commit's.
+func (r *pipelinedRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.commitErr
+}
+
+// sync closes the rows and reads the Sync after them, once.
+func (r *pipelinedRows) sync() {
+	if r.synced {
+		return
+	}
+	r.synced = true
+	r.Rows.Close()
+	results, err := r.pipeline.GetResults()
+	switch {
+	case err != nil:
+		r.commitErr = fmt.Errorf("commit: %w", err)
+	case results == nil:
+		r.commitErr = errors.New("commit: the pipeline ended before its Sync was answered")
+	default:
+		if _, ok := results.(*pgconn.PipelineSync); !ok {
+			r.commitErr = fmt.Errorf("commit: a pipeline answered %T where a Sync was expected", results)
+		}
+	}
+}
+
+// Close reads the commit if it was not read yet, and ends the pipeline.
+// An error of the announcement behind is not the statement's and is
+// dropped; the connection is closed if the pipeline could not be read to
+// its end. Statements found stale are prepared again at their next use.
 func (r *pipelinedRows) Close() {
 	if r.closed {
 		return
 	}
 	r.closed = true
-	r.Rows.Close()
-	if err := r.pipeline.Close(); err != nil || r.Rows.Err() != nil {
-		r.forget()
-	}
+	r.sync()
+	r.forget(r.Err(), r.pipeline.Close())
 }
 
 // firstRow is the first row of rows, as pgx.Conn.QueryRow answers it.

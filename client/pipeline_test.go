@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/client"
-	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
 )
 
@@ -28,10 +27,11 @@ type countingConn struct {
 	writes, syncs *atomic.Int64
 }
 
+// Write counts b, and the Sync messages in it, and sends it on. Past the
+// startup, a write holds whole messages: a type byte and a length that
+// counts itself. Sync is 'S' with nothing after.
 func (c countingConn) Write(b []byte) (int, error) {
 	c.writes.Add(1)
-	// Past the startup, a write holds whole messages: a type byte and a
-	// length that counts itself. Sync is 'S' with nothing after.
 	for m := b; len(m) >= 5; {
 		n := int(binary.BigEndian.Uint32(m[1:5]))
 		if m[0] == 'S' && n == 4 {
@@ -45,12 +45,30 @@ func (c countingConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// countWire has the connections of cfg count their writes and Syncs
+// (countingConn), in the clear, so that the messages can be read.
+func countWire(cfg *pgconn.Config) (writes, syncs *atomic.Int64) {
+	writes, syncs = new(atomic.Int64), new(atomic.Int64)
+	cfg.TLSConfig = nil
+	cfg.Fallbacks = nil
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return countingConn{Conn: c, writes: writes, syncs: syncs}, nil
+	}
+	return writes, syncs
+}
+
 // statementTracer records the SQL of each statement pgx traces.
 type statementTracer struct {
 	mu  sync.Mutex
 	sql []string
 }
 
+// TraceQueryStart records the statement's SQL.
 func (s *statementTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -58,6 +76,7 @@ func (s *statementTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data
 	return ctx
 }
 
+// TraceQueryEnd records nothing.
 func (s *statementTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // names returns the sqlc names of the statements traced so far.
@@ -75,74 +94,68 @@ func (s *statementTracer) names() []string {
 
 // A job stored outside a transaction is announced after its commit, and
 // the caller waits for the server once for both: the announcement is
-// sent behind the insert. Where it cannot be (a keyed insert, which
-// announces only a job it stored; a connection whose statements a tracer
-// watches), the announcement costs a second round trip, and the tracer
-// sees it.
+// sent behind the insert, each in an implicit transaction of its own.
+// Where it cannot be (a keyed insert, which announces only a job it
+// stored; a connection in another statement mode, as relay runs behind a
+// pooler; one whose statements a tracer watches), the announcement costs
+// a second round trip, and a tracer sees it.
 func TestInsert_OutsideATransactionWaitsForTheServerOnce(t *testing.T) {
 	ctx := t.Context()
-	ready := func(t *testing.T, req client.Request) client.Job {
-		t.Helper()
-		req.Kind = "k"
-		j, err := client.Validate(req, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return j
-	}
-	insert := func(job client.Job) func(t *testing.T, pool *pgxpool.Pool) {
+	insert := func(req client.Request) func(t *testing.T, pool *pgxpool.Pool) {
 		return func(t *testing.T, pool *pgxpool.Pool) {
 			t.Helper()
-			if _, _, err := client.Insert(ctx, pool, job); err != nil {
+			if _, _, err := client.Insert(ctx, pool, newJob(t, req)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	insertMany := func(reqs ...client.Request) func(t *testing.T, pool *pgxpool.Pool) {
+		return func(t *testing.T, pool *pgxpool.Pool) {
+			t.Helper()
+			var jobs []client.Job
+			for _, req := range reqs {
+				jobs = append(jobs, newJob(t, req))
+			}
+			if _, err := client.InsertMany(ctx, pool, jobs); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	for _, tc := range []struct {
-		name   string
-		traced bool
-		store  func(t *testing.T, pool *pgxpool.Pool)
-		trips  int64
-		// transactions counts the insert's and the announcement's: the
-		// announcement commits apart from the jobs, after them.
+		name  string
+		mode  pgx.QueryExecMode // pgx's default if zero
+		trace bool
+		store func(t *testing.T, pool *pgxpool.Pool)
+		trips int64
+		// transactions counts the insert's and the announcement's, each
+		// ended by a Sync of its own.
 		transactions int64
-		// traces are the statements a tracer sees, if traced.
+		// traces are the statements a tracer sees, if there is one.
 		traces []string
 	}{
-		{name: "Insert of a ready job", trips: 1, transactions: 2, store: insert(ready(t, client.Request{}))},
-		{name: "Insert of a job to run in an hour, which is not announced", trips: 1, transactions: 1, store: insert(ready(t, client.Request{Delay: ptr(time.Hour)}))},
-		{name: "InsertMany of ready jobs on two queues", trips: 1, transactions: 2, store: func(t *testing.T, pool *pgxpool.Pool) {
-			if _, err := client.InsertMany(ctx, pool, []client.Job{ready(t, client.Request{}), ready(t, client.Request{Queue: ptr("other")})}); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{name: "Insert under an idempotency key", trips: 2, transactions: 2, store: func(t *testing.T, pool *pgxpool.Pool) {
-			insert(ready(t, client.Request{IdempotencyKey: ptr(time.Now().String())}))(t, pool)
-		}},
-		{name: "Insert of a ready job, traced", traced: true, trips: 2, transactions: 2, store: insert(ready(t, client.Request{})),
+		{name: "Insert of a ready job", store: insert(client.Request{}), trips: 1, transactions: 2},
+		{name: "Insert of a job to run in an hour, which is not announced", store: insert(client.Request{Delay: ptr(time.Hour)}), trips: 1, transactions: 1},
+		{name: "InsertMany of ready jobs on two queues", store: insertMany(client.Request{}, client.Request{Queue: ptr("other")}), trips: 1, transactions: 2},
+		{name: "Insert under an idempotency key", store: func(t *testing.T, pool *pgxpool.Pool) {
+			insert(client.Request{IdempotencyKey: ptr(time.Now().String())})(t, pool)
+		}, trips: 2, transactions: 2},
+		{name: "Insert of a ready job, in the cache_describe mode", mode: pgx.QueryExecModeCacheDescribe, store: insert(client.Request{}), trips: 2, transactions: 2},
+		{name: "Insert of a ready job, traced", trace: true, store: insert(client.Request{}), trips: 2, transactions: 2,
 			traces: []string{"JobInsert", "JobAnnounce"}},
-		{name: "InsertMany of ready jobs, traced", traced: true, trips: 2, transactions: 2, store: func(t *testing.T, pool *pgxpool.Pool) {
-			if _, err := client.InsertMany(ctx, pool, []client.Job{ready(t, client.Request{})}); err != nil {
-				t.Fatal(err)
-			}
-		}, traces: []string{"JobInsertMany", "JobAnnounceMany"}},
+		{name: "InsertMany of ready jobs, traced", trace: true, store: insertMany(client.Request{}), trips: 2, transactions: 2,
+			traces: []string{"JobInsertMany", "JobAnnounceMany"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := pgxpool.ParseConfig(dbtest.NewURL(t))
 			if err != nil {
 				t.Fatal(err)
 			}
-			var writes, syncs atomic.Int64
-			dial := cfg.ConnConfig.DialFunc
-			cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := dial(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				return countingConn{Conn: c, writes: &writes, syncs: &syncs}, nil
+			writes, syncs := countWire(&cfg.ConnConfig.Config)
+			if tc.mode != 0 {
+				cfg.ConnConfig.DefaultQueryExecMode = tc.mode
 			}
 			tracer := &statementTracer{}
-			if tc.traced {
+			if tc.trace {
 				cfg.ConnConfig.Tracer = tracer
 			}
 			cfg.MaxConns = 1
@@ -162,8 +175,10 @@ func TestInsert_OutsideATransactionWaitsForTheServerOnce(t *testing.T) {
 			if transactions := syncs.Load() - syncsBefore; transactions != tc.transactions {
 				t.Errorf("sent %d implicit transactions, want %d", transactions, tc.transactions)
 			}
-			if got := tracer.names()[tracedBefore:]; strings.Join(got, " ") != strings.Join(tc.traces, " ") {
-				t.Errorf("traced %q, want %q", got, tc.traces)
+			if tc.trace {
+				if got := tracer.names()[tracedBefore:]; strings.Join(got, " ") != strings.Join(tc.traces, " ") {
+					t.Errorf("traced %q, want %q", got, tc.traces)
+				}
 			}
 		})
 	}
@@ -186,15 +201,12 @@ func TestInsert_AnnouncesAJobOnlyOnceItsInsertHasCommitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	job, err := client.Validate(client.Request{Kind: "k"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
 	others, err := pgxpool.New(ctx, cfg.ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer others.Close()
+	job := newJob(t, client.Request{})
 	for _, tc := range []struct {
 		name  string
 		store func() error
@@ -209,14 +221,7 @@ func TestInsert_AnnouncesAJobOnlyOnceItsInsertHasCommitted(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer listener.Close(context.Background())
-			if _, err := db.New(listener).WorkerListen(ctx, "default"); err != nil {
-				t.Fatal(err)
-			}
+			listener, _ := listen(t, others, "default")
 			if err := tc.store(); err != nil {
 				t.Fatal(err)
 			}
@@ -271,40 +276,107 @@ func waitForLockWaiter(t *testing.T, pool *pgxpool.Pool) {
 	}
 }
 
+// countJobs counts the jobs stored in pool's database.
+func countJobs(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var stored int
+	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM jobs").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	return stored
+}
+
 // An insert that fails with the announcement sent behind it returns the
-// database's error, stores nothing, and leaves its connection ready for
-// the next, which is stored and announced.
-func TestInsertMany_AFailedInsertLeavesItsConnectionReady(t *testing.T) {
+// database's error and stores nothing, and its connection then stores the
+// next, which is announced, in one round trip: a failure that does not
+// say a statement is stale leaves the statements prepared.
+func TestInsert_AFailedInsertLeavesItsConnectionReady(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	cfg := pool.Config().ConnConfig
+	writes, _ := countWire(&cfg.Config)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	good, err := client.Validate(client.Request{Kind: "k"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	listener, _ := listen(t, pool, "default")
+	good := newJob(t, client.Request{})
 	bad := good
 	bad.MaxAttempts = 0
 	for i := range 3 {
 		if _, err := client.InsertMany(ctx, conn, []client.Job{good, bad}); err == nil || !strings.Contains(err.Error(), "jobs_attempts_valid") {
-			t.Fatalf("insert %d of a job with no attempts: %v, want a violation of jobs_attempts_valid", i+1, err)
+			t.Fatalf("InsertMany %d with a job of no attempts: %v, want a violation of jobs_attempts_valid", i+1, err)
 		}
 		if _, _, err := client.Insert(ctx, conn, bad); err == nil || !strings.Contains(err.Error(), "jobs_attempts_valid") {
-			t.Fatalf("insert %d of a job with no attempts: %v, want a violation of jobs_attempts_valid", i+1, err)
+			t.Fatalf("Insert %d of a job of no attempts: %v, want a violation of jobs_attempts_valid", i+1, err)
 		}
 	}
+	dbtest.Heard(t, ctx, listener) // the failed inserts' announcements, which tell of nothing new
+	before := writes.Load()
 	if _, err := client.InsertMany(ctx, conn, []client.Job{good, good}); err != nil {
 		t.Fatalf("insert after the failed ones: %v", err)
 	}
-	var stored int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&stored); err != nil {
+	if trips := writes.Load() - before; trips != 1 {
+		t.Errorf("the insert after the failed ones waited for the server %d times, want 1", trips)
+	}
+	if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
+		t.Errorf("heard %d notifications for the insert after, want 1", len(heard))
+	}
+	if stored := countJobs(t, pool); stored != 2 {
+		t.Errorf("%d jobs stored, want 2", stored)
+	}
+}
+
+// An insert whose commit fails, as one whose deferred constraint fails
+// there does, returns the commit's error and stores nothing, through a
+// pool, a pool's connection and a connection of its own.
+func TestInsert_ACommitThatFailsFailsTheInsert(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE EXCEPTION 'refused at commit'; END $$`,
+		`CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON jobs
+		 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := newJob(t, client.Request{})
+	pooled, err := pool.Acquire(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if stored != 2 {
-		t.Errorf("%d jobs stored, want 2", stored)
+	defer pooled.Release()
+	own := connect(t, pool)
+	for _, tc := range []struct {
+		name string
+		dbtx interface {
+			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+			Query(context.Context, string, ...any) (pgx.Rows, error)
+			QueryRow(context.Context, string, ...any) pgx.Row
+		}
+	}{
+		{"a pool", pool},
+		{"a pool's connection", pooled},
+		{"a connection of its own", own},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pgErr *pgconn.PgError
+			_, _, err := client.Insert(ctx, tc.dbtx, job)
+			if !errors.As(err, &pgErr) || pgErr.Message != "refused at commit" {
+				t.Errorf("Insert: %v, want the commit's error", err)
+			}
+			ids, err := client.InsertMany(ctx, tc.dbtx, []client.Job{job, job})
+			if !errors.As(err, &pgErr) || pgErr.Message != "refused at commit" {
+				t.Errorf("InsertMany: ids %v, err %v; want the commit's error", ids, err)
+			}
+			if stored := countJobs(t, pool); stored != 0 {
+				t.Errorf("%d jobs stored, want none", stored)
+			}
+		})
 	}
 }
 
@@ -315,23 +387,9 @@ func TestInsertMany_AFailedInsertLeavesItsConnectionReady(t *testing.T) {
 func TestInsert_RecoversFromItsPreparedStatementsDroppedUnderIt(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(context.Background())
-	if _, err := db.New(listener).WorkerListen(ctx, "default"); err != nil {
-		t.Fatal(err)
-	}
-	job, err := client.Validate(client.Request{Kind: "k"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := connect(t, pool)
+	listener, _ := listen(t, pool, "default")
+	job := newJob(t, client.Request{})
 	if _, _, err := client.Insert(ctx, conn, job); err != nil {
 		t.Fatal(err)
 	}
@@ -349,11 +407,7 @@ func TestInsert_RecoversFromItsPreparedStatementsDroppedUnderIt(t *testing.T) {
 	if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
 		t.Errorf("heard %d notifications for the insert after, want 1", len(heard))
 	}
-	var stored int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if stored != 2 {
+	if stored := countJobs(t, pool); stored != 2 {
 		t.Errorf("%d jobs stored, want 2", stored)
 	}
 }
