@@ -111,8 +111,8 @@ func TestPause_RefusesEveryZombieAcknowledgement(t *testing.T) {
 	if p == nil {
 		t.Fatal("no pause findings")
 	}
-	t.Logf("zombies: %d in flight, %d young long jobs caught; completions refused %d, failures refused %d, dropped %d, heartbeats refused %d, handlers cancelled %d (p95 %.0f ms after SIGCONT)",
-		p.InFlight, p.LongJobsCaught, p.CompletionsRefused, p.FailuresRefused, p.Dropped, p.HeartbeatsRefused, p.HandlersCancelled, p.CancelLatency.P95)
+	t.Logf("zombies: %d in flight, %d young long jobs caught; completions refused %d, failures refused %d, dropped %d, heartbeats refused %d, handlers cancelled %d (p95 %.0f ms after SIGCONT), %d on waking in all",
+		p.InFlight, p.LongJobsCaught, p.CompletionsRefused, p.FailuresRefused, p.Dropped, p.HeartbeatsRefused, p.HandlersCancelled, p.CancelLatency.P95, p.CancelledOnWaking)
 	// What the zombie does first after SIGCONT is a race: it sends an
 	// acknowledgement and is refused (a heartbeat, or a completion whose
 	// handler's timer fired first), or it finds by its own clock that its

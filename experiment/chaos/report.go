@@ -116,12 +116,18 @@ type PauseResult struct {
 	Pauses  int     `json:"pauses"`
 	PauseMs float64 `json:"pause_ms"`
 	// LongJobsCaught is how many young long jobs, which outlive a pause,
-	// the paused workers held when they were chosen. Their handlers are
-	// still running when the worker wakes, so a pause that caught one must
-	// cancel a handler (UncancelledPauses).
+	// the paused workers held when they were chosen: claimed, their
+	// handlers running or, claimed ahead, about to. Either way a handler
+	// of theirs runs when the worker wakes, so a pause that caught one
+	// must cancel a handler (UncancelledPauses).
 	LongJobsCaught int64 `json:"long_jobs_caught"`
+	// CancelledOnWaking counts the paused workers' handlers cancelled with
+	// worker.ErrLeaseLost within a lease of waking: those running when the
+	// worker froze (HandlersCancelled) and those it started, on waking,
+	// for jobs it had claimed ahead before it froze.
+	CancelledOnWaking int `json:"cancelled_on_waking"`
 	// UncancelledPauses lists the pauses that caught young long jobs and
-	// had no zombie handler cancelled.
+	// had no handler cancelled on waking.
 	UncancelledPauses Finding `json:"uncancelled_pauses"`
 	// InFlight is how many executions the paused workers were running.
 	InFlight int `json:"in_flight"`
@@ -462,8 +468,17 @@ func (r *scenarioRun) evaluatePause(ctx context.Context, res *Result, d faultLog
 				latencies = append(latencies, harness.Millis(e.EndedAt.Sub(woke)))
 			}
 		}
-		if pz.longJobs > 0 && p.HandlersCancelled == cancelled {
-			p.UncancelledPauses.add("%s, paused holding %d young long jobs: no handler cancelled", pz.worker, pz.longJobs)
+		onWaking := 0
+		for _, e := range execs {
+			if e.Worker == pz.worker && strings.Contains(harness.ValueOf(e.Cause), "lease lost") &&
+				e.EndedAt != nil && !e.EndedAt.Before(woke) && e.EndedAt.Before(woke.Add(r.cfg.Lease)) {
+				onWaking++
+			}
+		}
+		p.CancelledOnWaking += onWaking
+		if pz.longJobs > 0 && onWaking == 0 {
+			p.UncancelledPauses.add("%s, paused holding %d young long jobs: no handler cancelled on waking (%d of those running when it froze)",
+				pz.worker, pz.longJobs, p.HandlersCancelled-cancelled)
 		}
 		if !counted[pz.proc] {
 			counted[pz.proc] = true
@@ -485,7 +500,7 @@ func (r *scenarioRun) evaluatePause(ctx context.Context, res *Result, d faultLog
 	// deadline on a loaded machine, may find every zombie handler done
 	// by its own timers when the worker wakes: nothing is left to cancel.
 	// One that caught some must cancel their handlers.
-	res.zero("pauses that caught young long jobs and cancelled no zombie handler", p.UncancelledPauses)
+	res.zero("pauses that caught young long jobs and cancelled no handler on waking", p.UncancelledPauses)
 	return nil
 }
 
