@@ -45,19 +45,6 @@ func connect(t testing.TB, pool *pgxpool.Pool) *pgx.Conn {
 	return conn
 }
 
-// listen connects to pool's database and listens there as a worker of
-// queue does, until the test ends; it returns the connection and the
-// channels it listens on.
-func listen(t testing.TB, pool *pgxpool.Pool, queue string) (*pgx.Conn, db.WorkerListenRow) {
-	t.Helper()
-	conn := connect(t, pool)
-	channels, err := db.New(conn).WorkerListen(t.Context(), queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return conn, channels
-}
-
 func TestValidate_AppliesTheDefaults(t *testing.T) {
 	job, err := client.Validate(client.Request{Kind: "email"}, time.Now())
 	if err != nil {
@@ -399,7 +386,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			listener, channels := listen(t, pool, "default")
+			listener, channels := dbtest.Listen(t, pool, "default")
 			count := func() int {
 				n := 0
 				for _, heard := range dbtest.Heard(t, ctx, listener) {

@@ -66,11 +66,15 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		IdempotencyKey:      job.IdempotencyKey,
 		AnnounceAfterCommit: announceAfterCommit,
 	}
-	if announceAfterCommit && !inTx && job.IdempotencyKey == nil {
-		var due dueQueues
-		addDue(&due, job)
+	// own holds the job's queue if the job commits on its own and is due
+	// to be announced once it has.
+	var own dueQueues
+	if announceAfterCommit && !inTx {
+		addDue(&own, job)
+	}
+	if len(own) > 0 && job.IdempotencyKey == nil {
 		var stored db.Job
-		if handled, err := storeThenAnnounce(ctx, dbtx, due, func(d db.DBTX) (err error) {
+		if handled, err := storeThenAnnounce(ctx, dbtx, own, func(d db.DBTX) (err error) {
 			stored, err = db.New(d).JobInsert(ctx, params)
 			return err
 		}); handled {
@@ -85,7 +89,7 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		if err == nil {
 			if inTx {
 				tx.due.add(stored.Queue, stored.RunAt)
-			} else if announceAfterCommit && (job.RunAt != nil || job.DelayMs == 0) {
+			} else if len(own) > 0 {
 				// Stored and committed: if the announcement fails, as when
 				// ctx has ended, the workers find the job at their next
 				// poll, and the enqueue has not failed.

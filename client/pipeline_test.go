@@ -221,7 +221,7 @@ func TestInsert_AnnouncesAJobOnlyOnceItsInsertHasCommitted(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			listener, _ := listen(t, others, "default")
+			listener, _ := dbtest.Listen(t, others, "default")
 			if err := tc.store(); err != nil {
 				t.Fatal(err)
 			}
@@ -276,16 +276,6 @@ func waitForLockWaiter(t *testing.T, pool *pgxpool.Pool) {
 	}
 }
 
-// countJobs counts the jobs stored in pool's database.
-func countJobs(t *testing.T, pool *pgxpool.Pool) int {
-	t.Helper()
-	var stored int
-	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM jobs").Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	return stored
-}
-
 // An insert that fails with the announcement sent behind it returns the
 // database's error and stores nothing, and its connection then stores the
 // next, which is announced, in one round trip: a failure that does not
@@ -300,7 +290,7 @@ func TestInsert_AFailedInsertLeavesItsConnectionReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	listener, _ := listen(t, pool, "default")
+	listener, _ := dbtest.Listen(t, pool, "default")
 	good := newJob(t, client.Request{})
 	bad := good
 	bad.MaxAttempts = 0
@@ -323,7 +313,7 @@ func TestInsert_AFailedInsertLeavesItsConnectionReady(t *testing.T) {
 	if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
 		t.Errorf("heard %d notifications for the insert after, want 1", len(heard))
 	}
-	if stored := countJobs(t, pool); stored != 2 {
+	if stored := dbtest.CountJobs(t, pool); stored != 2 {
 		t.Errorf("%d jobs stored, want 2", stored)
 	}
 }
@@ -373,7 +363,7 @@ func TestInsert_ACommitThatFailsFailsTheInsert(t *testing.T) {
 			if !errors.As(err, &pgErr) || pgErr.Message != "refused at commit" {
 				t.Errorf("InsertMany: ids %v, err %v; want the commit's error", ids, err)
 			}
-			if stored := countJobs(t, pool); stored != 0 {
+			if stored := dbtest.CountJobs(t, pool); stored != 0 {
 				t.Errorf("%d jobs stored, want none", stored)
 			}
 		})
@@ -388,7 +378,7 @@ func TestInsert_RecoversFromItsPreparedStatementsDroppedUnderIt(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()
 	conn := connect(t, pool)
-	listener, _ := listen(t, pool, "default")
+	listener, _ := dbtest.Listen(t, pool, "default")
 	job := newJob(t, client.Request{})
 	if _, _, err := client.Insert(ctx, conn, job); err != nil {
 		t.Fatal(err)
@@ -407,7 +397,7 @@ func TestInsert_RecoversFromItsPreparedStatementsDroppedUnderIt(t *testing.T) {
 	if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
 		t.Errorf("heard %d notifications for the insert after, want 1", len(heard))
 	}
-	if stored := countJobs(t, pool); stored != 2 {
+	if stored := dbtest.CountJobs(t, pool); stored != 2 {
 		t.Errorf("%d jobs stored, want 2", stored)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 )
 
 // jsonValues compares JSON documents by value rather than by spelling.
@@ -220,7 +221,7 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := e.do(t, "POST", "/v1/jobs", tt.body, tt.header...)
 			wantError(t, rec, tt.status, tt.field)
-			if n := countJobs(t, e.pool); n != 0 {
+			if n := dbtest.CountJobs(t, e.pool); n != 0 {
 				t.Errorf("%d jobs written", n)
 			}
 		})
@@ -234,7 +235,7 @@ func TestEnqueue_RejectsNULInPayload(t *testing.T) {
 	if !strings.Contains(got.Error, "NUL") {
 		t.Errorf("error %q does not say what is wrong", got.Error)
 	}
-	if n := countJobs(t, e.pool); n != 0 {
+	if n := dbtest.CountJobs(t, e.pool); n != 0 {
 		t.Errorf("%d jobs written", n)
 	}
 }
@@ -278,7 +279,7 @@ func TestEnqueue_BodyOverLimitIs413(t *testing.T) {
 	big := `{"kind":"a","payload":"` + strings.Repeat("x", 64) + `"}`
 	wantError(t, e.do(t, "POST", "/v1/jobs", big), http.StatusRequestEntityTooLarge, "")
 	wantError(t, e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[`+big+`]}`), http.StatusRequestEntityTooLarge, "")
-	if n := countJobs(t, e.pool); n != 1 {
+	if n := dbtest.CountJobs(t, e.pool); n != 1 {
 		t.Errorf("%d jobs stored, want 1", n)
 	}
 }
@@ -292,7 +293,7 @@ func TestEnqueue_DefaultBodyLimitIsOneMiB(t *testing.T) {
 	}
 	wantStatus(t, e.do(t, "POST", "/v1/jobs", pad(DefaultMaxBodyBytes)), http.StatusCreated)
 	wantError(t, e.do(t, "POST", "/v1/jobs", pad(DefaultMaxBodyBytes+1)), http.StatusRequestEntityTooLarge, "")
-	if n := countJobs(t, e.pool); n != 1 {
+	if n := dbtest.CountJobs(t, e.pool); n != 1 {
 		t.Errorf("%d jobs stored, want 1", n)
 	}
 }
@@ -319,7 +320,7 @@ func TestEnqueue_ReplayWithSameKeyReturnsOriginal(t *testing.T) {
 			t.Errorf("replay of %s (-original +replay):\n%s", body, diff)
 		}
 	}
-	if n := countJobs(t, e.pool); n != 1 {
+	if n := dbtest.CountJobs(t, e.pool); n != 1 {
 		t.Errorf("%d jobs stored, want 1", n)
 	}
 }
@@ -351,7 +352,7 @@ func TestEnqueue_SameKeyWithDifferentBodyIs409(t *testing.T) {
 			wantError(t, e.do(t, "POST", "/v1/jobs", body, "Idempotency-Key", "k"), http.StatusConflict, "Idempotency-Key")
 		})
 	}
-	if n := countJobs(t, e.pool); n != 1 {
+	if n := dbtest.CountJobs(t, e.pool); n != 1 {
 		t.Errorf("%d jobs stored, want 1", n)
 	}
 }
@@ -401,7 +402,7 @@ func TestEnqueue_ConcurrentRequestsWithSameKeyCreateOneJob(t *testing.T) {
 	if created != 1 {
 		t.Errorf("%d requests created a job, want 1", created)
 	}
-	if got := countJobs(t, e.pool); got != 1 {
+	if got := dbtest.CountJobs(t, e.pool); got != 1 {
 		t.Errorf("%d jobs stored, want 1", got)
 	}
 }
@@ -432,13 +433,13 @@ func TestEnqueue_RetriesWhenKeyedJobVanishes(t *testing.T) {
 	}
 	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "ghost")
 	wantStatus(t, rec, http.StatusCreated)
-	if n := countJobs(t, e.pool); n != 1 {
+	if n := dbtest.CountJobs(t, e.pool); n != 1 {
 		t.Errorf("%d jobs stored, want 1", n)
 	}
 
 	rec = e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "ghost-forever")
 	wantError(t, rec, http.StatusServiceUnavailable, "")
-	if n := countJobs(t, e.pool); n != 1 {
+	if n := dbtest.CountJobs(t, e.pool); n != 1 {
 		t.Errorf("%d jobs stored, want 1", n)
 	}
 }
@@ -453,7 +454,7 @@ func TestEnqueue_ConstraintViolationFromDatabaseIs400(t *testing.T) {
 	}
 	wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"forbidden"}`), http.StatusBadRequest, "")
 	wantError(t, e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"ok"},{"kind":"forbidden"}]}`), http.StatusBadRequest, "")
-	if n := countJobs(t, e.pool); n != 0 {
+	if n := dbtest.CountJobs(t, e.pool); n != 0 {
 		t.Errorf("%d jobs written", n)
 	}
 	if !strings.Contains(e.logs.String(), "no_forbidden") {
@@ -517,7 +518,7 @@ func TestEnqueueBatch_AcceptsUpTo1000Jobs(t *testing.T) {
 		t.Errorf("%d ids", len(got.IDs))
 	}
 	wantError(t, e.do(t, "POST", "/v1/jobs/batch", jobs(client.MaxBatchJobs+1)), http.StatusBadRequest, "jobs")
-	if n := countJobs(t, e.pool); n != client.MaxBatchJobs {
+	if n := dbtest.CountJobs(t, e.pool); n != client.MaxBatchJobs {
 		t.Errorf("%d jobs stored, want %d", n, client.MaxBatchJobs)
 	}
 }
@@ -555,7 +556,7 @@ func TestEnqueueBatch_RejectsWholeBatchNamingFirstBadJob(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			wantError(t, e.do(t, "POST", "/v1/jobs/batch", tt.body, tt.header...), tt.status, tt.field)
-			if n := countJobs(t, e.pool); n != 0 {
+			if n := dbtest.CountJobs(t, e.pool); n != 0 {
 				t.Errorf("%d jobs written", n)
 			}
 		})

@@ -10,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/relayq/relay/client"
-	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
 )
 
@@ -92,14 +89,7 @@ func TestEnqueue_EachRequestsJobIsAnnouncedToItsQueueOnceItCommits(t *testing.T)
 	t.Parallel()
 	e := setup(t)
 	ctx := t.Context()
-	listener, err := pgx.ConnectConfig(ctx, e.pool.Config().ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(context.Background())
-	if _, err := db.New(listener).WorkerListen(ctx, "default"); err != nil {
-		t.Fatal(err)
-	}
+	listener, _ := dbtest.Listen(t, e.pool, "default")
 	heard := func() int { return len(dbtest.Heard(t, ctx, listener)) }
 
 	for _, tc := range []struct {
@@ -176,7 +166,7 @@ func TestEnqueue_AJobTheDatabaseRefusesFailsAloneAmongConcurrentOnes(t *testing.
 			t.Errorf("request %d (%s): status %d, want %d", i, bodies[i], status, want)
 		}
 	}
-	if got := countJobs(t, e.pool); got != n-n/10 {
+	if got := dbtest.CountJobs(t, e.pool); got != n-n/10 {
 		t.Errorf("%d jobs stored, want %d", got, n-n/10)
 	}
 }

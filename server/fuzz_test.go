@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+
+	"github.com/relayq/relay/internal/dbtest"
 )
 
 // FuzzEnqueue sends arbitrary bodies and Idempotency-Key headers to
@@ -22,9 +24,9 @@ func FuzzEnqueue(f *testing.F) {
 		if key != "" {
 			headers = []string{"Idempotency-Key", key}
 		}
-		before := countJobs(t, e.pool)
+		before := dbtest.CountJobs(t, e.pool)
 		rec := e.do(t, "POST", "/v1/jobs", string(body), headers...)
-		after := countJobs(t, e.pool)
+		after := dbtest.CountJobs(t, e.pool)
 
 		if rec.Code >= 500 {
 			t.Fatalf("status %d for body %q key %q: %s", rec.Code, body, key, rec.Body)

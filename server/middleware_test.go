@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/relayq/relay/internal/dbtest"
 )
 
 func TestAuth_V1RoutesRequireTheBearerToken(t *testing.T) {
@@ -51,7 +53,7 @@ func TestAuth_V1RoutesRequireTheBearerToken(t *testing.T) {
 			})
 		}
 	}
-	if n := countJobs(t, e.pool); n != 0 {
+	if n := dbtest.CountJobs(t, e.pool); n != 0 {
 		t.Errorf("%d jobs written without the token", n)
 	}
 

@@ -142,16 +142,6 @@ func wantNoLeak(t testing.TB, body string) {
 	}
 }
 
-// countJobs returns how many jobs the database holds.
-func countJobs(t testing.TB, pool *pgxpool.Pool) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM jobs").Scan(&n); err != nil {
-		t.Fatalf("count jobs: %v", err)
-	}
-	return n
-}
-
 // enqueue creates a job through the API and returns it.
 func (e *testEnv) enqueue(t testing.TB, body string) JobView {
 	t.Helper()

@@ -7,6 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
 )
 
 // Heard returns the notifications conn receives until none comes for half
@@ -31,4 +34,31 @@ func Heard(t testing.TB, ctx context.Context, conn *pgx.Conn) []*pgconn.Notifica
 			t.Fatalf("wait for notifications: %v", err)
 		}
 	}
+}
+
+// Listen connects to pool's database and listens there as a worker of
+// queue does (WorkerListen), until the test ends. It returns the
+// connection, to read with Heard, and the channels it listens on.
+func Listen(t testing.TB, pool *pgxpool.Pool, queue string) (*pgx.Conn, db.WorkerListenRow) {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(t.Context(), pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatalf("dbtest: connect a listener: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	channels, err := db.New(conn).WorkerListen(t.Context(), queue)
+	if err != nil {
+		t.Fatalf("dbtest: listen for queue %q: %v", queue, err)
+	}
+	return conn, channels
+}
+
+// CountJobs returns how many jobs pool's database holds.
+func CountJobs(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM jobs").Scan(&n); err != nil {
+		t.Fatalf("dbtest: count jobs: %v", err)
+	}
+	return n
 }
