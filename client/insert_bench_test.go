@@ -14,7 +14,6 @@ import (
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/faultproxy"
-	"github.com/relayq/relay/internal/pgurl"
 )
 
 // BenchmarkInsert_OneJobPerCommit stores one ready job per commit through
@@ -131,19 +130,13 @@ func benchmarkInsert(b *testing.B, inserters, jobsPerCall int, lag time.Duration
 	ctx := b.Context()
 	url := dbtest.NewURL(b)
 	if lag > 0 {
-		target, err := pgurl.HostPort(url)
-		if err != nil {
-			b.Fatal(err)
-		}
-		proxy, err := faultproxy.Start(target)
+		proxy, through, err := faultproxy.StartFor(url)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer proxy.Close()
 		proxy.Slow(lag)
-		if url, err = pgurl.WithHostPort(url, proxy.Addr()); err != nil {
-			b.Fatal(err)
-		}
+		url = through
 	}
 	config, err := pgxpool.ParseConfig(url)
 	if err != nil {

@@ -25,7 +25,11 @@ import (
 // statement's error, including one of its commit or a commit whose
 // outcome the connection lost, is store's. The first time a connection
 // carries each of the two statements it prepares it, a round trip of its
-// own, as pgx's default statement mode does.
+// own, as pgx's default statement mode does. Where the server refuses the
+// statement as stale, prepared under it earlier but since deallocated or
+// planned for a table whose columns have changed (a migration's ALTER
+// TABLE), it is prepared again and store runs once more: refused, the
+// statement ran in an implicit transaction that stored nothing.
 //
 // It reports false, having run nothing, where dbtx cannot carry the two
 // together: unless it is a pool, or a connection with no transaction open,
@@ -71,7 +75,12 @@ func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due dueQueues, store f
 	if conn.PgConn().TxStatus() != 'I' {
 		return false, nil
 	}
-	return true, store(&announcedBehind{conn: conn, announcement: announcement.statement})
+	err = store(&announcedBehind{conn: conn, announcement: announcement.statement})
+	if stale(err) {
+		// Its statements were dropped as the failed one's rows closed.
+		err = store(&announcedBehind{conn: conn, announcement: announcement.statement})
+	}
+	return true, err
 }
 
 // pipelines reports whether a connection of cfg can carry a statement and

@@ -17,6 +17,7 @@ import (
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/faultproxy"
 )
 
 // countingConn counts the writes a client makes, one a round trip, as
@@ -370,34 +371,92 @@ func TestInsert_ACommitThatFailsFailsTheInsert(t *testing.T) {
 	}
 }
 
-// A connection whose prepared statements were dropped under it, as by
-// DEALLOCATE ALL, fails the insert that finds them gone, with the
-// server's error, and prepares them again for the next, which is stored
-// and announced.
-func TestInsert_RecoversFromItsPreparedStatementsDroppedUnderIt(t *testing.T) {
-	pool := dbtest.New(t)
+// An insert that finds its prepared statement stale, dropped under its
+// connection (DEALLOCATE ALL) or planned for a table whose columns a
+// migration has changed since, prepares it again and is stored once and
+// announced, without failing: the server refused the stale statement, so
+// nothing of it was stored.
+func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
+	insert := func(ctx context.Context, conn *pgx.Conn, job client.Job) error {
+		_, _, err := client.Insert(ctx, conn, job)
+		return err
+	}
+	insertMany := func(ctx context.Context, conn *pgx.Conn, job client.Job) error {
+		_, err := client.InsertMany(ctx, conn, []client.Job{job})
+		return err
+	}
+	for _, tc := range []struct {
+		name   string
+		staled string // what makes the statements prepared on the connection stale
+		insert func(context.Context, *pgx.Conn, client.Job) error
+	}{
+		{"Insert, its statements deallocated", "DEALLOCATE ALL", insert},
+		{"InsertMany, its statements deallocated", "DEALLOCATE ALL", insertMany},
+		{"Insert, a column it returns changed", "ALTER TABLE jobs ALTER COLUMN idempotency_key TYPE varchar", insert},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool := dbtest.New(t)
+			ctx := t.Context()
+			conn := connect(t, pool)
+			listener, _ := dbtest.Listen(t, pool, "default")
+			job := newJob(t, client.Request{})
+			if err := tc.insert(ctx, conn, job); err != nil {
+				t.Fatal(err)
+			}
+			dbtest.Heard(t, ctx, listener)
+			if _, err := conn.Exec(ctx, tc.staled); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.insert(ctx, conn, job); err != nil {
+				t.Fatalf("insert with its statements stale: %v", err)
+			}
+			// Where the insert alone was stale, the announcement sent
+			// behind its refused first form ran as well: a second
+			// notification, which tells of nothing new.
+			if heard := dbtest.Heard(t, ctx, listener); len(heard) == 0 {
+				t.Error("heard no notification for the insert with its statements stale")
+			}
+			if stored := dbtest.CountJobs(t, pool); stored != 2 {
+				t.Errorf("%d jobs stored, want 2", stored)
+			}
+		})
+	}
+}
+
+// An insert whose connection is lost once its transaction has committed,
+// before the answer comes back, fails: its outcome is unknown to it. It is
+// not sent again, and the job is stored once.
+func TestInsert_AConnectionLostAtTheCommitFailsTheInsert(t *testing.T) {
+	url := dbtest.NewURL(t)
 	ctx := t.Context()
-	conn := connect(t, pool)
-	listener, _ := dbtest.Listen(t, pool, "default")
+	proxy, proxied, err := faultproxy.StartFor(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	through, err := pgxpool.New(ctx, proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer through.Close()
 	job := newJob(t, client.Request{})
-	if _, _, err := client.Insert(ctx, conn, job); err != nil {
-		t.Fatal(err)
+	if _, _, err := client.Insert(ctx, through, job); err != nil {
+		t.Fatal(err) // prepares its statements before the cut
 	}
-	if _, err := conn.Exec(ctx, "DEALLOCATE ALL"); err != nil {
-		t.Fatal(err)
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobInsert :one", Times: 1})
+	if _, _, err := client.Insert(ctx, through, job); err == nil {
+		t.Error("Insert whose connection was lost at its commit: no error")
 	}
-	var pgErr *pgconn.PgError
-	if _, _, err := client.Insert(ctx, conn, job); !errors.As(err, &pgErr) || pgErr.Code != "26000" {
-		t.Fatalf("insert with its statement gone: %v, want the server's invalid_sql_statement_name (26000)", err)
-	}
-	dbtest.Heard(t, ctx, listener)
-	if _, _, err := client.Insert(ctx, conn, job); err != nil {
-		t.Fatalf("insert after the one that found its statement gone: %v", err)
-	}
-	if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
-		t.Errorf("heard %d notifications for the insert after, want 1", len(heard))
+	if proxy.Armed() != 0 {
+		t.Fatal("the connection was never cut at the insert's commit")
 	}
 	if stored := dbtest.CountJobs(t, pool); stored != 2 {
-		t.Errorf("%d jobs stored, want 2", stored)
+		t.Errorf("%d jobs stored, want 2: the first insert's and the one whose answer was lost", stored)
 	}
 }

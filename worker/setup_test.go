@@ -18,7 +18,6 @@ import (
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/faultproxy"
-	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/worker"
 )
 
@@ -52,19 +51,11 @@ func newPool(t *testing.T, url string) *pgxpool.Pool {
 // it with the URL of the database through it.
 func (b *bundle) proxied(t *testing.T) (*faultproxy.Proxy, string) {
 	t.Helper()
-	target, err := pgurl.HostPort(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(target)
+	p, through, err := faultproxy.StartFor(b.url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	through, err := pgurl.WithHostPort(b.url, p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
 	return p, through
 }
 

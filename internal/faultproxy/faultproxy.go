@@ -30,6 +30,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/relayq/relay/internal/pgurl"
 )
 
 // dialTimeout bounds the connection to the server for each client.
@@ -92,6 +94,26 @@ func Start(target string) (*Proxy, error) {
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
+}
+
+// StartFor starts a proxy to the server of the PostgreSQL URL url, as
+// Start does, and returns it with url changed to reach the server through
+// it.
+func StartFor(url string) (*Proxy, string, error) {
+	target, err := pgurl.HostPort(url)
+	if err != nil {
+		return nil, "", fmt.Errorf("faultproxy: %w", err)
+	}
+	p, err := Start(target)
+	if err != nil {
+		return nil, "", err
+	}
+	through, err := pgurl.WithHostPort(url, p.Addr())
+	if err != nil {
+		p.Close()
+		return nil, "", fmt.Errorf("faultproxy: %w", err)
+	}
+	return p, through, nil
 }
 
 // Addr returns the address clients connect to, host:port.
