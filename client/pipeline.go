@@ -77,7 +77,7 @@ func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due dueQueues, store f
 	}
 	err = store(&announcedBehind{conn: conn, announcement: announcement.statement})
 	if stale(err) {
-		// Its statements were dropped as the failed one's rows closed.
+		// Its statements were dropped when the stale error was read.
 		err = store(&announcedBehind{conn: conn, announcement: announcement.statement})
 	}
 	return true, err

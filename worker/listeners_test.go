@@ -104,8 +104,13 @@ func TestWorker_WithoutASeatRunsWhatTheSeatedCannot(t *testing.T) {
 	seated, _ := b.startWorker(t, cfg, handle("seated"))
 	waitTold(t, seated, true)
 	b.enqueue(t, "hold", `{}`, 1)
-	if got := <-ran; got != "seated" {
-		t.Fatalf("the first job ran on %s, want the only worker", got)
+	select {
+	case got := <-ran:
+		if got != "seated" {
+			t.Fatalf("the first job ran on %s, want the only worker", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the seated worker, alone, never ran the first job")
 	}
 	cfg.ID = "unseated"
 	unseated, _ := b.startWorker(t, cfg, handle("unseated"))
