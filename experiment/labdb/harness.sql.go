@@ -15,7 +15,8 @@ SELECT pg_backend_pid()::integer AS pid
 `
 
 // The process id of the server process serving this connection, whose CPU
-// time the burst experiment's probe reads from /proc.
+// time the burst experiment's probe reads from /proc, and whose priority
+// the soak's readers lower with --readers-nice.
 func (q *Queries) ExperimentBackendPID(ctx context.Context) (int32, error) {
 	row := q.db.QueryRow(ctx, experimentBackendPID)
 	var pid int32

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,17 +45,23 @@ type ReaderStats struct {
 	// Rows is the last count a reader saw: its snapshot's, which stays the
 	// same for the whole transaction.
 	Rows int64 `json:"rows"`
+	// Nice is the nice value each reader's backend ran at, read back from
+	// the system once set (Config.ReadersNice); absent when none was set.
+	Nice []int `json:"nice,omitempty"`
 }
 
 // runReaders runs n readers until ctx ends, each in a REPEATABLE READ,
 // read-only transaction of its own, counting the system's job table
 // (System.CountJobs) every interval (at once again when a count took
-// longer). ready is closed once every reader holds its snapshot.
-func runReaders(ctx context.Context, pool *pgxpool.Pool, sys System, n int, interval time.Duration, ready chan<- struct{}) (ReaderStats, error) {
+// longer). With nice above zero, each first gives its backend's process
+// that nice value (lowerPriority), and gives back the one it had at its
+// end. ready is closed once every reader holds its snapshot.
+func runReaders(ctx context.Context, pool *pgxpool.Pool, sys System, n int, interval time.Duration, nice int, ready chan<- struct{}) (ReaderStats, error) {
 	var (
 		mu    sync.Mutex
 		times []float64
 		rows  int64
+		nices []int
 		wg    sync.WaitGroup
 		errs  = make([]error, n)
 	)
@@ -73,6 +80,22 @@ func runReaders(ctx context.Context, pool *pgxpool.Pool, sys System, n int, inte
 			}
 			defer rollback(ctx, tx)
 			q := labdb.New(tx)
+			if nice > 0 {
+				pid, err := q.ExperimentBackendPID(ctx)
+				if err != nil {
+					errs[i] = fmt.Errorf("reader %d: find its backend: %w", i+1, err)
+					return
+				}
+				got, restore, err := lowerPriority(int(pid), nice)
+				if err != nil {
+					errs[i] = fmt.Errorf("reader %d: %w", i+1, err)
+					return
+				}
+				defer restore()
+				mu.Lock()
+				nices = append(nices, got)
+				mu.Unlock()
+			}
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for {
@@ -102,7 +125,42 @@ func runReaders(ctx context.Context, pool *pgxpool.Pool, sys System, n int, inte
 		close(ready)
 	}()
 	wg.Wait()
-	return ReaderStats{Readers: n, Counts: len(times), Count: harness.PercentilesOf(times), Rows: rows}, errors.Join(errs...)
+	return ReaderStats{Readers: n, Counts: len(times), Count: harness.PercentilesOf(times), Rows: rows, Nice: nices}, errors.Join(errs...)
+}
+
+// lowerPriority gives the process pid, a backend of a server on this host,
+// the nice value nice. It returns the value the process then has, read
+// back, and a function that gives it back the value it had before, as
+// far as this process may: raising a priority again takes privileges
+// (root's, or CAP_SYS_NICE), and without them the backend keeps the lower
+// one until it exits. Linux only, as the soak's CPU figures are.
+func lowerPriority(pid, nice int) (got int, restore func(), err error) {
+	if !harness.IsPostgres(pid) {
+		return 0, nil, fmt.Errorf("backend %d is no PostgreSQL process of this host, whose priority the soak could lower", pid)
+	}
+	before, err := niceOf(pid)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := syscall.Setpriority(syscall.PRIO_PROCESS, pid, nice); err != nil {
+		return 0, nil, fmt.Errorf("give backend %d nice %d: %w", pid, nice, err)
+	}
+	restore = func() { _ = syscall.Setpriority(syscall.PRIO_PROCESS, pid, before) }
+	if got, err = niceOf(pid); err != nil {
+		restore()
+		return 0, nil, err
+	}
+	return got, restore, nil
+}
+
+// niceOf returns the nice value of the process pid.
+func niceOf(pid int) (int, error) {
+	// Linux's system call answers 20 - nice, which Go does not convert.
+	prio, err := syscall.Getpriority(syscall.PRIO_PROCESS, pid)
+	if err != nil {
+		return 0, fmt.Errorf("read backend %d's nice value: %w", pid, err)
+	}
+	return 20 - prio, nil
 }
 
 // rollback ends a transaction the soak held open.

@@ -257,6 +257,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if r.Settings.RetainSucceededS != 0 {
 		fmt.Fprintf(w, "succeeded jobs kept %g s\n\n", r.Settings.RetainSucceededS)
 	}
+	if r.Settings.ReadersNice != 0 {
+		fmt.Fprintf(w, "the readers' backends at nice %d\n\n", r.Settings.ReadersNice)
+	}
 	tw := harness.NewTable(w)
 	fmt.Fprintf(tw, "phase\tseconds\toffered/s\tdone/s\tkept up\tpickup p50/p95/p99 ms\tp95/clean\tsettled after\tbacklog max\ttables+indexes MB\tdead max\tautovacuums\tWAL MB/s\tWAL B/job\thorizon max xids\toldest tx s\tCPU busy\n")
 	for _, p := range r.Phases {

@@ -66,6 +66,10 @@ const (
 	DefaultJobMs          = 1
 )
 
+// MaxNice is the highest nice value, the lowest CPU priority, that
+// Config.ReadersNice can give.
+const MaxNice = 19
+
 // DefaultWorkers is two relay work processes of 10 slots each.
 var DefaultWorkers = harness.ProcSlots{Procs: 2, Slots: 10}
 
@@ -99,6 +103,12 @@ type Config struct {
 	// ReaderInterval is how often each reader counts the jobs. Default
 	// DefaultReaderInterval.
 	ReaderInterval time.Duration
+	// ReadersNice, from 1 to 19, is the nice value each reader gives its
+	// backend's process for the phase, so that the readers yield the CPU
+	// to everything else: which shows how much of what they cost the queue
+	// is their share of the CPU. It needs the private cluster, which runs
+	// on this host: not an AdminURL. Zero leaves the backends as they are.
+	ReadersNice int
 	// Interval is how often the soak samples. Default DefaultInterval.
 	Interval time.Duration
 	// Workers is the relay work processes and their slots. Default
@@ -168,6 +178,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("soak: the rate must be positive, got %v", c.Rate)
 	case c.OverloadFactor <= 0:
 		return c, fmt.Errorf("soak: the overload factor must be positive, got %v", c.OverloadFactor)
+	case c.ReadersNice < 0 || c.ReadersNice > MaxNice:
+		return c, fmt.Errorf("soak: the readers' nice value must be from 0 to %d, got %d", MaxNice, c.ReadersNice)
+	case c.ReadersNice > 0 && c.AdminURL != "":
+		return c, errors.New("soak: the readers' nice value needs the private cluster, on this host, not a server given by its URL")
 	case c.Readers < 1 || c.ReaderInterval <= 0:
 		return c, fmt.Errorf("soak: want at least one reader and a positive reader interval, got %d and %s", c.Readers, c.ReaderInterval)
 	case c.Interval <= windowLag:
@@ -243,6 +257,9 @@ type Settings struct {
 	// RetainSucceededS is how long the workers kept a succeeded job, in
 	// seconds; absent, the system's default.
 	RetainSucceededS float64 `json:"retain_succeeded_s,omitempty"`
+	// ReadersNice is the nice value the readers gave their backends
+	// (Config.ReadersNice); absent, none.
+	ReadersNice int `json:"readers_nice,omitempty"`
 }
 
 // phaseSpan places a phase on the database clock.
@@ -421,7 +438,7 @@ func runPhase(ctx context.Context, cfg Config, kind PhaseKind, dur time.Duration
 		}
 	case PhaseRepeatableRead:
 		go func() {
-			rs, err := runReaders(pinCtx, pinPool, sys, cfg.Readers, cfg.ReaderInterval, pinned)
+			rs, err := runReaders(pinCtx, pinPool, sys, cfg.Readers, cfg.ReaderInterval, cfg.ReadersNice, pinned)
 			readers = &rs
 			pinDone <- err
 		}()
@@ -481,7 +498,7 @@ func produce(ctx context.Context, sys System, rate float64, dur time.Duration) (
 
 func settingsOf(cfg Config) Settings {
 	s := Settings{
-		RatePerSec: cfg.Rate, OverloadFactor: cfg.OverloadFactor, Readers: cfg.Readers,
+		RatePerSec: cfg.Rate, OverloadFactor: cfg.OverloadFactor, Readers: cfg.Readers, ReadersNice: cfg.ReadersNice,
 		ReaderIntervalMs: harness.Millis(cfg.ReaderInterval), IntervalS: cfg.Interval.Seconds(),
 		WindowLagS: windowLag.Seconds(), Workers: cfg.Workers.String(),
 		JobKind: builtin.KindSleep, JobMs: cfg.JobMs, PhaseSeconds: map[string]float64{},

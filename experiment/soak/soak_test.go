@@ -2,6 +2,7 @@ package soak
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,15 +40,17 @@ func shortConfig(t *testing.T) Config {
 // cluster, as the command does by default, with the workers keeping a
 // succeeded job as briefly as the soak allows, and checks that each phase
 // did what it is for: every phase has samples; the clean phase keeps up
-// with the offered load; the idle transaction's horizon grows older through its
-// phase and is released after it; the readers' snapshot ages; the overload
-// phase offers more; and the server's settings and the results were
-// written; and the workers pruned succeeded jobs along the way. (On the
+// with the offered load; the idle transaction's horizon grows older
+// through its phase and is released after it; the readers' snapshot ages,
+// their backends at the nice value given; the overload phase offers more;
+// and the server's settings and the results were written; and the
+// workers pruned succeeded jobs along the way. (On the
 // test server, the soak's WAL would keep the burn-down's test, which waits
 // for the server's counters to settle, from seeing them settle.)
 func TestRun_PhasesPinAndReleaseTheHorizon(t *testing.T) {
 	cfg := shortConfig(t)
 	cfg.RetainSucceeded = MinRetainSucceeded(cfg.Interval)
+	cfg.ReadersNice = 5
 	cfg.LogDir = t.TempDir()
 	res, err := Run(t.Context(), cfg)
 	if err != nil {
@@ -111,6 +114,8 @@ func TestRun_PhasesPinAndReleaseTheHorizon(t *testing.T) {
 	readers := phase[PhaseRepeatableRead].Readers
 	if readers == nil || readers.Readers != 4 || readers.Counts < 4 {
 		t.Errorf("repeatable-read: readers %+v; want 4 readers that counted", readers)
+	} else if want := []int{5, 5, 5, 5}; fmt.Sprint(readers.Nice) != fmt.Sprint(want) || res.Settings.ReadersNice != 5 {
+		t.Errorf("repeatable-read: the readers' backends ran at nice %v, recorded as %d; want %v and 5", readers.Nice, res.Settings.ReadersNice, want)
 	} else if rr := byKind[string(PhaseRepeatableRead)]; len(rr) > 0 {
 		// As for the idle transaction, the phase's last sample may be
 		// taken as the readers end: the age the snapshot reached is the

@@ -97,7 +97,8 @@ SELECT set_config('synchronous_commit', 'off', true);
 
 -- name: ExperimentBackendPID :one
 -- The process id of the server process serving this connection, whose CPU
--- time the burst experiment's probe reads from /proc.
+-- time the burst experiment's probe reads from /proc, and whose priority
+-- the soak's readers lower with --readers-nice.
 SELECT pg_backend_pid()::integer AS pid;
 
 -- name: ExperimentRestoreFsync :exec

@@ -49,6 +49,7 @@ names a server ($DATABASE_URL is not used).`)
 	fs.Float64Var(&cfg.OverloadFactor, "overload", soak.DefaultOverloadFactor, "the overload phase's load, as a multiple of --rate")
 	fs.IntVar(&cfg.Readers, "readers", soak.DefaultReaders, "REPEATABLE READ readers in the repeatable-read phase")
 	fs.DurationVar(&cfg.ReaderInterval, "reader-interval", soak.DefaultReaderInterval, "how often each reader counts the jobs table")
+	fs.IntVar(&cfg.ReadersNice, "readers-nice", 0, "nice value, 1 to 19, each reader gives its backend's process for the phase, so that the readers yield the CPU (on the private cluster only, not with --database-url; default 0: left as is)")
 	fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "how often the soak samples")
 	fs.StringVar(&workers, "workers", soak.DefaultWorkers.String(), "relay work processes and their slots, PROCSxSLOTS")
 	fs.Int64Var(&cfg.JobMs, "job-ms", soak.DefaultJobMs, "how long each sleep job runs, in milliseconds")
@@ -91,6 +92,10 @@ names a server ($DATABASE_URL is not used).`)
 		return cli.Usagef("experiment soak: --overload must be positive, got %v", cfg.OverloadFactor)
 	case cfg.Readers < 1:
 		return cli.Usagef("experiment soak: --readers must be at least 1, got %d", cfg.Readers)
+	case cfg.ReadersNice < 0 || cfg.ReadersNice > soak.MaxNice:
+		return cli.Usagef("experiment soak: --readers-nice must be from 0 to %d, got %d", soak.MaxNice, cfg.ReadersNice)
+	case cfg.ReadersNice > 0 && givenURL:
+		return cli.Usagef("experiment soak: --readers-nice lowers the priority of the private cluster's backends, on this host; it cannot with --database-url")
 	case cfg.ReaderInterval <= 0:
 		return cli.Usagef("experiment soak: --reader-interval must be positive, got %s", cfg.ReaderInterval)
 	case cfg.Interval <= time.Second:

@@ -23,6 +23,9 @@ func TestRunExperimentSoak_RejectsAMistakenCommandLineAsUsage(t *testing.T) {
 		{[]string{"--retain-succeeded", "11s"}, "--retain-succeeded"},
 		{[]string{"--interval", "2s", "--retain-succeeded", "5s"}, "--retain-succeeded"},
 		{[]string{"--system", "oban"}, "--system"},
+		{[]string{"--readers-nice", "20"}, "--readers-nice"},
+		{[]string{"--readers-nice", "-1"}, "--readers-nice"},
+		{[]string{"--readers-nice", "5", "--database-url", "postgres://127.0.0.1/x"}, "--readers-nice"},
 	} {
 		args := append([]string{"--relay-bin", "/bin/true"}, tc.args...)
 		var stderr bytes.Buffer
