@@ -51,8 +51,12 @@ const idempotencyAttempts = 3
 // workers find it when it is due. If the announcement fails, as when ctx
 // ends first, the job is stored all the same and Insert does not fail: the
 // workers find it at their next poll.
+//
+// Outside a transaction, a statement the server refuses as stale, prepared
+// on the connection before a DEALLOCATE ALL or a migration that changed a
+// column it returns, is prepared again and sent once more: refused, it
+// stored nothing. In a transaction its error fails the transaction.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
-	q := db.New(dbtx)
 	tx, inTx := dbtx.(*Tx)
 	announceAfterCommit := inTx || commitsOnItsOwn(dbtx)
 	params := db.JobInsertParams{
@@ -84,8 +88,13 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 			return stored, false, nil
 		}
 	}
+	ownCommit := announceAfterCommit && !inTx
 	for range idempotencyAttempts {
-		stored, err := q.JobInsert(ctx, params)
+		var stored db.Job
+		err := againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
+			stored, err = db.New(d).JobInsert(ctx, params)
+			return err
+		})
 		if err == nil {
 			if inTx {
 				tx.due.add(stored.Queue, stored.RunAt)
@@ -93,16 +102,22 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 				// Stored and committed: if the announcement fails, as when
 				// ctx has ended, the workers find the job at their next
 				// poll, and the enqueue has not failed.
-				_ = q.JobAnnounce(ctx, db.JobAnnounceParams{Queue: stored.Queue, RunAt: stored.RunAt})
+				_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error {
+					return db.New(d).JobAnnounce(ctx, db.JobAnnounceParams{Queue: stored.Queue, RunAt: stored.RunAt})
+				})
 			}
 			return stored, false, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) || job.IdempotencyKey == nil {
 			return db.Job{}, false, fmt.Errorf("insert job: %w", err)
 		}
-		existing, err := q.JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{
-			Queue:          job.Queue,
-			IdempotencyKey: job.IdempotencyKey,
+		var existing db.Job
+		err = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
+			existing, err = db.New(d).JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{
+				Queue:          job.Queue,
+				IdempotencyKey: job.IdempotencyKey,
+			})
+			return err
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // deleted between the two statements: try again
@@ -134,6 +149,34 @@ func commitsOnItsOwn(dbtx db.DBTX) bool {
 	return false
 }
 
+// againIfStale runs run, which sends one statement of package db through
+// the DBTX it is given, on dbtx, and where that statement commits on its
+// own (ownCommit: see commitsOnItsOwn) and the server refused it as stale
+// (stale), as after a DEALLOCATE ALL or a migration that changed a
+// column it returns, runs it once more: refused, it ran in an implicit
+// transaction that stored nothing, and pgx has dropped the statement
+// from its cache, to prepare it again. Through a pool, both run on one
+// connection of it, whose statement was stale. In a transaction a refused
+// statement has failed the transaction, and its error is returned.
+func againIfStale(ctx context.Context, dbtx db.DBTX, ownCommit bool, run func(db.DBTX) error) error {
+	if !ownCommit {
+		return run(dbtx)
+	}
+	if p, ok := dbtx.(*pgxpool.Pool); ok {
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("acquire a connection: %w", err)
+		}
+		defer c.Release()
+		dbtx = c
+	}
+	err := run(dbtx)
+	if stale(err) {
+		err = run(dbtx)
+	}
+	return err
+}
+
 // sameJob reports whether j is what job would have stored, for an
 // idempotent replay.
 func sameJob(j db.Job, job Job) bool {
@@ -163,7 +206,7 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // trip, as Insert's is, or after it where the connection cannot carry
 // both. If that announcement fails, as when ctx ends first, the jobs are
 // stored all the same and InsertMany does not fail: the workers find them
-// at their next poll.
+// at their next poll. A statement found stale is sent again as Insert's.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -188,7 +231,11 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 			return ids, nil
 		}
 	}
-	ids, err := db.New(dbtx).JobInsertMany(ctx, params)
+	var ids []int64
+	err = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
+		ids, err = db.New(d).JobInsertMany(ctx, params)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 	}
@@ -203,7 +250,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	// Stored and committed, if on its own: if the announcement fails, as
 	// when ctx has ended, the workers find the jobs at their next poll,
 	// and the insert has not failed.
-	_ = own.announce(ctx, dbtx)
+	_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error { return own.announce(ctx, d) })
 	return ids, nil
 }
 
@@ -228,7 +275,8 @@ func addDue(due *dueQueues, job Job) {
 // accepted requests no faster than the runs' spread alone, and slower
 // beside an idle fleet of workers and with a slower flush
 // (docs/experiments.md, "The API's groups, announced after their
-// commit"). In a Tx they are announced once it has committed.
+// commit"). In a Tx they are announced once it has committed. A statement
+// found stale is sent again as Insert's.
 func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -236,7 +284,11 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 	}
 	tx, inTx := dbtx.(*Tx)
 	params.AnnounceAfterCommit = inTx
-	stored, err := db.New(dbtx).JobInsertAll(ctx, db.JobInsertAllParams(params))
+	var stored []db.Job
+	err = againIfStale(ctx, dbtx, !inTx && commitsOnItsOwn(dbtx), func(d db.DBTX) (err error) {
+		stored, err = db.New(d).JobInsertAll(ctx, db.JobInsertAllParams(params))
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 	}

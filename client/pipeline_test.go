@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/faultproxy"
 )
@@ -344,11 +346,7 @@ func TestInsert_ACommitThatFailsFailsTheInsert(t *testing.T) {
 	own := connect(t, pool)
 	for _, tc := range []struct {
 		name string
-		dbtx interface {
-			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-			Query(context.Context, string, ...any) (pgx.Rows, error)
-			QueryRow(context.Context, string, ...any) pgx.Row
-		}
+		dbtx db.DBTX
 	}{
 		{"a pool", pool},
 		{"a pool's connection", pooled},
@@ -375,44 +373,78 @@ func TestInsert_ACommitThatFailsFailsTheInsert(t *testing.T) {
 // connection (DEALLOCATE ALL) or planned for a table whose columns a
 // migration has changed since, prepares it again and is stored once and
 // announced, without failing: the server refused the stale statement, so
-// nothing of it was stored.
+// nothing of it was stored. So it goes whether the insert is sent with its
+// announcement behind it (Insert, InsertMany) or through pgx's own
+// statement cache (an idempotency key, InsertAll), on a connection or
+// through a pool.
 func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
-	insert := func(ctx context.Context, conn *pgx.Conn, job client.Job) error {
-		_, _, err := client.Insert(ctx, conn, job)
+	insert := func(ctx context.Context, d db.DBTX, job client.Job) error {
+		_, _, err := client.Insert(ctx, d, job)
 		return err
 	}
-	insertMany := func(ctx context.Context, conn *pgx.Conn, job client.Job) error {
-		_, err := client.InsertMany(ctx, conn, []client.Job{job})
+	insertKeyed := func(ctx context.Context, d db.DBTX, job client.Job) error {
+		job.IdempotencyKey = ptr(fmt.Sprint(time.Now().UnixNano()))
+		_, _, err := client.Insert(ctx, d, job)
 		return err
 	}
+	insertMany := func(ctx context.Context, d db.DBTX, job client.Job) error {
+		_, err := client.InsertMany(ctx, d, []client.Job{job})
+		return err
+	}
+	insertAll := func(ctx context.Context, d db.DBTX, job client.Job) error {
+		_, err := client.InsertAll(ctx, d, []client.Job{job})
+		return err
+	}
+	const (
+		deallocated = "DEALLOCATE ALL"
+		altered     = "ALTER TABLE jobs ALTER COLUMN idempotency_key TYPE varchar"
+	)
 	for _, tc := range []struct {
 		name   string
 		staled string // what makes the statements prepared on the connection stale
-		insert func(context.Context, *pgx.Conn, client.Job) error
+		insert func(context.Context, db.DBTX, client.Job) error
+		pool   bool // through a pool of one connection, not a connection
 		// heard is how many notifications the insert sends: where the
-		// insert alone is stale, the announcement sent behind its refused
-		// form runs as well, and tells of nothing new.
+		// insert alone is stale and its announcement is sent behind it,
+		// the announcement behind its refused form runs as well, and
+		// tells of nothing new.
 		heard int
 	}{
-		{"Insert, its statements deallocated", "DEALLOCATE ALL", insert, 1},
-		{"InsertMany, its statements deallocated", "DEALLOCATE ALL", insertMany, 1},
-		{"Insert, a column it returns changed", "ALTER TABLE jobs ALTER COLUMN idempotency_key TYPE varchar", insert, 2},
+		{"Insert, its statements deallocated", deallocated, insert, false, 1},
+		{"InsertMany, its statements deallocated", deallocated, insertMany, false, 1},
+		{"Insert, a column it returns changed", altered, insert, false, 2},
+		{"Insert with an idempotency key, its statements deallocated", deallocated, insertKeyed, false, 1},
+		{"Insert with an idempotency key, a column it returns changed", altered, insertKeyed, false, 1},
+		{"InsertAll, its statements deallocated", deallocated, insertAll, false, 1},
+		{"InsertAll, a column it returns changed", altered, insertAll, false, 1},
+		{"InsertAll through a pool, its statements deallocated", deallocated, insertAll, true, 1},
+		{"Insert with an idempotency key through a pool, its statements deallocated", deallocated, insertKeyed, true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			pool := dbtest.New(t)
 			ctx := t.Context()
-			conn := connect(t, pool)
+			var d db.DBTX = connect(t, pool)
+			if tc.pool {
+				cfg := pool.Config().Copy()
+				cfg.MaxConns = 1 // so that the statement made stale is the one the insert uses
+				one, err := pgxpool.NewWithConfig(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer one.Close()
+				d = one
+			}
 			listener, _ := dbtest.Listen(t, pool, "default")
 			job := newJob(t, client.Request{})
-			if err := tc.insert(ctx, conn, job); err != nil {
+			if err := tc.insert(ctx, d, job); err != nil {
 				t.Fatal(err)
 			}
 			dbtest.Heard(t, ctx, listener)
-			if _, err := conn.Exec(ctx, tc.staled); err != nil {
+			if _, err := d.Exec(ctx, tc.staled); err != nil {
 				t.Fatal(err)
 			}
-			if err := tc.insert(ctx, conn, job); err != nil {
+			if err := tc.insert(ctx, d, job); err != nil {
 				t.Fatalf("insert with its statements stale: %v", err)
 			}
 			if heard := dbtest.Heard(t, ctx, listener); len(heard) != tc.heard {
