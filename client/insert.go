@@ -52,10 +52,11 @@ const idempotencyAttempts = 3
 // ends first, the job is stored all the same and Insert does not fail: the
 // workers find it at their next poll.
 //
-// Outside a transaction, a statement the server refuses as stale, prepared
-// on the connection before a DEALLOCATE ALL or a migration that changed a
-// column it returns, is prepared again and sent once more: refused, it
-// stored nothing. In a transaction its error fails the transaction.
+// Through a pool or a connection with no transaction open, a statement the
+// server refuses as stale, prepared on the connection before a DEALLOCATE
+// ALL or a migration that changed a column it returns, is prepared again
+// and sent once more: refused, it stored nothing. Otherwise, as in a
+// transaction, which the refusal has failed, its error is returned.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	tx, inTx := dbtx.(*Tx)
 	announceAfterCommit := inTx || commitsOnItsOwn(dbtx)
@@ -154,10 +155,11 @@ func commitsOnItsOwn(dbtx db.DBTX) bool {
 // own (ownCommit: see commitsOnItsOwn) and the server refused it as stale
 // (stale), as after a DEALLOCATE ALL or a migration that changed a
 // column it returns, runs it once more: refused, it ran in an implicit
-// transaction that stored nothing, and pgx has dropped the statement
-// from its cache, to prepare it again. Through a pool, both run on one
-// connection of it, whose statement was stale. In a transaction a refused
-// statement has failed the transaction, and its error is returned.
+// transaction that stored nothing, and pgx, having marked the statement
+// invalid as it read the error, prepares it again. Through a pool, both
+// run on one connection of it, whose statement was stale. Otherwise, as
+// in a transaction, which a refused statement has failed, its error is
+// returned.
 func againIfStale(ctx context.Context, dbtx db.DBTX, ownCommit bool, run func(db.DBTX) error) error {
 	if !ownCommit {
 		return run(dbtx)
@@ -250,7 +252,9 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	// Stored and committed, if on its own: if the announcement fails, as
 	// when ctx has ended, the workers find the jobs at their next poll,
 	// and the insert has not failed.
-	_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error { return own.announce(ctx, d) })
+	if len(own) > 0 {
+		_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error { return own.announce(ctx, d) })
+	}
 	return ids, nil
 }
 

@@ -375,8 +375,8 @@ func TestInsert_ACommitThatFailsFailsTheInsert(t *testing.T) {
 // announced, without failing: the server refused the stale statement, so
 // nothing of it was stored. So it goes whether the insert is sent with its
 // announcement behind it (Insert, InsertMany) or through pgx's own
-// statement cache (an idempotency key, InsertAll), on a connection or
-// through a pool.
+// statement cache (an idempotency key, InsertAll, a traced connection),
+// and for an idempotent replay, which stores nothing.
 func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
 	insert := func(ctx context.Context, d db.DBTX, job client.Job) error {
 		_, _, err := client.Insert(ctx, d, job)
@@ -387,6 +387,18 @@ func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
 		_, _, err := client.Insert(ctx, d, job)
 		return err
 	}
+	// replay inserts one key twice: the first call stores the job and
+	// replays it, preparing the lookup of the key's job; the next replays
+	// it twice.
+	replay := func(ctx context.Context, d db.DBTX, job client.Job) error {
+		job.IdempotencyKey = ptr("the same key")
+		for range 2 {
+			if _, _, err := client.Insert(ctx, d, job); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	insertMany := func(ctx context.Context, d db.DBTX, job client.Job) error {
 		_, err := client.InsertMany(ctx, d, []client.Job{job})
 		return err
@@ -395,46 +407,66 @@ func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
 		_, err := client.InsertAll(ctx, d, []client.Job{job})
 		return err
 	}
+	// Where the insert runs: a connection of its own, a pool of one
+	// connection (so that the statement made stale is the one the insert
+	// uses), or a connection with a tracer, on which Insert and InsertMany
+	// send their announcement in a round trip of its own.
+	onConnection := func(t *testing.T, pool *pgxpool.Pool) db.DBTX { return connect(t, pool) }
+	onPool := func(t *testing.T, pool *pgxpool.Pool) db.DBTX {
+		cfg := pool.Config().Copy()
+		cfg.MaxConns = 1
+		one, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(one.Close)
+		return one
+	}
+	onTraced := func(t *testing.T, pool *pgxpool.Pool) db.DBTX {
+		cfg := pool.Config().ConnConfig.Copy()
+		cfg.Tracer = &statementTracer{}
+		conn, err := pgx.ConnectConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
+	}
 	const (
 		deallocated = "DEALLOCATE ALL"
 		altered     = "ALTER TABLE jobs ALTER COLUMN idempotency_key TYPE varchar"
 	)
 	for _, tc := range []struct {
-		name   string
-		staled string // what makes the statements prepared on the connection stale
-		insert func(context.Context, db.DBTX, client.Job) error
-		pool   bool // through a pool of one connection, not a connection
-		// heard is how many notifications the insert sends: where the
-		// insert alone is stale and its announcement is sent behind it,
-		// the announcement behind its refused form runs as well, and
+		name    string
+		staled  string // what makes the statements prepared on the connection stale
+		insert  func(context.Context, db.DBTX, client.Job) error
+		through func(*testing.T, *pgxpool.Pool) db.DBTX
+		// heard is how many notifications the insert after sends: where
+		// the insert alone is stale and its announcement is sent behind
+		// it, the announcement behind its refused form runs as well, and
 		// tells of nothing new.
-		heard int
+		heard  int
+		stored int // jobs stored in all
 	}{
-		{"Insert, its statements deallocated", deallocated, insert, false, 1},
-		{"InsertMany, its statements deallocated", deallocated, insertMany, false, 1},
-		{"Insert, a column it returns changed", altered, insert, false, 2},
-		{"Insert with an idempotency key, its statements deallocated", deallocated, insertKeyed, false, 1},
-		{"Insert with an idempotency key, a column it returns changed", altered, insertKeyed, false, 1},
-		{"InsertAll, its statements deallocated", deallocated, insertAll, false, 1},
-		{"InsertAll, a column it returns changed", altered, insertAll, false, 1},
-		{"InsertAll through a pool, its statements deallocated", deallocated, insertAll, true, 1},
-		{"Insert with an idempotency key through a pool, its statements deallocated", deallocated, insertKeyed, true, 1},
+		{"Insert, its statements deallocated", deallocated, insert, onConnection, 1, 2},
+		{"InsertMany, its statements deallocated", deallocated, insertMany, onConnection, 1, 2},
+		{"Insert, a column it returns changed", altered, insert, onConnection, 2, 2},
+		{"Insert with an idempotency key, its statements deallocated", deallocated, insertKeyed, onConnection, 1, 2},
+		{"Insert with an idempotency key, a column it returns changed", altered, insertKeyed, onConnection, 1, 2},
+		{"Insert replaying an idempotency key, its statements deallocated", deallocated, replay, onConnection, 0, 1},
+		{"Insert replaying an idempotency key, a column it returns changed", altered, replay, onConnection, 0, 1},
+		{"InsertAll, its statements deallocated", deallocated, insertAll, onConnection, 1, 2},
+		{"InsertAll, a column it returns changed", altered, insertAll, onConnection, 1, 2},
+		{"InsertAll through a pool, its statements deallocated", deallocated, insertAll, onPool, 1, 2},
+		{"Insert with an idempotency key through a pool, its statements deallocated", deallocated, insertKeyed, onPool, 1, 2},
+		{"Insert on a traced connection, its statements deallocated", deallocated, insert, onTraced, 1, 2},
+		{"InsertMany on a traced connection, its statements deallocated", deallocated, insertMany, onTraced, 1, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			pool := dbtest.New(t)
 			ctx := t.Context()
-			var d db.DBTX = connect(t, pool)
-			if tc.pool {
-				cfg := pool.Config().Copy()
-				cfg.MaxConns = 1 // so that the statement made stale is the one the insert uses
-				one, err := pgxpool.NewWithConfig(ctx, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer one.Close()
-				d = one
-			}
+			d := tc.through(t, pool)
 			listener, _ := dbtest.Listen(t, pool, "default")
 			job := newJob(t, client.Request{})
 			if err := tc.insert(ctx, d, job); err != nil {
@@ -450,8 +482,8 @@ func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
 			if heard := dbtest.Heard(t, ctx, listener); len(heard) != tc.heard {
 				t.Errorf("heard %d notifications for the insert with its statements stale, want %d", len(heard), tc.heard)
 			}
-			if stored := dbtest.CountJobs(t, pool); stored != 2 {
-				t.Errorf("%d jobs stored, want 2", stored)
+			if stored := dbtest.CountJobs(t, pool); stored != tc.stored {
+				t.Errorf("%d jobs stored, want %d", stored, tc.stored)
 			}
 		})
 	}
