@@ -59,7 +59,7 @@ const idempotencyAttempts = 3
 // transaction, which the refusal has failed, its error is returned.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	tx, inTx := dbtx.(*Tx)
-	announceAfterCommit := inTx || commitsOnItsOwn(dbtx)
+	ownCommit := !inTx && commitsOnItsOwn(dbtx)
 	params := db.JobInsertParams{
 		Queue:               job.Queue,
 		Kind:                job.Kind,
@@ -69,12 +69,12 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		RunAt:               job.RunAt,
 		DelayMs:             job.DelayMs,
 		IdempotencyKey:      job.IdempotencyKey,
-		AnnounceAfterCommit: announceAfterCommit,
+		AnnounceAfterCommit: inTx || ownCommit,
 	}
 	// own holds the job's queue if the job commits on its own and is due
 	// to be announced once it has.
 	var own dueQueues
-	if announceAfterCommit && !inTx {
+	if ownCommit {
 		addDue(&own, job)
 	}
 	if len(own) > 0 && job.IdempotencyKey == nil {
@@ -89,7 +89,6 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 			return stored, false, nil
 		}
 	}
-	ownCommit := announceAfterCommit && !inTx
 	for range idempotencyAttempts {
 		var stored db.Job
 		err := againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
@@ -172,11 +171,7 @@ func againIfStale(ctx context.Context, dbtx db.DBTX, ownCommit bool, run func(db
 		defer c.Release()
 		dbtx = c
 	}
-	err := run(dbtx)
-	if stale(err) {
-		err = run(dbtx)
-	}
-	return err
+	return onceMoreIfStale(func() error { return run(dbtx) })
 }
 
 // sameJob reports whether j is what job would have stored, for an

@@ -75,12 +75,10 @@ func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due dueQueues, store f
 	if conn.PgConn().TxStatus() != 'I' {
 		return false, nil
 	}
-	err = store(&announcedBehind{conn: conn, announcement: announcement.statement})
-	if stale(err) {
-		// Its statements were dropped when the stale error was read.
-		err = store(&announcedBehind{conn: conn, announcement: announcement.statement})
-	}
-	return true, err
+	// A stale statement's statements were dropped as its error was read.
+	return true, onceMoreIfStale(func() error {
+		return store(&announcedBehind{conn: conn, announcement: announcement.statement})
+	})
 }
 
 // pipelines reports whether a connection of cfg can carry a statement and
@@ -235,6 +233,18 @@ func statementName(sql string) string {
 func stale(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "0A000")
+}
+
+// onceMoreIfStale runs run, which sends one statement, and runs it once
+// more where the server refused that statement as stale: refused, it ran
+// in an implicit transaction that stored nothing. The caller sees that
+// it commits on its own, and that the statement is prepared again.
+func onceMoreIfStale(run func() error) error {
+	err := run()
+	if stale(err) {
+		err = run()
+	}
+	return err
 }
 
 // forgetStatements drops the statements of sqls prepared on conn for

@@ -62,6 +62,19 @@ func (q *Queries) JobAnalyze(ctx context.Context) error {
 	return err
 }
 
+const jobCount = `-- name: JobCount :one
+SELECT count(*)::bigint AS jobs FROM jobs
+`
+
+// How many jobs the database holds, in every state: a check for tests and
+// operators, which reads the whole table.
+func (q *Queries) JobCount(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, jobCount)
+	var jobs int64
+	err := row.Scan(&jobs)
+	return jobs, err
+}
+
 const jobLockForAnalyze = `-- name: JobLockForAnalyze :exec
 LOCK TABLE jobs IN SHARE UPDATE EXCLUSIVE MODE NOWAIT
 `

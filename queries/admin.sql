@@ -20,6 +20,11 @@ SELECT now()::timestamptz AS now;
 -- that pruning deletes and of the versions every transition leaves behind.
 SELECT current_setting('autovacuum')::boolean AS autovacuum;
 
+-- name: JobCount :one
+-- How many jobs the database holds, in every state: a check for tests and
+-- operators, which reads the whole table.
+SELECT count(*)::bigint AS jobs FROM jobs;
+
 -- name: JobStatisticsDue :one
 -- Whether the planner's statistics of the jobs table are due, and why:
 --

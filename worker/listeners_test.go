@@ -103,14 +103,21 @@ func TestWorker_WithoutASeatRunsWhatTheSeatedCannot(t *testing.T) {
 	cfg.ID = "seated"
 	seated, _ := b.startWorker(t, cfg, handle("seated"))
 	waitTold(t, seated, true)
-	b.enqueue(t, "hold", `{}`, 1)
-	select {
-	case got := <-ran:
-		if got != "seated" {
-			t.Fatalf("the first job ran on %s, want the only worker", got)
+	// next waits up to 10 seconds for a job to start, and returns the
+	// worker it started on.
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case got := <-ran:
+			return got
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s never ran", what)
+			return ""
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the seated worker, alone, never ran the first job")
+	}
+	b.enqueue(t, "hold", `{}`, 1)
+	if got := next("the first job, with the seated worker alone,"); got != "seated" {
+		t.Fatalf("the first job ran on %s, want the only worker", got)
 	}
 	cfg.ID = "unseated"
 	unseated, _ := b.startWorker(t, cfg, handle("unseated"))
@@ -119,13 +126,8 @@ func TestWorker_WithoutASeatRunsWhatTheSeatedCannot(t *testing.T) {
 		t.Fatal("the second worker listens, though the queue's one seat is taken")
 	}
 	b.enqueue(t, "hold", `{}`, 1)
-	select {
-	case got := <-ran:
-		if got != "unseated" {
-			t.Fatalf("the second job ran on %s, want the worker without a seat", got)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker without a seat never ran the job the seated worker had no slot for")
+	if got := next("the job the seated worker had no slot for"); got != "unseated" {
+		t.Fatalf("the second job ran on %s, want the worker without a seat", got)
 	}
 }
 

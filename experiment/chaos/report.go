@@ -442,9 +442,17 @@ func (r *scenarioRun) evaluatePause(ctx context.Context, res *Result, d faultLog
 		p.LongJobsCaught += pz.longJobs
 		cancelled := p.HandlersCancelled
 		woke := *f.EndedAt
+		onWaking := 0
 		for _, e := range execs {
-			if e.Worker != pz.worker || !e.StartedAt.Before(f.At) || (e.EndedAt != nil && e.EndedAt.Before(f.At)) {
+			if e.Worker != pz.worker {
 				continue
+			}
+			lost := e.EndedAt != nil && strings.Contains(harness.ValueOf(e.Cause), "lease lost")
+			if lost && !e.EndedAt.Before(woke) && e.EndedAt.Before(woke.Add(r.cfg.Lease)) {
+				onWaking++
+			}
+			if !e.StartedAt.Before(f.At) || (e.EndedAt != nil && e.EndedAt.Before(f.At)) {
+				continue // not running when the worker froze
 			}
 			p.InFlight++
 			ack, accepted := harness.ValueOf(e.Ack), e.Accepted != nil && *e.Accepted
@@ -463,16 +471,9 @@ func (r *scenarioRun) evaluatePause(ctx context.Context, res *Result, d faultLog
 			case ack == "lease_lost":
 				p.Dropped++
 			}
-			if strings.Contains(harness.ValueOf(e.Cause), "lease lost") && e.EndedAt != nil {
+			if lost {
 				p.HandlersCancelled++
 				latencies = append(latencies, harness.Millis(e.EndedAt.Sub(woke)))
-			}
-		}
-		onWaking := 0
-		for _, e := range execs {
-			if e.Worker == pz.worker && strings.Contains(harness.ValueOf(e.Cause), "lease lost") &&
-				e.EndedAt != nil && !e.EndedAt.Before(woke) && e.EndedAt.Before(woke.Add(r.cfg.Lease)) {
-				onWaking++
 			}
 		}
 		p.CancelledOnWaking += onWaking

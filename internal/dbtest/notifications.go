@@ -56,9 +56,9 @@ func Listen(t testing.TB, pool *pgxpool.Pool, queue string) (*pgx.Conn, db.Worke
 // CountJobs returns how many jobs pool's database holds.
 func CountJobs(t testing.TB, pool *pgxpool.Pool) int {
 	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM jobs").Scan(&n); err != nil {
+	n, err := db.New(pool).JobCount(context.Background())
+	if err != nil {
 		t.Fatalf("dbtest: count jobs: %v", err)
 	}
-	return n
+	return int(n)
 }
