@@ -10,6 +10,18 @@ import (
 	"time"
 )
 
+const soakApartUnvacuumed = `-- name: SoakApartUnvacuumed :exec
+ALTER TABLE jobs SET (autovacuum_enabled = false)
+`
+
+// Keeps autovacuum off the readers' table apart, so that, like the
+// queue's table under a pinned horizon, it is never marked all-visible
+// and each count reads its heap.
+func (q *Queries) SoakApartUnvacuumed(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, soakApartUnvacuumed)
+	return err
+}
+
 const soakBacklog = `-- name: SoakBacklog :one
 SELECT count(*) FILTER (WHERE j.state = 'available' AND j.run_at <= now())::bigint AS ready,
        count(*) FILTER (WHERE j.state = 'running')::bigint                        AS running,
@@ -37,6 +49,34 @@ func (q *Queries) SoakBacklog(ctx context.Context, queue string) (SoakBacklogRow
 	var i SoakBacklogRow
 	err := row.Scan(&i.Ready, &i.Running, &i.OldestReadyMs)
 	return i, err
+}
+
+const soakFillApart = `-- name: SoakFillApart :exec
+INSERT INTO jobs (queue, kind, payload)
+SELECT 'apart', 'sleep', '{"ms": 1}'::jsonb
+FROM generate_series(1, $1::integer)
+`
+
+// Adds @rows jobs, waiting in a queue no worker serves, to the jobs table
+// of the readers' own database (relay experiment soak --readers-apart):
+// rows of a job's width for the readers to count, which no statement of
+// the queue under test reads or writes.
+func (q *Queries) SoakFillApart(ctx context.Context, rows int32) error {
+	_, err := q.db.Exec(ctx, soakFillApart, rows)
+	return err
+}
+
+const soakFlushStats = `-- name: SoakFlushStats :exec
+SELECT pg_catalog.pg_stat_force_next_flush()
+`
+
+// Has this session report its pending statistics, its WAL written among
+// them, as soon as it goes idle, rather than up to 10 s later: the soak
+// runs it after filling the readers' table apart, so that the fill's WAL
+// is counted before the readers phase starts.
+func (q *Queries) SoakFlushStats(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, soakFlushStats)
+	return err
 }
 
 const soakIndexes = `-- name: SoakIndexes :many
@@ -231,6 +271,19 @@ func (q *Queries) SoakServer(ctx context.Context) (SoakServerRow, error) {
 		&i.AutovacuumWorkers,
 	)
 	return i, err
+}
+
+const soakTableBytes = `-- name: SoakTableBytes :one
+SELECT COALESCE(pg_catalog.pg_table_size(to_regclass($1::text)), 0)::bigint AS bytes
+`
+
+// The size on disk of the table @table_name, without its indexes; 0 when
+// there is no such table.
+func (q *Queries) SoakTableBytes(ctx context.Context, tableName string) (int64, error) {
+	row := q.db.QueryRow(ctx, soakTableBytes, tableName)
+	var bytes int64
+	err := row.Scan(&bytes)
+	return bytes, err
 }
 
 const soakTables = `-- name: SoakTables :many

@@ -48,15 +48,18 @@ type ReaderStats struct {
 	// Nice is the nice value each reader's backend ran at, read back from
 	// the system once set (Config.ReadersNice); absent when none was set.
 	Nice []int `json:"nice,omitempty"`
+	// Apart is the table apart the readers counted (Config.ReadersApart);
+	// absent, they counted the system's job table.
+	Apart *ApartStats `json:"apart,omitempty"`
 }
 
 // runReaders runs n readers until ctx ends, each in a REPEATABLE READ,
-// read-only transaction of its own, counting the system's job table
-// (System.CountJobs) every interval (at once again when a count took
-// longer). With nice above zero, each first gives its backend's process
+// read-only transaction of its own on pool, counting a job table with
+// count (the system's: System.CountJobs) every interval (at once again
+// when a count took longer). With nice above zero, each first gives its backend's process
 // that nice value (lowerPriority), and gives back the one it had at its
 // end. ready is closed once every reader holds its snapshot.
-func runReaders(ctx context.Context, pool *pgxpool.Pool, sys System, n int, interval time.Duration, nice int, ready chan<- struct{}) (ReaderStats, error) {
+func runReaders(ctx context.Context, pool *pgxpool.Pool, count func(context.Context, *labdb.Queries) (int64, error), n int, interval time.Duration, nice int, ready chan<- struct{}) (ReaderStats, error) {
 	var (
 		mu    sync.Mutex
 		times []float64
@@ -100,7 +103,7 @@ func runReaders(ctx context.Context, pool *pgxpool.Pool, sys System, n int, inte
 			defer tick.Stop()
 			for {
 				t0 := time.Now()
-				c, err := sys.CountJobs(ctx, q)
+				c, err := count(ctx, q)
 				if err != nil {
 					if ctx.Err() == nil {
 						errs[i] = fmt.Errorf("reader %d: count the jobs: %w", i+1, err)

@@ -87,6 +87,15 @@ func (r *Result) phaseOf(t time.Time) int {
 	return len(r.phaseAt) - 1
 }
 
+// within reports whether t falls in phase i itself: from its start to its
+// end, not in the gap before it, while the soak readied what pins the
+// horizon (the readers' table apart is filled there), which phaseOf gives
+// to the phase.
+func (r *Result) within(t time.Time, i int) bool {
+	span := r.phaseAt[i]
+	return !t.Before(span.start) && t.Before(span.end)
+}
+
 // summarise labels every sample with its phase and fills in each phase's
 // summary.
 func (r *Result) summarise() {
@@ -128,7 +137,7 @@ func (r *Result) summarisePhase(i int) {
 	)
 	for k := range r.Samples {
 		sm := &r.Samples[k]
-		if !sm.windowMid.IsZero() && r.phaseOf(sm.windowMid) == i {
+		if !sm.windowMid.IsZero() && r.within(sm.windowMid, i) {
 			w := sm.WindowEnd - sm.WindowStart
 			enqueued += sm.EnqueuedPerSec * w
 			succeeded += sm.SucceededPerSec * w
@@ -136,8 +145,8 @@ func (r *Result) summarisePhase(i int) {
 			s += w
 			pickups = append(pickups, sm.pickups...)
 		}
-		switch r.phaseOf(sm.at) {
-		case i:
+		switch {
+		case r.within(sm.at, i):
 			if first < 0 {
 				first = k
 			}
@@ -202,7 +211,7 @@ func (r *Result) settledAfter(i int, limit float64) *float64 {
 	var from *Sample
 	for k := range r.Samples {
 		sm := &r.Samples[k]
-		if sm.windowMid.IsZero() || r.phaseOf(sm.windowMid) != i || sm.Pickup.N == 0 {
+		if sm.windowMid.IsZero() || !r.within(sm.windowMid, i) || sm.Pickup.N == 0 {
 			continue
 		}
 		switch {
@@ -259,6 +268,12 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	}
 	if r.Settings.ReadersNice != 0 {
 		fmt.Fprintf(w, "the readers' backends at nice %d\n\n", r.Settings.ReadersNice)
+	}
+	for _, p := range r.Phases {
+		if a := p.Readers; a != nil && a.Apart != nil {
+			fmt.Fprintf(w, "the readers counted a table apart: %d jobs, %.1f MB, a count %.1f ms (the queue's job table: %.1f MB, a count %.1f ms), in database %s\n\n",
+				a.Apart.Rows, mb(a.Apart.TableBytes), a.Apart.CountMs, mb(a.Apart.JobTableBytes), a.Apart.JobTableCountMs, a.Apart.Database)
+		}
 	}
 	tw := harness.NewTable(w)
 	fmt.Fprintf(tw, "phase\tseconds\toffered/s\tdone/s\tkept up\tpickup p50/p95/p99 ms\tp95/clean\tsettled after\tbacklog max\ttables+indexes MB\tdead max\tautovacuums\tWAL MB/s\tWAL B/job\thorizon max xids\toldest tx s\tCPU busy\n")

@@ -153,6 +153,8 @@ func (s *riverSystem) CountJobs(ctx context.Context, q *labdb.Queries) (int64, e
 	return q.SoakRiverReaderCount(ctx)
 }
 
+func (s *riverSystem) JobTable() string { return "river_job" }
+
 func (s *riverSystem) CheckRunning() error {
 	if s.procs == nil {
 		return nil

@@ -109,6 +109,14 @@ type Config struct {
 	// is their share of the CPU. It needs the private cluster, which runs
 	// on this host: not an AdminURL. Zero leaves the backends as they are.
 	ReadersNice int
+	// ReadersApart has the readers count a table of their own in place of
+	// the queue's: the jobs table of a database of their own on the same
+	// server, filled as the phase starts with waiting jobs until a count
+	// of it takes as long as a count of the queue's job table then. Their
+	// snapshots then hold back no horizon of the queue's database, and no
+	// page they read is one the queue writes: what they still cost the
+	// queue is the load of their scans on the server and the machine.
+	ReadersApart bool
 	// Interval is how often the soak samples. Default DefaultInterval.
 	Interval time.Duration
 	// Workers is the relay work processes and their slots. Default
@@ -260,6 +268,9 @@ type Settings struct {
 	// ReadersNice is the nice value the readers gave their backends
 	// (Config.ReadersNice); absent, none.
 	ReadersNice int `json:"readers_nice,omitempty"`
+	// ReadersApart is whether the readers counted a table apart
+	// (Config.ReadersApart); the table's size is in the phase's readers.
+	ReadersApart bool `json:"readers_apart,omitempty"`
 }
 
 // phaseSpan places a phase on the database clock.
@@ -321,6 +332,14 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		return nil, fmt.Errorf("soak: %w", err)
 	}
 	defer pinPool.Close()
+	var apart *apartTable
+	if cfg.ReadersApart && cfg.Phases[PhaseRepeatableRead] >= 0 {
+		prog.Note("creating the readers' database apart")
+		if apart, err = openApart(ctx, admin, cfg.Readers); err != nil {
+			return nil, fmt.Errorf("soak: %w", err)
+		}
+		defer apart.closeAtEnd(ctx, &err)
+	}
 
 	if res.start, err = d.Now(ctx); err != nil {
 		return nil, fmt.Errorf("soak: %w", err)
@@ -375,7 +394,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 			samplesMu.Lock()
 			current = string(kind)
 			samplesMu.Unlock()
-			span, stats, err := runPhase(sampleCtx, cfg, kind, dur, sys, d, pinPool)
+			span, stats, err := runPhase(sampleCtx, cfg, kind, dur, sys, d, pinPool, apart)
 			if err != nil {
 				return fmt.Errorf("phase %s: %w", kind, err)
 			}
@@ -416,8 +435,10 @@ type phaseStats struct {
 
 // runPhase runs one phase: the load at its rate for dur, and beside it
 // whatever pins the horizon, in place before the phase's clock starts and
-// ended when it stops.
-func runPhase(ctx context.Context, cfg Config, kind PhaseKind, dur time.Duration, sys System, d *harness.Database, pinPool *pgxpool.Pool) (span phaseSpan, stats phaseStats, err error) {
+// ended when it stops. With apart, the readers count its table in place
+// of the system's, filled first until a count of it takes as long as one
+// of the system's (apartTable.fill).
+func runPhase(ctx context.Context, cfg Config, kind PhaseKind, dur time.Duration, sys System, d *harness.Database, pinPool *pgxpool.Pool, apart *apartTable) (span phaseSpan, stats phaseStats, err error) {
 	span.kind = kind
 	pinCtx, unpin := context.WithCancel(ctx)
 	defer unpin()
@@ -437,8 +458,26 @@ func runPhase(ctx context.Context, cfg Config, kind PhaseKind, dur time.Duration
 			return span, stats, err
 		}
 	case PhaseRepeatableRead:
+		pool, count := pinPool, sys.CountJobs
+		var filled *ApartStats
+		if apart != nil {
+			if filled, err = apart.fill(ctx, d.Lab, sys.CountJobs, sys.JobTable()); err != nil {
+				return span, stats, err
+			}
+			// The fill writes tens of megabytes of WAL, which its session
+			// reports as it ends. Waiting a sampling interval before the
+			// phase starts leaves them to a sample of the gap, and the
+			// phase's summary leaves the gap's windows out (Result.within).
+			select {
+			case <-ctx.Done():
+				return span, stats, ctx.Err()
+			case <-time.After(cfg.Interval):
+			}
+			pool, count = apart.pool, apart.count
+		}
 		go func() {
-			rs, err := runReaders(pinCtx, pinPool, sys, cfg.Readers, cfg.ReaderInterval, cfg.ReadersNice, pinned)
+			rs, err := runReaders(pinCtx, pool, count, cfg.Readers, cfg.ReaderInterval, cfg.ReadersNice, pinned)
+			rs.Apart = filled
 			readers = &rs
 			pinDone <- err
 		}()
@@ -499,6 +538,7 @@ func produce(ctx context.Context, sys System, rate float64, dur time.Duration) (
 func settingsOf(cfg Config) Settings {
 	s := Settings{
 		RatePerSec: cfg.Rate, OverloadFactor: cfg.OverloadFactor, Readers: cfg.Readers, ReadersNice: cfg.ReadersNice,
+		ReadersApart:     cfg.ReadersApart && cfg.Phases[PhaseRepeatableRead] >= 0,
 		ReaderIntervalMs: harness.Millis(cfg.ReaderInterval), IntervalS: cfg.Interval.Seconds(),
 		WindowLagS: windowLag.Seconds(), Workers: cfg.Workers.String(),
 		JobKind: builtin.KindSleep, JobMs: cfg.JobMs, PhaseSeconds: map[string]float64{},

@@ -198,6 +198,46 @@ func outDir(t *testing.T) string {
 	return t.TempDir()
 }
 
+// TestRun_ReadersApartHoldBackNoHorizonOfTheQueue runs a short clean
+// phase and a readers phase whose readers count a table apart: a jobs
+// table of their own database, filled before the phase until a count of
+// it takes as long as one of the queue's. Each count sees every job of
+// the fill, and the queue's database sees no old snapshot of theirs,
+// which PostgreSQL leaves out of that database's tables' horizon.
+func TestRun_ReadersApartHoldBackNoHorizonOfTheQueue(t *testing.T) {
+	cfg := shortConfig(t)
+	for _, k := range Kinds {
+		if k != PhaseClean && k != PhaseRepeatableRead {
+			cfg.Phases[k] = -1
+		}
+	}
+	cfg.ReadersApart = true
+	res, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Phases) != 2 || !res.Settings.ReadersApart {
+		t.Fatalf("%d phases, readers apart recorded %t; want 2 and true", len(res.Phases), res.Settings.ReadersApart)
+	}
+	r := res.Phases[1].Readers
+	if r == nil || r.Apart == nil || r.Counts < 4 {
+		t.Fatalf("readers %+v; want counts of a table apart", r)
+	}
+	a := r.Apart
+	if a.JobTableCountMs <= 0 || a.CountMs <= 0 || a.Rows == 0 || a.TableBytes == 0 || a.JobTableBytes == 0 || r.Rows != a.Rows {
+		t.Errorf("table apart %+v, counted %d rows; want it filled, both counts timed, both tables measured, and every row of the fill counted", *a, r.Rows)
+	}
+	// Transactions; in this short soak a snapshot held through the phase
+	// ages by hundreds (548 at its first sample, with the readers counting
+	// in the queue's database).
+	const young = 200
+	for _, s := range res.Samples {
+		if s.XminAge >= young {
+			t.Errorf("%s sample at %.1f s: the queue's database saw a snapshot %d transactions old; want under %d with the readers apart", s.Phase, s.At, s.XminAge, young)
+		}
+	}
+}
+
 // TestRun_RiverIsSoakedTheSameWay runs a short clean phase and a readers
 // phase on River, the reference system: River's workers claim and finish
 // its jobs, which its own client inserted; the readers count River's job

@@ -34,6 +34,8 @@ type System interface {
 	// each REPEATABLE READ reader of the readers phase does, in its own
 	// transaction: a report over the whole table.
 	CountJobs(ctx context.Context, q *labdb.Queries) (int64, error)
+	// JobTable names the system's job table, which CountJobs counts.
+	JobTable() string
 	// CheckRunning returns an error once a worker has died.
 	CheckRunning() error
 	// Stop stops the workers.
@@ -155,6 +157,8 @@ func (s *relaySystem) Backlog(ctx context.Context) (Backlog, error) {
 func (s *relaySystem) CountJobs(ctx context.Context, q *labdb.Queries) (int64, error) {
 	return q.SoakReaderCount(ctx)
 }
+
+func (s *relaySystem) JobTable() string { return "jobs" }
 
 func (s *relaySystem) CheckRunning() error {
 	if s.procs == nil {

@@ -123,3 +123,30 @@ SELECT w.wal_bytes::bigint   AS wal_bytes,
           FROM pg_catalog.pg_stat_activity AS a
          WHERE a.datname = current_database() AND a.backend_type = 'autovacuum worker')::bigint AS autovacuum_workers
 FROM pg_catalog.pg_stat_wal AS w;
+
+-- name: SoakFillApart :exec
+-- Adds @rows jobs, waiting in a queue no worker serves, to the jobs table
+-- of the readers' own database (relay experiment soak --readers-apart):
+-- rows of a job's width for the readers to count, which no statement of
+-- the queue under test reads or writes.
+INSERT INTO jobs (queue, kind, payload)
+SELECT 'apart', 'sleep', '{"ms": 1}'::jsonb
+FROM generate_series(1, sqlc.arg(rows)::integer);
+
+-- name: SoakTableBytes :one
+-- The size on disk of the table @table_name, without its indexes; 0 when
+-- there is no such table.
+SELECT COALESCE(pg_catalog.pg_table_size(to_regclass(sqlc.arg(table_name)::text)), 0)::bigint AS bytes;
+
+-- name: SoakApartUnvacuumed :exec
+-- Keeps autovacuum off the readers' table apart, so that, like the
+-- queue's table under a pinned horizon, it is never marked all-visible
+-- and each count reads its heap.
+ALTER TABLE jobs SET (autovacuum_enabled = false);
+
+-- name: SoakFlushStats :exec
+-- Has this session report its pending statistics, its WAL written among
+-- them, as soon as it goes idle, rather than up to 10 s later: the soak
+-- runs it after filling the readers' table apart, so that the fill's WAL
+-- is counted before the readers phase starts.
+SELECT pg_catalog.pg_stat_force_next_flush();
