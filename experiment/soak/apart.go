@@ -37,7 +37,8 @@ type ApartStats struct {
 // which is filled one batch at a time until it is large enough.
 const apartFillBatch = 5000
 
-// apartMaxRows bounds the fill, in case the sizes read never meet.
+// apartMaxRows bounds the fill, in case a count of the table apart never
+// takes as long as one of the queue's.
 const apartMaxRows = 10_000_000
 
 // apartTable is the readers' own database, with Relay's schema, whose
