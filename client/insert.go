@@ -59,7 +59,7 @@ const idempotencyAttempts = 3
 // transaction, which the refusal has failed, its error is returned.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	tx, inTx := dbtx.(*Tx)
-	ownCommit := !inTx && commitsOnItsOwn(dbtx)
+	ownCommit := commitsOnItsOwn(dbtx)
 	params := db.JobInsertParams{
 		Queue:               job.Queue,
 		Kind:                job.Kind,
@@ -210,7 +210,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 		return nil, err
 	}
 	tx, inTx := dbtx.(*Tx)
-	ownCommit := !inTx && commitsOnItsOwn(dbtx)
+	ownCommit := commitsOnItsOwn(dbtx)
 	params.AnnounceAfterCommit = inTx || ownCommit
 	var own dueQueues
 	if ownCommit {
@@ -284,7 +284,7 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 	tx, inTx := dbtx.(*Tx)
 	params.AnnounceAfterCommit = inTx
 	var stored []db.Job
-	err = againIfStale(ctx, dbtx, !inTx && commitsOnItsOwn(dbtx), func(d db.DBTX) (err error) {
+	err = againIfStale(ctx, dbtx, commitsOnItsOwn(dbtx), func(d db.DBTX) (err error) {
 		stored, err = db.New(d).JobInsertAll(ctx, db.JobInsertAllParams(params))
 		return err
 	})
