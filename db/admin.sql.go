@@ -66,8 +66,8 @@ const jobCount = `-- name: JobCount :one
 SELECT count(*)::bigint AS jobs FROM jobs
 `
 
-// How many jobs the database holds, in every state: a check for tests and
-// operators, which reads the whole table.
+// How many jobs the database holds, in every state, for the tests'
+// checks: it reads the whole table.
 func (q *Queries) JobCount(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, jobCount)
 	var jobs int64

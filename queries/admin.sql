@@ -21,8 +21,8 @@ SELECT now()::timestamptz AS now;
 SELECT current_setting('autovacuum')::boolean AS autovacuum;
 
 -- name: JobCount :one
--- How many jobs the database holds, in every state: a check for tests and
--- operators, which reads the whole table.
+-- How many jobs the database holds, in every state, for the tests'
+-- checks: it reads the whole table.
 SELECT count(*)::bigint AS jobs FROM jobs;
 
 -- name: JobStatisticsDue :one

@@ -42,7 +42,9 @@ const apartFillBatch = 5000
 const apartMaxRows = 10_000_000
 
 // apartTable is the readers' own database, with Relay's schema, whose
-// jobs table they count in place of the queue's.
+// jobs table they count (countRelayJobs) in place of the queue's, whatever
+// the system under test: with River, its rows are Relay's, filled until a
+// count of them takes as long as one of River's table.
 type apartTable struct {
 	db   *harness.Database
 	pool *pgxpool.Pool
@@ -114,7 +116,7 @@ func (a *apartTable) fill(ctx context.Context, queue *labdb.Queries, countQueue 
 			return nil, fmt.Errorf("fill the readers' table apart: %w", err)
 		}
 		st.Rows += apartFillBatch
-		got, err := medianCount(ctx, q, a.count)
+		got, err := medianCount(ctx, q, countRelayJobs)
 		if err != nil {
 			return nil, fmt.Errorf("count the readers' table apart: %w", err)
 		}
@@ -148,12 +150,4 @@ func medianCount(ctx context.Context, q *labdb.Queries, count func(context.Conte
 	}
 	slices.Sort(took)
 	return took[len(took)/2], nil
-}
-
-// count counts the table apart, as System.CountJobs counts the queue's.
-// The table apart is Relay's jobs table whatever the system under test:
-// with River, its rows are Relay's, filled until its count takes as long
-// as a count of River's table.
-func (a *apartTable) count(ctx context.Context, q *labdb.Queries) (int64, error) {
-	return q.SoakReaderCount(ctx)
 }

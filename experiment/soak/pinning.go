@@ -56,9 +56,10 @@ type ReaderStats struct {
 // runReaders runs n readers until ctx ends, each in a REPEATABLE READ,
 // read-only transaction of its own on pool, counting a job table with
 // count (the system's: System.CountJobs) every interval (at once again
-// when a count took longer). With nice above zero, each first gives its backend's process
-// that nice value (lowerPriority), and gives back the one it had at its
-// end. ready is closed once every reader holds its snapshot.
+// when a count took longer). With nice above zero, each first gives its
+// backend's process that nice value (lowerPriority), and gives back the
+// one it had at its end. ready is closed once every reader holds its
+// snapshot.
 func runReaders(ctx context.Context, pool *pgxpool.Pool, count func(context.Context, *labdb.Queries) (int64, error), n int, interval time.Duration, nice int, ready chan<- struct{}) (ReaderStats, error) {
 	var (
 		mu    sync.Mutex

@@ -142,6 +142,11 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// countsApart reports whether the readers run, and count a table apart.
+func (c Config) countsApart() bool {
+	return c.ReadersApart && c.Phases[PhaseRepeatableRead] >= 0
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.RelayBin == "" && c.NewSystem == nil {
 		return c, errors.New("soak: no relay binary given")
@@ -333,7 +338,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	}
 	defer pinPool.Close()
 	var apart *apartTable
-	if cfg.ReadersApart && cfg.Phases[PhaseRepeatableRead] >= 0 {
+	if cfg.countsApart() {
 		prog.Note("creating the readers' database apart")
 		if apart, err = openApart(ctx, admin, cfg.Readers); err != nil {
 			return nil, fmt.Errorf("soak: %w", err)
@@ -473,7 +478,7 @@ func runPhase(ctx context.Context, cfg Config, kind PhaseKind, dur time.Duration
 				return span, stats, ctx.Err()
 			case <-time.After(cfg.Interval):
 			}
-			pool, count = apart.pool, apart.count
+			pool, count = apart.pool, countRelayJobs
 		}
 		go func() {
 			rs, err := runReaders(pinCtx, pool, count, cfg.Readers, cfg.ReaderInterval, cfg.ReadersNice, pinned)
@@ -538,7 +543,7 @@ func produce(ctx context.Context, sys System, rate float64, dur time.Duration) (
 func settingsOf(cfg Config) Settings {
 	s := Settings{
 		RatePerSec: cfg.Rate, OverloadFactor: cfg.OverloadFactor, Readers: cfg.Readers, ReadersNice: cfg.ReadersNice,
-		ReadersApart:     cfg.ReadersApart && cfg.Phases[PhaseRepeatableRead] >= 0,
+		ReadersApart:     cfg.countsApart(),
 		ReaderIntervalMs: harness.Millis(cfg.ReaderInterval), IntervalS: cfg.Interval.Seconds(),
 		WindowLagS: windowLag.Seconds(), Workers: cfg.Workers.String(),
 		JobKind: builtin.KindSleep, JobMs: cfg.JobMs, PhaseSeconds: map[string]float64{},
