@@ -107,7 +107,9 @@ type Config struct {
 	// transaction to another server session. Default: the settings of the
 	// pool given to New. A session connection found to go through a pooler
 	// is not used for the lock: the worker then runs on its leases alone,
-	// and says so when it starts.
+	// and says so when it starts. A URL that sets no application_name
+	// takes the pool's, so that the session shows in pg_stat_activity
+	// beside its worker's other connections.
 	SessionDatabaseURL string
 	// Lease is how long each claim lasts unless renewed.
 	Lease time.Duration

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
@@ -458,4 +459,71 @@ func waitFleet(t *testing.T, w *worker.Worker, want, wantQueue int32, timeout ti
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func TestWorker_SessionShowsUnderThePoolsApplicationNameUnlessItsURLSetsOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := newPool(t, withApplicationName(t, b.url, "billing-worker"))
+	for i, tc := range []struct {
+		name       string
+		sessionURL string
+		want       string
+	}{
+		{"no session URL: the pool's settings", "", "billing-worker"},
+		{"a session URL that names no application", b.url, "billing-worker"},
+		{"a session URL that names its own", withApplicationName(t, b.url, "billing-session"), "billing-session"},
+		{"a session URL that names its own among its options", withParam(t, b.url, "options", "--application_name=billing-options"), "billing-options"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := fmt.Sprintf("named-%d", i)
+			_, run := b.runWorker(t, pool, worker.Config{ID: id, Slots: 1, SessionDatabaseURL: tc.sessionURL}, func(*worker.Worker) {})
+			defer func() {
+				if err := run.stop(); err != nil {
+					t.Errorf("worker Run: %v", err)
+				}
+			}()
+			var got string
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				err := b.pool.QueryRow(b.ctx, `
+					SELECT a.application_name
+					FROM workers AS w
+					JOIN pg_locks AS l ON l.locktype = 'advisory' AND l.classid = 1380273241 AND l.objid = w.session_key
+					JOIN pg_stat_activity AS a ON a.pid = l.pid
+					-- Session keys are drawn per database; the lock table is the server's.
+					WHERE w.id = $1 AND a.datname = current_database()`, id).Scan(&got)
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, pgx.ErrNoRows) || time.Now().After(deadline) {
+					t.Fatalf("find the session of worker %s: %v", id, err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if got != tc.want {
+				t.Errorf("the session shows as %q in pg_stat_activity, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// withApplicationName returns the URL dsn with its application_name set to
+// name.
+func withApplicationName(t *testing.T, dsn, name string) string {
+	t.Helper()
+	return withParam(t, dsn, "application_name", name)
+}
+
+// withParam returns the URL dsn with its parameter key set to value.
+func withParam(t *testing.T, dsn, key, value string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("parse the database URL: %v", err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,10 +92,20 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	sessionConfig := pool.Config().ConnConfig.Copy()
+	poolConfig := pool.Config().ConnConfig
+	sessionConfig := poolConfig.Copy()
 	if cfg.SessionDatabaseURL != "" {
 		if sessionConfig, err = pgx.ParseConfig(cfg.SessionDatabaseURL); err != nil {
 			return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
+		}
+		// The session shows in pg_stat_activity under the pool's name,
+		// unless its own URL gives it one, as a parameter or among its
+		// options (options=--application_name=...).
+		_, named := sessionConfig.RuntimeParams["application_name"]
+		if !named && !strings.Contains(sessionConfig.RuntimeParams["options"], "application_name") {
+			if name, ok := poolConfig.RuntimeParams["application_name"]; ok {
+				sessionConfig.RuntimeParams["application_name"] = name
+			}
 		}
 	}
 	// The session's few statements run as unnamed statements, each in one
