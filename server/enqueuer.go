@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 
@@ -23,8 +24,14 @@ import (
 //
 // Each request is answered only once its own job is committed, or with
 // the error that kept it from being stored. One job the database refuses
-// fails alone: a statement that fails as a whole (a PostgreSQL error, so
-// nothing of it was stored) is replayed one job at a time.
+// fails alone: a statement the database refuses for a value it holds (a
+// data exception, a constraint violation, or a statement too large or too
+// complex, 54000 and 54001: each raised before the statement commits, so
+// that nothing of it was stored) is replayed one job at a time. Any other error, even one that arrives as a
+// PostgreSQL error, may have come after the commit: a connection pooler
+// between, such as PgBouncer at its query_timeout, answers with an error
+// of its own while the server goes on to commit. Each request of the group
+// is then answered with it, and nothing is stored again.
 type enqueuer struct {
 	dbtx db.DBTX
 
@@ -137,8 +144,7 @@ func (e *enqueuer) store(group []*pendingJob) {
 		jobs[i] = p.job
 	}
 	rows, err := client.InsertAll(ctx, e.dbtx, jobs)
-	var pgErr *pgconn.PgError
-	if err != nil && len(group) > 1 && errors.As(err, &pgErr) {
+	if err != nil && len(group) > 1 && refusedAValue(err) {
 		// Nothing of the statement was stored: store each job alone, so
 		// that the one the database refuses fails alone.
 		for _, p := range group {
@@ -154,4 +160,12 @@ func (e *enqueuer) store(group []*pendingJob) {
 		}
 		p.done <- stored{job: rows[i]}
 	}
+}
+
+// refusedAValue reports whether err is PostgreSQL refusing a value a
+// statement was to store, which the API answers with a 4xx (classify): an
+// error raised before the statement's commit, so that it stored nothing.
+func refusedAValue(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && classify(err).status < http.StatusInternalServerError
 }

@@ -2,16 +2,22 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/pgbouncer"
 )
 
 // postConcurrently sends one POST /v1/jobs per body, all at once, and
@@ -218,5 +224,77 @@ func TestEnqueuer_ARequestThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing
 		if time.Now().After(deadline) {
 			t.Fatalf("after the last insert: %d pending, %d flushing; want none", pending, flushing)
 		}
+	}
+}
+
+// TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain stores a group through
+// PgBouncer in transaction mode whose query_timeout ends the wait for a
+// slow commit: PgBouncer answers with an error of its own (08P01) while
+// the server goes on to commit the group. Each request gets that error,
+// and the group's jobs are stored once, not replayed one by one beside it.
+func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
+	t.Parallel()
+	dsn := dbtest.NewURL(t)
+	direct, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	// The commit of a job whose payload says so waits 2s, as a commit
+	// waits for a slow disk or a synchronous standby.
+	if _, err := direct.Exec(context.Background(), `
+		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bouncer := pgbouncer.ForTest(t, dsn, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction, QueryTimeout: time.Second})
+	cfg, err := pgxpool.ParseConfig(bouncer.URL(strings.TrimPrefix(u.Path, "/")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As relay serve runs behind a transaction-mode pooler.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	pooled, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pooled.Close)
+
+	group := make([]*pendingJob, 3)
+	for i := range group {
+		payload := `{}`
+		if i == 0 {
+			payload = `{"slow_commit": true}`
+		}
+		job, err := client.Validate(client.Request{Kind: fmt.Sprintf("k%d", i), Payload: json.RawMessage(payload)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
+	}
+	newEnqueuer(pooled).store(group)
+	for i, p := range group {
+		if s := <-p.done; s.err == nil {
+			t.Errorf("request %d: stored as job %d, want the pooler's error: its outcome is not known", i, s.job.ID)
+		}
+	}
+	// The server committed the group after PgBouncer gave up on it.
+	deadline := time.Now().Add(10 * time.Second)
+	for dbtest.CountJobs(t, direct) < len(group) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	var kinds string
+	if err := direct.QueryRow(context.Background(), `SELECT string_agg(kind, ',' ORDER BY kind) FROM jobs`).Scan(&kinds); err != nil {
+		t.Fatal(err)
+	}
+	if kinds != "k0,k1,k2" {
+		t.Errorf("jobs stored: %s, want k0,k1,k2, each once", kinds)
 	}
 }

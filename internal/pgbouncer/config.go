@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -98,6 +99,7 @@ default_pool_size = %d
 max_client_conn = %d
 server_tls_sslmode = %s
 server_login_retry = %d
+query_timeout = %d
 ;; Sent by some drivers at connect; PgBouncer refuses what it does not know.
 ignore_startup_parameters = extra_float_digits
 `,
@@ -105,7 +107,7 @@ ignore_startup_parameters = extra_float_digits
 		b.port, b.dir, filepath.Join(b.dir, "pgbouncer.pid"),
 		authType, filepath.Join(b.dir, "userlist.txt"),
 		opts.PoolMode, opts.PoolSize, opts.MaxClientConn,
-		s.sslmode, serverLoginRetry)
+		s.sslmode, serverLoginRetry, int(opts.QueryTimeout/time.Second))
 	if b.version[0] > 1 || b.version[0] == 1 && b.version[1] >= 21 {
 		// 1.18 does not know the setting, and refuses to start with it.
 		conf += ";; Off, as before 1.21, so that every version pools as Debian 12's 1.18 does.\nmax_prepared_statements = 0\n"

@@ -109,6 +109,11 @@ type Options struct {
 	// MaxClientConn is the number of client connections PgBouncer
 	// accepts (max_client_conn). Zero means DefaultMaxClientConn.
 	MaxClientConn int
+	// QueryTimeout is how long PgBouncer lets a query run before it
+	// closes the query's server connection and answers the client with
+	// an error of its own (query_timeout), in whole seconds. Zero means
+	// none, PgBouncer's default.
+	QueryTimeout time.Duration
 	// Binary is the pgbouncer program to run. Empty means pgbouncer on
 	// PATH, or else BinaryPath.
 	Binary string
@@ -128,6 +133,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxClientConn == 0 {
 		o.MaxClientConn = DefaultMaxClientConn
+	}
+	if o.QueryTimeout < 0 || o.QueryTimeout%time.Second != 0 {
+		return o, fmt.Errorf("query timeout %s: want whole seconds", o.QueryTimeout)
 	}
 	if o.PoolSize < 0 || o.MaxClientConn < 0 {
 		return o, fmt.Errorf("pool size %d and max client connections %d: want positive numbers", o.PoolSize, o.MaxClientConn)
