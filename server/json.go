@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/internal/jsonb"
 )
 
 // This file holds all JSON encoding and decoding of the API.
@@ -109,9 +110,16 @@ func checkKeys(data []byte, fields []string) error {
 			return badRequest(key, "field %q is given more than once", key)
 		}
 		seen[key] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
 			return decodeError(err)
+		}
+		// encoding/json decodes an unpaired surrogate escape to U+FFFD
+		// without a word: a name would be stored other than it was sent.
+		// (A payload is checked whole, as jsonb, by the client's rules.)
+		var je *jsonb.Error
+		if len(value) > 0 && value[0] == '"' && errors.As(jsonb.Check(value), &je) && je.Reason == jsonb.ReasonSurrogate {
+			return badRequest(key, "%s contains %s, which is not a character", key, jsonb.ReasonSurrogate)
 		}
 	}
 	return nil
