@@ -80,8 +80,12 @@ func TestWorker_HoldsJobsAheadOnlyWhileTheyAreShortAndNeverRunsMoreThanItsSlots(
 		jobs             int
 		minHeld, maxHeld int
 	}{
-		{"short jobs: as many claimed ahead as asked", worker.Config{Slots: 2, Prefetch: 2}, 3 * time.Millisecond, 80, 4, 4},
-		{"short jobs, by default: more ahead than slots, up to the default's least", worker.Config{Slots: 2}, 3 * time.Millisecond, 80, 5, 2 + worker.DefaultMinPrefetch},
+		// A job claimed ahead of these short ones waits for a slot up to
+		// 5s, not the default 100ms, so that a machine that stalls the
+		// worker for longer does not have it released and claimed again.
+		// (With prefetch off, none is claimed ahead.)
+		{"short jobs: as many claimed ahead as asked", worker.Config{Slots: 2, Prefetch: 2, PrefetchWait: 5 * time.Second}, 3 * time.Millisecond, 80, 4, 4},
+		{"short jobs, by default: more ahead than slots, up to the default's least", worker.Config{Slots: 2, PrefetchWait: 5 * time.Second}, 3 * time.Millisecond, 80, 5, 2 + worker.DefaultMinPrefetch},
 		{"short jobs, prefetch off: only what runs", worker.Config{Slots: 2, Prefetch: -1}, 3 * time.Millisecond, 80, 2, 2},
 		{"no more ahead than the slots start within half the prefetch wait", worker.Config{Slots: 1, Prefetch: 32, PrefetchWait: 100 * time.Millisecond}, 20 * time.Millisecond, 12, 2, 3},
 		{"jobs longer than half the prefetch wait: only what runs", worker.Config{Slots: 1, PrefetchWait: 100 * time.Millisecond}, 60 * time.Millisecond, 6, 1, 1},
