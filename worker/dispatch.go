@@ -100,6 +100,10 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	roundsOut, claimsOut, finishedOut := 0, 0, 0
 	rounds := make(chan *round, maxRoundsOut)
 	wantClaim := true
+	// polled is whether a poll alone set wantClaim: nothing has said the
+	// queue holds a job, so the claim is sent only if JobAnyReady finds
+	// one (round.probe).
+	polled := false
 	poll := time.NewTimer(w.cfg.PollInterval)
 	defer poll.Stop()
 	hold := time.NewTimer(time.Hour)
@@ -130,6 +134,8 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			}
 			if send {
 				r := d.newRound(claim)
+				r.probe = polled && claim > 0 && r.batch.empty() && len(r.adopt) == 0
+				polled = false
 				roundsOut++
 				claimsOut += claim
 				finishedOut += r.batch.finished()
@@ -170,11 +176,13 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				retry = time.After(retryDelay)
 				retryDelay = min(2*retryDelay, maxRetryDelay)
 				wantClaim = true
+				polled = false
 			default:
 				retryDelay = minRetryDelay
 				if r.claim > 0 && len(r.claimed) == r.claim {
 					// A full claim: the queue may hold more.
 					wantClaim = true
+					polled = false
 				} else if recheck == nil {
 					if delay, ok := d.recheckReturned(r); ok {
 						recheck = time.After(delay)
@@ -190,17 +198,21 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			// its next poll.
 			if !w.session.told() {
 				wantClaim = true
+				polled = false
 			}
 		case <-holdC:
 			d.releaseStale()
 		case <-w.wake:
 			wantClaim = true
+			polled = false
 		case <-poll.C:
+			polled = polled || !wantClaim
 			wantClaim = true
 			poll.Reset(jitter(w.pollEvery()))
 		case <-recheck:
 			recheck = nil
 			wantClaim = true
+			polled = false
 			w.cursors.fromHead()
 		case <-retry:
 			retry = nil

@@ -44,6 +44,9 @@ func (p *pending) restore(b pending) {
 type round struct {
 	batch pending
 	claim int
+	// probe is set on a round that a poll alone sends, carrying nothing
+	// but its claim: the claim is sent only if JobAnyReady finds a job.
+	probe bool
 
 	// adopt holds the lease tokens of earlier claims whose answer was lost:
 	// the jobs still running under them are this worker's to run.
@@ -69,7 +72,8 @@ type round struct {
 }
 
 // acknowledge sends a round: jobs released in a statement of their own,
-// then completions and the claim together in one, then failures, so that
+// then completions and the claim together in one (for a round a poll
+// alone sends, only once JobAnyReady has found a job), then failures, so that
 // the common case, a job finished and a slot to fill, costs one round trip
 // and one commit. A row the database refuses never holds up the others
 // (see sendIsolating): a completion whose result it refuses becomes a
@@ -95,6 +99,19 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 			return
 		}
 		r.released = ids
+	}
+	if r.probe {
+		r.sentAt = time.Now()
+		ready, err := w.q.JobAnyReady(ctx, w.cfg.Queue)
+		if err != nil {
+			r.err = fmt.Errorf("look for ready jobs: %w", err)
+			return
+		}
+		if !ready {
+			// Nothing to claim, and nothing else to acknowledge.
+			r.completed = map[int64]bool{}
+			return
+		}
 	}
 	if err := w.leases.completeAndClaim(ctx, r); err != nil {
 		r.err = err

@@ -237,3 +237,39 @@ func TestWorker_SendsASecondRoundBesideASlowOneOnlyWithManySlots(t *testing.T) {
 		})
 	}
 }
+
+func TestWorker_IdlePollsClaimOnlyWhenTheQueueHoldsAReadyJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, counted := b.countedPool(t)
+	b.runWorker(t, pool, worker.Config{Slots: 1, PollInterval: 20 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("unannounced", func(ctx context.Context, j *worker.Job) (any, error) { return nil, nil })
+	})
+	// Idle, the worker polls every 20ms: each poll asks whether the queue
+	// holds a job, and none is there to claim.
+	deadline := time.Now().Add(10 * time.Second)
+	for counted.count("JobAnyReady") < 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle worker asked %d times in 10s whether a job was ready, want at least 10", counted.count("JobAnyReady"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	probes, claims := counted.count("JobAnyReady"), counted.count("JobCompleteAndClaim")
+	// The worker claims as it starts and as its session is registered.
+	if claims > 2 {
+		t.Errorf("%d claims beside %d polls that found no job: an idle poll claims only what it finds", claims, probes)
+	}
+
+	// A ready job that no notification announces is found by a poll, and
+	// claimed.
+	job, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+		Queue: "default", Kind: "unannounced", Payload: []byte(`{}`), MaxAttempts: 1, AnnounceAfterCommit: true,
+	})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	if got := counted.count("JobCompleteAndClaim"); got <= claims {
+		t.Errorf("the job ran with %d claims sent in all, as many as before it was stored", got)
+	}
+}
