@@ -2,13 +2,10 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
@@ -163,9 +160,9 @@ func (e *enqueuer) store(group []*pendingJob) {
 }
 
 // refusedAValue reports whether err is PostgreSQL refusing a value a
-// statement was to store, which the API answers with a 4xx (classify): an
-// error raised before the statement's commit, so that it stored nothing.
+// statement was to store, the only errors the API answers with a 4xx
+// (classify): raised before the statement's commit, so that it stored
+// nothing.
 func refusedAValue(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && classify(err).status < http.StatusInternalServerError
+	return classify(err).status < http.StatusInternalServerError
 }

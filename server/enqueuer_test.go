@@ -240,11 +240,11 @@ func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
-	// The commit of a job whose payload says so waits 2s, as a commit
+	// The commit of a job whose payload says so waits 3s, as a commit
 	// waits for a slow disk or a synchronous standby.
 	if _, err := direct.Exec(context.Background(), `
 		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+		BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
 		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
 		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
 		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`); err != nil {

@@ -73,6 +73,24 @@ func (d *dispatcher) aheadLimit() int {
 	return int(min(int64(cfg.Prefetch), startable))
 }
 
+// claimWant is whether, and why, the dispatcher means to claim with its
+// next round.
+type claimWant int
+
+const (
+	// claimNone: the queue holds nothing for the worker, as far as it
+	// knows.
+	claimNone claimWant = iota
+	// claimPolled: a poll alone asks, with nothing to say the queue holds
+	// a job, so the round claims only once JobAnyReady finds one
+	// (round.probe).
+	claimPolled
+	// claimTold: the worker's start, a notification, a full claim, a
+	// completion of a worker not told of new jobs, a recheck or a failed
+	// round says the queue may hold a job.
+	claimTold
+)
+
 // dispatch claims jobs for free slots (and ahead of them, see
 // Config.Prefetch), starts their handlers and acknowledges their outcomes,
 // until ctx is cancelled. It returns once the round in flight, if any, has
@@ -99,11 +117,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	// worker's leases within its slots and what it may claim ahead.
 	roundsOut, claimsOut, finishedOut := 0, 0, 0
 	rounds := make(chan *round, maxRoundsOut)
-	wantClaim := true
-	// polled is whether a poll alone set wantClaim: nothing has said the
-	// queue holds a job, so the claim is sent only if JobAnyReady finds
-	// one (round.probe).
-	polled := false
+	want := claimTold
 	poll := time.NewTimer(w.cfg.PollInterval)
 	defer poll.Stop()
 	hold := time.NewTimer(time.Hour)
@@ -123,25 +137,24 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		// round claimed would only be released.
 		if retry == nil && roundsOut < maxRoundsOut && ctx.Err() == nil {
 			claim := 0
-			if _, ok := w.session.claimSession(); wantClaim && ok {
+			if _, ok := w.session.claimSession(); want != claimNone && ok {
 				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut-finishedOut, 0)
 			}
 			var send bool
 			if roundsOut == 0 {
-				send = d.sendNow(wantClaim, claim, held, waiting)
+				send = d.sendNow(want != claimNone, claim, held, waiting)
 			} else {
 				send = d.sendBeside()
 			}
 			if send {
 				r := d.newRound(claim)
-				r.probe = polled && claim > 0 && r.batch.empty() && len(r.adopt) == 0
-				polled = false
+				r.probe = want == claimPolled && claim > 0 && r.batch.empty() && len(r.adopt) == 0
 				roundsOut++
 				claimsOut += claim
 				finishedOut += r.batch.finished()
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
-					wantClaim = false
+					want = claimNone
 				}
 				go func() {
 					r.acknowledge(ctx, w)
@@ -175,14 +188,12 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				w.log.Warn("acknowledge or claim failed; will retry", "err", r.err, "retry_in", retryDelay)
 				retry = time.After(retryDelay)
 				retryDelay = min(2*retryDelay, maxRetryDelay)
-				wantClaim = true
-				polled = false
+				want = claimTold
 			default:
 				retryDelay = minRetryDelay
 				if r.claim > 0 && len(r.claimed) == r.claim {
 					// A full claim: the queue may hold more.
-					wantClaim = true
-					polled = false
+					want = claimTold
 				} else if recheck == nil {
 					if delay, ok := d.recheckReturned(r); ok {
 						recheck = time.After(delay)
@@ -193,26 +204,22 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			d.collect(o)
 			// A slot is free, but the queue is known to hold more only
 			// after a full claim, a notification or a poll, each of which
-			// sets wantClaim. A worker that is not told of new jobs looks
+			// sets want. A worker that is not told of new jobs looks
 			// with every completion, as it would otherwise look only at
 			// its next poll.
 			if !w.session.told() {
-				wantClaim = true
-				polled = false
+				want = claimTold
 			}
 		case <-holdC:
 			d.releaseStale()
 		case <-w.wake:
-			wantClaim = true
-			polled = false
+			want = claimTold
 		case <-poll.C:
-			polled = polled || !wantClaim
-			wantClaim = true
+			want = max(want, claimPolled)
 			poll.Reset(jitter(w.pollEvery()))
 		case <-recheck:
 			recheck = nil
-			wantClaim = true
-			polled = false
+			want = claimTold
 			w.cursors.fromHead()
 		case <-retry:
 			retry = nil

@@ -108,9 +108,7 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 			return
 		}
 		if !ready {
-			// Nothing to claim, and nothing else to acknowledge.
-			r.completed = map[int64]bool{}
-			return
+			return // nothing to claim, and nothing else to acknowledge
 		}
 	}
 	if err := w.leases.completeAndClaim(ctx, r); err != nil {
