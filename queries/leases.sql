@@ -78,9 +78,16 @@ segments AS (
     ) AS g
     WHERE g.lo <= g.hi
 ),
+-- The segments are scanned one after another, in the order of their
+-- priorities, and the claim stops once it has its jobs: each scan locks
+-- only the rows it returns, and the scans of later segments never run, so
+-- the claim locks no more ready jobs than it takes. A sort of what every
+-- segment returns would make every scan run first, each locking up to the
+-- whole claim's worth, and a concurrent claim would skip the jobs locked
+-- beyond it, ready and untaken (TestClaim_LocksNoMoreJobsThanItTakes).
 ready AS (
     SELECT r.id, r.priority, r.run_at
-    FROM segments AS seg
+    FROM (SELECT s.lo, s.hi, s.since FROM segments AS s ORDER BY s.lo) AS seg
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM jobs AS j
@@ -97,13 +104,12 @@ ready AS (
         FOR UPDATE SKIP LOCKED
     ) AS r
     WHERE (SELECT s.alive FROM session AS s)
-    ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
 ),
 -- The jobs taken, in the order of the claim: each takes the lease token
 -- at its place among them.
 picked AS (
-    SELECT ARRAY(SELECT ready.id FROM ready) AS ids
+    SELECT ARRAY(SELECT ready.id FROM ready ORDER BY ready.priority, ready.run_at, ready.id) AS ids
 ),
 claimed AS (
     UPDATE jobs AS j

@@ -139,6 +139,64 @@ func TestClaim_TakesJobsByPriorityThenRunAtThenID(t *testing.T) {
 	}
 }
 
+// TestClaim_LocksNoMoreJobsThanItTakes holds one claim of five open while
+// another claims: a claim locks only the jobs it takes, whatever cursors
+// split its scan into, so the second claim takes the next five instead of
+// skipping ready jobs the first only looked at.
+func TestClaim_LocksNoMoreJobsThanItTakes(t *testing.T) {
+	t.Parallel()
+	base := time.Now().Add(-time.Hour)
+	for _, tc := range []struct {
+		name       string
+		priorities []int16
+		since      []time.Time
+	}{
+		{name: "no cursor"},
+		{name: "a cursor at the first priority", priorities: []int16{0}, since: []time.Time{base}},
+		{name: "a cursor at the second priority", priorities: []int16{1}, since: []time.Time{base}},
+		{name: "a cursor at each", priorities: []int16{0, 1}, since: []time.Time{base, base}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			// Five ready jobs at priority 0, then five at priority 1.
+			var first, second []int64
+			for i := range 10 {
+				runAt := base.Add(time.Duration(i) * time.Second)
+				job, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+					Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), Priority: int16(i / 5), MaxAttempts: 1, RunAt: &runAt,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i < 5 {
+					first = append(first, job.ID)
+				} else {
+					second = append(second, job.ID)
+				}
+			}
+			tx, err := b.pool.Begin(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(b.ctx)
+			rows, err := b.q.WithTx(tx).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+				CursorPriorities: tc.priorities, CursorSince: tc.since,
+				Queue: "default", ClaimTokens: leaseTokens(5), LeaseMs: time.Minute.Milliseconds(), WorkerID: "open",
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(first, claimedIDs(rows)); diff != "" {
+				t.Errorf("first claim, still open (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(second, claimedIDs(b.claim(t, "next", 5, time.Minute))); diff != "" {
+				t.Errorf("claim beside it (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestCompleteAndClaim_ListsTheCompletionsOnItsFirstRowAndTheClaimsInOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
