@@ -340,35 +340,41 @@ func (d *dispatcher) sendBeside() bool {
 // acknowledgement, so that outcomes that arrive together are acknowledged
 // in one statement.
 func (d *dispatcher) collect(o outcome) {
+	for {
+		d.collectOne(o)
+		select {
+		case o = <-d.w.outcomes:
+		default:
+			return
+		}
+	}
+}
+
+// collectOne adds one outcome to those waiting to be acknowledged, or
+// drops it if the lease was lost.
+func (d *dispatcher) collectOne(o outcome) {
 	w := d.w
 	if d.outcomes() == 0 {
 		d.pendingSince = time.Now()
 	}
-	for {
-		if o.ran >= 0 {
-			d.observe(o.ran)
-		}
-		w.mu.Lock()
-		w.unhold(o.exec)
-		w.startedJobs--
-		lost := o.exec.lost
-		w.mu.Unlock()
-		o.exec.cancel(nil)
-		switch {
-		case lost:
-			w.log.Warn("lease lost; outcome of this attempt dropped", "job", o.exec.job.ID,
-				"kind", o.exec.job.Kind, "attempt", o.exec.job.Attempt, "handler_err", o.err)
-			w.report(o, OutcomeLeaseLost, false)
-		case o.err == nil:
-			d.p.done = append(d.p.done, o)
-		default:
-			d.p.failed = append(d.p.failed, o)
-		}
-		select {
-		case o = <-w.outcomes:
-		default:
-			return
-		}
+	if o.ran >= 0 {
+		d.observe(o.ran)
+	}
+	w.mu.Lock()
+	w.unhold(o.exec)
+	w.startedJobs--
+	lost := o.exec.lost
+	w.mu.Unlock()
+	o.exec.cancel(nil)
+	switch {
+	case lost:
+		w.log.Warn("lease lost; outcome of this attempt dropped", "job", o.exec.job.ID,
+			"kind", o.exec.job.Kind, "attempt", o.exec.job.Attempt, "handler_err", o.err)
+		w.report(o, OutcomeLeaseLost, false)
+	case o.err == nil:
+		d.p.done = append(d.p.done, o)
+	default:
+		d.p.failed = append(d.p.failed, o)
 	}
 }
 
@@ -530,7 +536,28 @@ func (d *dispatcher) drain(ctx context.Context) {
 		break
 	}
 	d.acknowledgeAtShutdown(ctx)
-	d.releaseAtShutdown(ctx)
+	if returned := d.releaseAtShutdown(ctx); returned > 0 {
+		d.collectReturned(returned)
+		d.acknowledgeAtShutdown(ctx)
+	}
+}
+
+// collectReturned collects the outcomes of the n handlers that had
+// returned when the shutdown released the rest, skipping those of the
+// handlers released. Each is on its way: a handler that returned sends
+// its outcome next, and the channel has room for it.
+func (d *dispatcher) collectReturned(n int) {
+	for n > 0 {
+		o := <-d.w.outcomes
+		d.w.mu.Lock()
+		released := o.exec.lost
+		d.w.mu.Unlock()
+		if released {
+			continue
+		}
+		d.collectOne(o)
+		n--
+	}
 }
 
 // acknowledgeAtShutdown sends what is pending, and looks for the jobs of
@@ -551,13 +578,21 @@ func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
 const releaseNote = "released: worker shutting down"
 
 // releaseAtShutdown cancels the handlers still running and releases their
-// jobs.
-func (d *dispatcher) releaseAtShutdown(ctx context.Context) {
+// jobs. It returns how many handlers had returned by then with their
+// outcomes not yet collected: select picks the end of the grace period as
+// readily as an outcome waiting, and an outcome may come in while the last
+// acknowledgement is out. Those jobs are not released, so that what their
+// handlers did is acknowledged rather than run again.
+func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned int) {
 	w := d.w
 	w.mu.Lock()
 	var left []*execution
 	for _, e := range w.held {
-		if !e.lost {
+		switch {
+		case e.returned && !e.lost:
+			returned++
+			continue
+		case !e.lost:
 			e.lost = true
 			left = append(left, e)
 		}
@@ -565,7 +600,7 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) {
 	}
 	w.mu.Unlock()
 	if len(left) == 0 {
-		return
+		return returned
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
 	defer cancel()
@@ -573,10 +608,11 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) {
 	released, err := w.leases.releaseMany(ctx, left, &note)
 	if err != nil {
 		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", len(left))
-		return
+		return returned
 	}
 	for _, e := range left {
 		w.log.Info("released job", "job", e.job.ID, "accepted", released[e.job.ID])
 		w.report(outcome{exec: e, err: ErrShutdown}, OutcomeReleased, released[e.job.ID])
 	}
+	return returned
 }

@@ -26,6 +26,10 @@ type execution struct {
 	// lost is set, under Worker.mu, once the lease is known lost or the
 	// job released: the outcome is then dropped, never written.
 	lost bool
+	// returned is set, under Worker.mu, once the handler has returned: its
+	// outcome is on its way to the dispatcher, and the job is no longer
+	// one a shutdown may release.
+	returned bool
 }
 
 // newExecution makes the execution of a job just claimed by the worker

@@ -30,10 +30,10 @@ type outcome struct {
 // dispatcher.
 func (s slot) run() {
 	w := s.w
-	e := w.nextForSlot()
+	e := w.nextForSlot(nil)
 	for e != nil {
 		o := s.execute(e)
-		e = w.nextForSlot()
+		e = w.nextForSlot(e)
 		// The channel holds an outcome for every job held, so this never
 		// blocks.
 		w.outcomes <- o

@@ -240,12 +240,16 @@ func (w *Worker) holding() (held, waiting int, oldest time.Time) {
 	return len(w.held), len(w.ahead), oldest
 }
 
-// nextForSlot returns the next job waiting for a slot, marked started, or
-// nil when none is waiting or the worker is stopping, in which case the slot
-// ends.
-func (w *Worker) nextForSlot() *execution {
+// nextForSlot marks done, the job whose handler the slot ran last (nil at
+// first), returned, and returns the next job waiting for a slot, marked
+// started, or nil when none is waiting or the worker is stopping, in which
+// case the slot ends.
+func (w *Worker) nextForSlot(done *execution) *execution {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if done != nil {
+		done.returned = true
+	}
 	if w.stopping || len(w.ahead) == 0 {
 		w.slotsBusy--
 		return nil
