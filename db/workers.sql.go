@@ -33,19 +33,13 @@ func (q *Queries) WorkerFleetCount(ctx context.Context, queue string) (WorkerFle
 }
 
 const workerForgetEnded = `-- name: WorkerForgetEnded :execrows
-WITH live AS MATERIALIZED (
-    SELECT l.session_key FROM worker_sessions_live AS l
-),
-freed AS (
+WITH freed AS (
     DELETE FROM workers AS w
-    USING (SELECT d.id, d.session_key FROM workers AS d
-           WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = d.session_key)) AS ended
-    WHERE w.id = ended.id
-      AND w.session_key = ended.session_key
+    WHERE w.session_key = ANY ($1::integer[])
     RETURNING w.id
 )
 DELETE FROM worker_sessions AS s
-WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
+WHERE s.session_key = ANY ($1::integer[])
   -- One probe of jobs_lease_session_idx per session, whatever the
   -- statistics say: OFFSET 0 keeps the lookup a subplan run for each
   -- session, which PostgreSQL would otherwise be free to turn into a join
@@ -56,17 +50,17 @@ WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
       OFFSET 0)
 `
 
-// Forgets the sessions that ended and hold no running job, and frees the
-// ids whose holder session ended. Returns how many sessions it forgot.
-// The lock table is read once, for live. An id is freed only while the
-// newest version of its row still names the session found ended, so an id
-// taken over by a new session while this runs is kept: a session takes
-// its lock before its row commits (WorkerRegister), and an ended session
-// never holds it again. Checking each id's session against pg_locks
-// instead read the lock table once per worker, every worker's id, not only
-// the ended ones': 30 to 46 ms a statement beside 152 live workers.
-func (q *Queries) WorkerForgetEnded(ctx context.Context) (int64, error) {
-	result, err := q.db.Exec(ctx, workerForgetEnded)
+// Forgets the sessions given, which ended and which no claim can still
+// take jobs under (WorkerStopClaimsOfEndedSessions, earlier in the same
+// transaction), unless jobs run under them, and frees the ids they held.
+// Returns how many sessions it forgot. An id is freed only while the
+// newest version of its row still names a session given, so an id taken
+// over by a new session while this runs is kept: an ended session never
+// holds its lock again. Checking each id's session against pg_locks
+// instead read the lock table once per worker, every worker's id, not
+// only the ended ones': 30 to 46 ms a statement beside 152 live workers.
+func (q *Queries) WorkerForgetEnded(ctx context.Context, sessionKeys []int32) (int64, error) {
+	result, err := q.db.Exec(ctx, workerForgetEnded, sessionKeys)
 	if err != nil {
 		return 0, err
 	}
@@ -289,6 +283,54 @@ func (q *Queries) WorkerSessionKeys(ctx context.Context) ([]int32, error) {
 	return items, nil
 }
 
+const workerStopClaimsOfEndedSessions = `-- name: WorkerStopClaimsOfEndedSessions :many
+WITH live AS MATERIALIZED (
+    SELECT l.session_key FROM worker_sessions_live AS l
+),
+ended AS MATERIALIZED (
+    SELECT s.session_key
+    FROM worker_sessions AS s
+    WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
+)
+SELECT e.session_key
+FROM ended AS e
+WHERE pg_try_advisory_xact_lock(1380273244, e.session_key)
+ORDER BY e.session_key
+`
+
+// The first of the two statements that forget the sessions that ended, in
+// one READ COMMITTED transaction: it takes, for the rest of the
+// transaction, the claim lock of each session that ended and that no
+// claim holds, and returns their keys for WorkerForgetEnded. A claim holds
+// its session's claim lock, shared, from before it checks that the
+// session is alive until it commits (JobCompleteAndClaim), so once this
+// has the lock every claim that found the session alive has committed,
+// and the next statement's snapshot, taken after this one's, sees its
+// jobs; a claim that comes after finds the session ended, or the lock
+// taken, and claims nothing. In one statement the check for running jobs
+// would read a snapshot taken before the locks, blind to a claim that
+// committed in between. The lock table is read once, for live; the claim
+// locks are tried on the ended sessions alone.
+func (q *Queries) WorkerStopClaimsOfEndedSessions(ctx context.Context) ([]int32, error) {
+	rows, err := q.db.Query(ctx, workerStopClaimsOfEndedSessions)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int32{}
+	for rows.Next() {
+		var session_key int32
+		if err := rows.Scan(&session_key); err != nil {
+			return nil, err
+		}
+		items = append(items, session_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workerTakeListenerSeat = `-- name: WorkerTakeListenerSeat :one
 SELECT s.seat::integer AS seat
 FROM generate_series(0, $1::integer - 1) AS s(seat)
@@ -322,16 +364,8 @@ WITH holder AS (
     DELETE FROM workers AS w
     WHERE w.id = $1 AND w.session_key = $2
     RETURNING w.id
-),
-session AS (
-    DELETE FROM worker_sessions AS s
-    WHERE s.session_key = $2
-      AND NOT EXISTS (
-          SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key)
-    RETURNING s.session_key
 )
-SELECT EXISTS (SELECT 1 FROM session) AS session_removed,
-       EXISTS (SELECT 1 FROM holder) AS id_released
+SELECT EXISTS (SELECT 1 FROM holder) AS id_released
 `
 
 type WorkerUnregisterParams struct {
@@ -339,19 +373,15 @@ type WorkerUnregisterParams struct {
 	SessionKey int32
 }
 
-type WorkerUnregisterRow struct {
-	SessionRemoved bool
-	IDReleased     bool
-}
-
-// Removes a worker that is shutting down: the id, if this session still
-// holds it, and the session's own row, unless jobs still run under it (a
-// release that failed at shutdown): then the row stays, and once the
-// connection closes, reclaims see the session ended and take those jobs
-// back at once. Returns whether the session's row was removed.
-func (q *Queries) WorkerUnregister(ctx context.Context, arg WorkerUnregisterParams) (WorkerUnregisterRow, error) {
+// Frees the id of a worker that is shutting down, if this session still
+// holds it. The session's own row stays until the session has ended and
+// WorkerForgetEnded forgets it: until its connection closes the session
+// could still claim, and a row removed under a claim in flight would hide
+// that claim's jobs from the reclaims that take back an ended session's
+// jobs at once. Returns whether the id was freed.
+func (q *Queries) WorkerUnregister(ctx context.Context, arg WorkerUnregisterParams) (bool, error) {
 	row := q.db.QueryRow(ctx, workerUnregister, arg.ID, arg.SessionKey)
-	var i WorkerUnregisterRow
-	err := row.Scan(&i.SessionRemoved, &i.IDReleased)
-	return i, err
+	var id_released bool
+	err := row.Scan(&id_released)
+	return id_released, err
 }

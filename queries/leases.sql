@@ -18,7 +18,12 @@
 -- still hold its lock: a worker whose session ended claims nothing, since
 -- any worker would take such jobs back at once, charging an attempt that
 -- never ran. A worker without a session (session_key null) claims under
--- its leases alone.
+-- its leases alone. Before it looks at the session, the claim takes the
+-- session's claim lock, shared, until it commits: the session's row is
+-- forgotten only under that lock, taken exclusively
+-- (WorkerStopClaimsOfEndedSessions), so a claim that found the session
+-- alive has committed its jobs under it, for reclaims to find, before its
+-- row can go; and a claim that cannot take the lock claims nothing.
 --
 -- The claim runs before the completions. The whole statement reads one
 -- snapshot, taken as it begins, and a claim that scans for ready jobs only
@@ -43,9 +48,13 @@ WITH completions AS (
 session AS (
     -- Taking a shared lock on the key succeeds only if no session holds
     -- it: then the session has ended (and this transaction holds the
-    -- shared lock until it commits, which harms no one).
+    -- shared lock until it commits, which harms no one). CASE takes the
+    -- claim lock (1380273244) first.
     SELECT sqlc.narg(session_key)::integer IS NULL
-        OR NOT pg_try_advisory_xact_lock_shared(1380273241, sqlc.narg(session_key)::integer) AS alive
+        OR CASE WHEN pg_try_advisory_xact_lock_shared(1380273244, sqlc.narg(session_key)::integer)
+                THEN NOT pg_try_advisory_xact_lock_shared(1380273241, sqlc.narg(session_key)::integer)
+                ELSE false
+           END AS alive
 ),
 -- The claim scans the claim index from where the worker says each priority's
 -- ready jobs begin (cursor_priorities, with cursor_since the run_at to start

@@ -1,8 +1,11 @@
 package worker
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // FleetSize returns how many live workers w last counted, zero before it
@@ -24,3 +27,9 @@ func SetFleetCountEvery(t testing.TB, d time.Duration) {
 // Told reports whether w is told of its queue's new jobs: whether its
 // session listens for them.
 func (w *Worker) Told() bool { return w.session.told() }
+
+// ForgetEnded forgets the sessions that ended and hold no running job, as
+// a worker's reclaims do now and then, and returns how many it forgot.
+func ForgetEnded(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	return forgetEnded(ctx, pool)
+}

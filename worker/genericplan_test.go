@@ -95,11 +95,7 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 			return err
 		}, 200},
 		{"forget the sessions that ended", func(q *db.Queries) error {
-			_, err := q.WorkerForgetEnded(b.ctx)
-			return err
-		}, 1},
-		{"unregister", func(q *db.Queries) error {
-			_, err := q.WorkerUnregister(b.ctx, db.WorkerUnregisterParams{ID: "w", SessionKey: 1})
+			_, err := q.WorkerForgetEnded(b.ctx, []int32{1})
 			return err
 		}, 1},
 		{"prune", func(q *db.Queries) error {

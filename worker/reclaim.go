@@ -2,7 +2,13 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
 )
 
 // reclaimer takes back the jobs of dead workers and expired leases, and
@@ -13,7 +19,7 @@ type reclaimer struct {
 
 // run takes back the jobs of dead workers and expired leases every
 // ReclaimInterval (longer in a large fleet, see fleetInterval), now and
-// then forgets the sessions that ended (WorkerForgetEnded), and counts the
+// then forgets the sessions that ended (forgetEnded), and counts the
 // live workers at start and every fleetCountEvery.
 func (r reclaimer) run(ctx context.Context) {
 	w := r.w
@@ -38,7 +44,7 @@ func (r reclaimer) run(ctx context.Context) {
 		}
 		if round%forgetEndedEvery == 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			if _, err := w.q.WorkerForgetEnded(rctx); err != nil && ctx.Err() == nil {
+			if _, err := forgetEnded(rctx, w.pool); err != nil && ctx.Err() == nil {
 				w.log.Warn("forget ended worker sessions failed", "err", err)
 			}
 			cancel()
@@ -108,8 +114,32 @@ func (r *reclaimWindow) record(sent time.Time, complete bool) {
 // forget makes the next reclaim a full pass.
 func (r *reclaimWindow) forget() { r.since = time.Time{} }
 
+// forgetEnded forgets the sessions that ended and hold no running job, and
+// frees the worker ids they held: WorkerStopClaimsOfEndedSessions, then
+// WorkerForgetEnded, in one READ COMMITTED transaction, so that the second
+// reads a snapshot taken once no claim under those sessions is in flight.
+// It returns how many sessions it forgot.
+func forgetEnded(ctx context.Context, pool *pgxpool.Pool) (forgot int64, err error) {
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		keys, err := q.WorkerStopClaimsOfEndedSessions(ctx)
+		if err != nil {
+			return fmt.Errorf("stop the claims of ended sessions: %w", err)
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		forgot, err = q.WorkerForgetEnded(ctx, keys)
+		if err != nil {
+			return fmt.Errorf("forget ended sessions: %w", err)
+		}
+		return nil
+	})
+	return forgot, err
+}
+
 // forgetEndedEvery is how many reclaim rounds pass between two
-// WorkerForgetEnded, which forget the sessions that ended.
+// forgetEnded, which forget the sessions that ended.
 const forgetEndedEvery = 40
 
 // fleetShare is how many times a fleet of workers runs a duty it shares,

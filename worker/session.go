@@ -146,13 +146,11 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 			// of TestWorker_GracefulShutdownReleasesHeldJobs in 40 under
 			// load). The lock that shows the session alive is held until
 			// that connection closes, after this.
+			// The session's row stays for a reclaim's forgetEnded to
+			// remove once the session has ended.
 			params := db.WorkerUnregisterParams{ID: w.cfg.ID, SessionKey: key}
-			res, err := w.q.WorkerUnregister(ctx, params)
-			switch {
-			case err != nil:
+			if _, err := w.q.WorkerUnregister(ctx, params); err != nil {
 				w.log.Debug("unregister worker failed", "err", err)
-			case !res.SessionRemoved:
-				w.log.Info("jobs still run under this session; they are taken back once it closes")
 			}
 		}()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -50,7 +51,7 @@ func TestReclaim_TakesJobsOfAnEndedSessionAtOnceButNotOfALiveOne(t *testing.T) {
 		t.Errorf("job of the stalled-but-connected worker is %s, want running: it is governed by its lease", got.State)
 	}
 
-	n, err := b.q.WorkerForgetEnded(b.ctx)
+	n, err := worker.ForgetEnded(b.ctx, b.pool)
 	if err != nil || n != 1 {
 		t.Errorf("forget ended sessions: %d rows, err %v; want 1 (doomed's)", n, err)
 	}
@@ -222,7 +223,7 @@ func TestClaim_UnderAnEndedSessionClaimsNothing(t *testing.T) {
 	}
 }
 
-func TestUnregister_KeepsTheSessionOfJobsThatStillRun(t *testing.T) {
+func TestUnregister_FreesTheIDAndLeavesTheSessionUntilItEnds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	job := b.enqueue(t, "noop", `{}`, 5)
@@ -231,12 +232,15 @@ func TestUnregister_KeepsTheSessionOfJobsThatStillRun(t *testing.T) {
 
 	// Shutting down with its release failed: the job still runs under the
 	// session.
-	res, err := db.New(s.conn).WorkerUnregister(b.ctx, db.WorkerUnregisterParams{ID: "leaving", SessionKey: s.key})
-	if err != nil {
-		t.Fatal(err)
+	released, err := db.New(s.conn).WorkerUnregister(b.ctx, db.WorkerUnregisterParams{ID: "leaving", SessionKey: s.key})
+	if err != nil || !released {
+		t.Fatalf("unregister: id released %t, err %v; want the id released", released, err)
 	}
-	if res.SessionRemoved || !res.IDReleased {
-		t.Errorf("unregister: %+v, want the id released and the session kept", res)
+	if n, err := worker.ForgetEnded(b.ctx, b.pool); err != nil || n != 0 {
+		t.Errorf("forget ended sessions while the session lives: %d, %v; want none", n, err)
+	}
+	if keys, err := b.q.WorkerSessionKeys(b.ctx); err != nil || !slices.Equal(keys, []int32{s.key}) {
+		t.Errorf("sessions after unregister: %v, %v; want the live session %d", keys, err, s.key)
 	}
 	s.end(t, b)
 	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
@@ -246,8 +250,51 @@ func TestUnregister_KeepsTheSessionOfJobsThatStillRun(t *testing.T) {
 	if len(rows) != 1 || rows[0].ID != job.ID || deref(rows[0].LastError) != "worker session ended" {
 		t.Errorf("reclaim once the session closed: %+v, want job %d for its ended session", rows, job.ID)
 	}
-	if n, err := b.q.WorkerForgetEnded(b.ctx); err != nil || n != 1 {
+	if n, err := worker.ForgetEnded(b.ctx, b.pool); err != nil || n != 1 {
 		t.Errorf("forget ended sessions: %d, %v; want the one that held the job", n, err)
+	}
+}
+
+// TestWorkerForgetEnded_KeepsTheSessionOfAClaimInFlight ends a session
+// while a claim that found it alive has yet to commit, and forgets the
+// ended sessions meanwhile: the session's row stays until the claim's job
+// can be seen running under it, so that a reclaim takes the job back at
+// once instead of when its lease expires.
+func TestWorkerForgetEnded_KeepsTheSessionOfAClaimInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 5)
+	s := b.register(t, "w", 0)
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	rows, err := b.q.WithTx(tx).JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
+		Queue: "default", ClaimTokens: leaseTokens(1), LeaseMs: time.Hour.Milliseconds(), WorkerID: "w", SessionKey: &s.key,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := claimedIDs(rows); !slices.Equal(got, []int64{job.ID}) {
+		t.Fatalf("claim under the live session took %v, want job %d", got, job.ID)
+	}
+	s.end(t, b)
+	if n, err := worker.ForgetEnded(b.ctx, b.pool); err != nil || n != 0 {
+		t.Errorf("forget ended sessions with a claim under one in flight: %d, %v; want none", n, err)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reclaimed, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reclaimed) != 1 || reclaimed[0].ID != job.ID || deref(reclaimed[0].LastError) != "worker session ended" {
+		t.Errorf("reclaim once the claim committed: %+v, want job %d for its ended session", reclaimed, job.ID)
+	}
+	if n, err := worker.ForgetEnded(b.ctx, b.pool); err != nil || n != 1 {
+		t.Errorf("forget ended sessions after the reclaim: %d, %v; want 1", n, err)
 	}
 }
 
@@ -262,7 +309,7 @@ func TestWorkerForgetEnded_KeepsLiveSessionsAndThoseHoldingJobs(t *testing.T) {
 	holding.end(t, b)
 	idle.end(t, b)
 
-	if n, err := b.q.WorkerForgetEnded(b.ctx); err != nil || n != 1 {
+	if n, err := worker.ForgetEnded(b.ctx, b.pool); err != nil || n != 1 {
 		t.Fatalf("forget ended sessions: %d, %v; want 1 (idle's)", n, err)
 	}
 	keys, err := b.q.WorkerSessionKeys(b.ctx)
@@ -315,7 +362,7 @@ func TestWorkerForgetEnded_KeepsAnIDTakenOverWhileItRuns(t *testing.T) {
 	}
 	forgot := make(chan result, 1)
 	go func() {
-		n, err := b.q.WorkerForgetEnded(b.ctx)
+		n, err := worker.ForgetEnded(b.ctx, b.pool)
 		forgot <- result{n, err}
 	}()
 	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, tx); time.Sleep(5 * time.Millisecond) {
@@ -358,7 +405,12 @@ func TestWorkerForgetEnded_LooksUpNoWorkersSessionOneByOne(t *testing.T) {
 	if _, err := tx.Exec(b.ctx, "SET LOCAL track_functions = 'all'"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := db.New(tx).WorkerForgetEnded(b.ctx); err != nil || n != 1 {
+	q := db.New(tx)
+	keys, err := q.WorkerStopClaimsOfEndedSessions(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.WorkerForgetEnded(b.ctx, keys); err != nil || n != 1 {
 		t.Fatalf("forget ended sessions: %d, %v; want 1", n, err)
 	}
 	var calls int64

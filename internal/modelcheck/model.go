@@ -535,17 +535,13 @@ func (m *Model) leasedUnder(key int32, now time.Time) bool {
 }
 
 // Unregister removes the worker id if the session with key holds it, and
-// the session's row unless jobs still run under it.
-func (m *Model) Unregister(workerID string, key int32) (sessionRemoved, idReleased bool) {
+// reports whether it did; the session's row stays for ForgetEnded.
+func (m *Model) Unregister(workerID string, key int32) (idReleased bool) {
 	if holder, ok := m.holders[workerID]; ok && holder == key {
 		delete(m.holders, workerID)
-		idReleased = true
+		return true
 	}
-	if s, ok := m.sessions[key]; ok && s.recorded && !m.runningUnder(key) {
-		s.recorded = false
-		sessionRemoved = true
-	}
-	return sessionRemoved, idReleased
+	return false
 }
 
 // ForgetEnded forgets the ended sessions that hold no running job and

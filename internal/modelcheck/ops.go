@@ -1071,11 +1071,17 @@ func (d *Driver) sleep(ctx context.Context) error {
 func (d *Driver) forgetEnded(ctx context.Context) error {
 	var n int64
 	if _, err := d.inTx(ctx, func(q *db.Queries, _ time.Time) error {
-		var err error
-		n, err = q.WorkerForgetEnded(ctx)
-		return err
+		keys, err := q.WorkerStopClaimsOfEndedSessions(ctx)
+		if err != nil {
+			return fmt.Errorf("WorkerStopClaimsOfEndedSessions: %w", err)
+		}
+		n, err = q.WorkerForgetEnded(ctx, keys)
+		if err != nil {
+			return fmt.Errorf("WorkerForgetEnded: %w", err)
+		}
+		return nil
 	}); err != nil {
-		return fmt.Errorf("WorkerForgetEnded: %w", err)
+		return err
 	}
 	want := d.model.ForgetEnded()
 	d.logf("forget ended sessions: %d", n)
@@ -1111,14 +1117,14 @@ func (d *Driver) shutdown(ctx context.Context) error {
 		d.logf("%s shut down; its session %d had ended", w.id, key)
 		return nil
 	}
-	res, err := db.New(conn).WorkerUnregister(ctx, db.WorkerUnregisterParams{ID: w.id, SessionKey: key})
+	released, err := db.New(conn).WorkerUnregister(ctx, db.WorkerUnregisterParams{ID: w.id, SessionKey: key})
 	if err != nil {
 		return fmt.Errorf("WorkerUnregister: %w", err)
 	}
-	removed, released := d.model.Unregister(w.id, key)
-	d.logf("%s unregister session %d: removed %t, id released %t", w.id, key, res.SessionRemoved, res.IDReleased)
-	if err := diffOrNil("unregister", db.WorkerUnregisterRow{SessionRemoved: removed, IDReleased: released}, res); err != nil {
-		return err
+	want := d.model.Unregister(w.id, key)
+	d.logf("%s unregister session %d: id released %t", w.id, key, released)
+	if released != want {
+		return fmt.Errorf("unregister: id released %t, model %t", released, want)
 	}
 	return d.closeSession(ctx, key)
 }
