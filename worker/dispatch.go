@@ -536,27 +536,25 @@ func (d *dispatcher) drain(ctx context.Context) {
 		break
 	}
 	d.acknowledgeAtShutdown(ctx)
-	if returned := d.releaseAtShutdown(ctx); returned > 0 {
+	if returned := d.releaseAtShutdown(ctx); len(returned) > 0 {
 		d.collectReturned(returned)
 		d.acknowledgeAtShutdown(ctx)
 	}
 }
 
-// collectReturned collects the outcomes of the n handlers that had
-// returned when the shutdown released the rest, skipping those of the
-// handlers released. Each is on its way: a handler that returned sends
-// its outcome next, and the channel has room for it.
-func (d *dispatcher) collectReturned(n int) {
-	for n > 0 {
+// collectReturned collects the outcomes of the handlers that had returned
+// when the shutdown released the rest, and drops those of the handlers
+// released. Each is on its way: a handler that returned sends its outcome
+// next, and the channel has room for it. An execution whose lease is lost
+// meanwhile (a heartbeat still runs) is collected all the same, and
+// reported lost.
+func (d *dispatcher) collectReturned(returned map[*execution]bool) {
+	for len(returned) > 0 {
 		o := <-d.w.outcomes
-		d.w.mu.Lock()
-		released := o.exec.lost
-		d.w.mu.Unlock()
-		if released {
-			continue
+		if returned[o.exec] {
+			delete(returned, o.exec)
+			d.collectOne(o)
 		}
-		d.collectOne(o)
-		n--
 	}
 }
 
@@ -578,19 +576,20 @@ func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
 const releaseNote = "released: worker shutting down"
 
 // releaseAtShutdown cancels the handlers still running and releases their
-// jobs. It returns how many handlers had returned by then with their
-// outcomes not yet collected: select picks the end of the grace period as
-// readily as an outcome waiting, and an outcome may come in while the last
-// acknowledgement is out. Those jobs are not released, so that what their
-// handlers did is acknowledged rather than run again.
-func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned int) {
+// jobs. It returns the executions whose handlers had returned by then with
+// their outcomes not yet collected: select picks the end of the grace
+// period as readily as an outcome waiting, and an outcome may come in
+// while the last acknowledgement is out. Those jobs are not released, so
+// that what their handlers did is acknowledged rather than run again.
+func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execution]bool) {
 	w := d.w
+	returned = map[*execution]bool{}
 	w.mu.Lock()
 	var left []*execution
 	for _, e := range w.held {
 		switch {
 		case e.returned && !e.lost:
-			returned++
+			returned[e] = true
 			continue
 		case !e.lost:
 			e.lost = true
