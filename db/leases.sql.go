@@ -98,6 +98,7 @@ ready AS (
         FOR UPDATE SKIP LOCKED
     ) AS r
     WHERE (SELECT s.alive FROM session AS s)
+    ORDER BY seg.lo
     LIMIT COALESCE(cardinality($8::uuid[]), 0)
 ),
 picked AS (
@@ -247,10 +248,12 @@ type JobCompleteAndClaimRow struct {
 // The segments are scanned one after another, in the order of their
 // priorities, and the claim stops once it has its jobs: each scan locks
 // only the rows it returns, and the scans of later segments never run, so
-// the claim locks no more ready jobs than it takes. A sort of what every
-// segment returns would make every scan run first, each locking up to the
-// whole claim's worth, and a concurrent claim would skip the jobs locked
-// beyond it, ready and untaken (TestClaim_LocksNoMoreJobsThanItTakes).
+// the claim locks no more ready jobs than it takes. The claim is ordered
+// by segment alone, which the segments' own order gives with no sort; a
+// sort of what every segment returns would make every scan run first,
+// each locking up to the whole claim's worth, and a concurrent claim would
+// skip the jobs locked beyond it, ready and untaken
+// (TestClaim_LocksNoMoreJobsThanItTakes).
 // The jobs taken, in the order of the claim: each takes the lease token
 // at its place among them.
 func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndClaimParams) ([]JobCompleteAndClaimRow, error) {

@@ -90,10 +90,12 @@ segments AS (
 -- The segments are scanned one after another, in the order of their
 -- priorities, and the claim stops once it has its jobs: each scan locks
 -- only the rows it returns, and the scans of later segments never run, so
--- the claim locks no more ready jobs than it takes. A sort of what every
--- segment returns would make every scan run first, each locking up to the
--- whole claim's worth, and a concurrent claim would skip the jobs locked
--- beyond it, ready and untaken (TestClaim_LocksNoMoreJobsThanItTakes).
+-- the claim locks no more ready jobs than it takes. The claim is ordered
+-- by segment alone, which the segments' own order gives with no sort; a
+-- sort of what every segment returns would make every scan run first,
+-- each locking up to the whole claim's worth, and a concurrent claim would
+-- skip the jobs locked beyond it, ready and untaken
+-- (TestClaim_LocksNoMoreJobsThanItTakes).
 ready AS (
     SELECT r.id, r.priority, r.run_at
     FROM (SELECT s.lo, s.hi, s.since FROM segments AS s ORDER BY s.lo) AS seg
@@ -113,6 +115,7 @@ ready AS (
         FOR UPDATE SKIP LOCKED
     ) AS r
     WHERE (SELECT s.alive FROM session AS s)
+    ORDER BY seg.lo
     LIMIT COALESCE(cardinality(@claim_tokens::uuid[]), 0)
 ),
 -- The jobs taken, in the order of the claim: each takes the lease token
