@@ -291,6 +291,8 @@ ended AS MATERIALIZED (
     SELECT s.session_key
     FROM worker_sessions AS s
     WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
+    ORDER BY s.session_key
+    LIMIT 200
 )
 SELECT e.session_key
 FROM ended AS e
@@ -310,7 +312,10 @@ ORDER BY e.session_key
 // taken, and claims nothing. In one statement the check for running jobs
 // would read a snapshot taken before the locks, blind to a claim that
 // committed in between. The lock table is read once, for live; the claim
-// locks are tried on the ended sessions alone.
+// locks are tried on the ended sessions alone, 200 at most, so that a
+// fleet that ended at once does not fill the server's lock table (each
+// lock held takes a slot of it until the transaction ends): the next
+// forget takes the rest.
 func (q *Queries) WorkerStopClaimsOfEndedSessions(ctx context.Context) ([]int32, error) {
 	rows, err := q.db.Query(ctx, workerStopClaimsOfEndedSessions)
 	if err != nil {

@@ -82,7 +82,10 @@ SELECT EXISTS (SELECT 1 FROM holder) AS id_released;
 -- taken, and claims nothing. In one statement the check for running jobs
 -- would read a snapshot taken before the locks, blind to a claim that
 -- committed in between. The lock table is read once, for live; the claim
--- locks are tried on the ended sessions alone.
+-- locks are tried on the ended sessions alone, 200 at most, so that a
+-- fleet that ended at once does not fill the server's lock table (each
+-- lock held takes a slot of it until the transaction ends): the next
+-- forget takes the rest.
 WITH live AS MATERIALIZED (
     SELECT l.session_key FROM worker_sessions_live AS l
 ),
@@ -90,6 +93,8 @@ ended AS MATERIALIZED (
     SELECT s.session_key
     FROM worker_sessions AS s
     WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
+    ORDER BY s.session_key
+    LIMIT 200
 )
 SELECT e.session_key
 FROM ended AS e

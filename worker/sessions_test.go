@@ -255,6 +255,24 @@ func TestUnregister_FreesTheIDAndLeavesTheSessionUntilItEnds(t *testing.T) {
 	}
 }
 
+// TestWorkerForgetEnded_TakesAtMost200SessionsAtATime ends 201 sessions
+// at once: one forget holds a lock for each session it forgets until it
+// commits, so it forgets 200, and the next one the last.
+func TestWorkerForgetEnded_TakesAtMost200SessionsAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
+		SELECT 1000000 + i, 'ended' || i, 'default', i, 'test' FROM generate_series(1, 201) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []int64{200, 1, 0} {
+		if n, err := worker.ForgetEnded(b.ctx, b.pool); err != nil || n != want {
+			t.Errorf("forget ended sessions: %d, %v; want %d", n, err, want)
+		}
+	}
+}
+
 // TestWorkerForgetEnded_KeepsTheSessionOfAClaimInFlight ends a session
 // while a claim that found it alive has yet to commit, and forgets the
 // ended sessions meanwhile: the session's row stays until the claim's job
