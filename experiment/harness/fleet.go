@@ -195,18 +195,11 @@ func StartFleet(ctx context.Context, cfg FleetConfig, d *Database, prog *Progres
 	if cfg.Rate > 0 {
 		state = "busy"
 	}
-	prog.Note("starting a fleet of %d %s workers", cfg.Size, state)
-	names := make([]string, cfg.Size)
-	for i := range names {
-		names[i] = fmt.Sprintf("fleet%d", i+1)
-		if _, err := procs.Start(ctx, names[i], "work", "--id", names[i], "--queue", cfg.Queue, "--slots", "1", "--log-format", "json"); err != nil {
+	prog.Note("starting a fleet of %d %s workers, %d at a time", cfg.Size, state, fleetWave)
+	for first := 0; first < cfg.Size; first += fleetWave {
+		if err := startFleetWave(ctx, cfg, d, procs, first, min(first+fleetWave, cfg.Size)); err != nil {
 			return nil, err
 		}
-	}
-	waitCtx, cancel := context.WithTimeout(ctx, fleetStartup+time.Duration(cfg.Size)*time.Second/4)
-	defer cancel()
-	if err := WaitWorkers(waitCtx, d.Q, procs, names...); err != nil {
-		return nil, err
 	}
 	if pooler != nil {
 		f.Pooler = &pooler.Info
@@ -218,6 +211,31 @@ func StartFleet(ctx context.Context, cfg FleetConfig, d *Database, prog *Progres
 		prog.Note("putting %g jobs/s of %s on the fleet's queue", cfg.Rate, cmp.Or(cfg.JobDuration, DefaultFleetJob))
 	}
 	return f, nil
+}
+
+// fleetWave is how many of a fleet's workers start at once: each wave
+// registers before the next starts. A fleet of 400 on 2 cores started all
+// at once left some of its processes without a database connection within
+// their start-up check, where waves of 25 all started.
+const fleetWave = 25
+
+// startFleetWave starts the fleet's workers first+1 to last and waits
+// until each has registered.
+func startFleetWave(ctx context.Context, cfg FleetConfig, d *Database, procs *Procs, first, last int) error {
+	names := make([]string, 0, last-first)
+	for i := first; i < last; i++ {
+		name := fmt.Sprintf("fleet%d", i+1)
+		if _, err := procs.Start(ctx, name, "work", "--id", name, "--queue", cfg.Queue, "--slots", "1", "--log-format", "json"); err != nil {
+			return err
+		}
+		names = append(names, name)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, fleetStartup+time.Duration(len(names))*time.Second/4)
+	defer cancel()
+	if err := WaitWorkers(waitCtx, d.Q, procs, names...); err != nil {
+		return fmt.Errorf("fleet workers %d to %d: %w", first+1, last, err)
+	}
+	return nil
 }
 
 // Load stops putting jobs on the fleet's queue, waits for the inserts
