@@ -45,6 +45,14 @@ const maxFlushers = 2
 // maxGroup is the most jobs one statement stores.
 const maxGroup = client.MaxBatchJobs
 
+// maxGroupBytes bounds the bytes of the jobs one statement stores (their
+// payloads and names; see size), unless its first job alone is larger. A
+// group bounded by its count alone could gather maxGroup requests of the
+// largest body the API takes (DefaultMaxBodyBytes, 1 MiB) into one
+// statement of a gigabyte, PostgreSQL's limit for a message, built in
+// memory beside the requests' own copies.
+const maxGroupBytes = 8 << 20
+
 // The states of a pendingJob.
 const (
 	jobWaiting   int32 = iota // in pending, not yet taken
@@ -107,17 +115,23 @@ func (e *enqueuer) flush() {
 	}
 }
 
-// take removes up to maxGroup waiting jobs from pending and marks them
-// taken, skipping those whose request gave up. With none left, it counts
-// the calling flusher out and returns nil.
+// take removes up to maxGroup waiting jobs, of maxGroupBytes at most,
+// from pending and marks them taken, skipping those whose request gave up.
+// With none left, it counts the calling flusher out and returns nil.
 func (e *enqueuer) take() []*pendingJob {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var group []*pendingJob
-	n := 0
+	n, bytes := 0, 0
 	for ; n < len(e.pending) && len(group) < maxGroup; n++ {
-		if p := e.pending[n]; p.state.CompareAndSwap(jobWaiting, jobTaken) {
+		p := e.pending[n]
+		size := size(p.job)
+		if len(group) > 0 && bytes+size > maxGroupBytes {
+			break
+		}
+		if p.state.CompareAndSwap(jobWaiting, jobTaken) {
 			group = append(group, p)
+			bytes += size
 		}
 	}
 	clear(e.pending[:n])
@@ -130,6 +144,12 @@ func (e *enqueuer) take() []*pendingJob {
 		return nil
 	}
 	return group
+}
+
+// size is what a job adds to the statement that stores it: its payload and
+// its names, the fields that can be large.
+func size(job client.Job) int {
+	return len(job.Payload) + len(job.Queue) + len(job.Kind)
 }
 
 // store stores a group in one statement, and answers each of its requests.

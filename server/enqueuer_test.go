@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -224,6 +225,83 @@ func TestEnqueuer_ARequestThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing
 		if time.Now().After(deadline) {
 			t.Fatalf("after the last insert: %d pending, %d flushing; want none", pending, flushing)
 		}
+	}
+}
+
+// TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes queues five requests of 3 MiB
+// payloads before any flusher runs: they are stored two, two and one to a
+// statement, none of more than maxGroupBytes, and a job larger than that
+// alone still gets a statement of its own.
+func TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	enq := newEnqueuer(e.pool)
+	job := func(kind string, payloadBytes int) client.Job {
+		payload := `"` + strings.Repeat("x", payloadBytes-2) + `"`
+		j, err := client.Validate(client.Request{Kind: kind, Payload: json.RawMessage(payload)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	jobs := []client.Job{
+		job("a", 3<<20), job("b", 3<<20), job("c", 3<<20), job("d", 3<<20), job("e", 3<<20),
+		job("huge", maxGroupBytes+1),
+	}
+	enq.mu.Lock()
+	enq.flushing = maxFlushers // as if every flusher were storing a group
+	enq.mu.Unlock()
+	errs := make(chan error, len(jobs))
+	for i, j := range jobs {
+		go func() {
+			_, err := enq.insert(context.Background(), j)
+			errs <- err
+		}()
+		// Queued in order.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			enq.mu.Lock()
+			queued := len(enq.pending)
+			enq.mu.Unlock()
+			if queued == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d requests queued, want %d", queued, i+1)
+			}
+		}
+	}
+	enq.mu.Lock()
+	enq.flushing = 1
+	enq.mu.Unlock()
+	go enq.flush()
+	for range jobs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := e.pool.Query(context.Background(), `
+		SELECT string_agg(kind, '' ORDER BY id), sum(octet_length(payload::text))
+		FROM jobs GROUP BY xmin::text ORDER BY min(id)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statements []string
+	for rows.Next() {
+		var kinds string
+		var bytes int64
+		if err := rows.Scan(&kinds, &bytes); err != nil {
+			t.Fatal(err)
+		}
+		statements = append(statements, kinds)
+		if bytes > maxGroupBytes && kinds != "huge" {
+			t.Errorf("statement storing %s held %d payload bytes, more than %d", kinds, bytes, maxGroupBytes)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ab", "cd", "e", "huge"}; !slices.Equal(statements, want) {
+		t.Errorf("jobs stored by statement: %v, want %v", statements, want)
 	}
 }
 
