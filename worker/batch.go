@@ -15,15 +15,21 @@ import (
 // down to single rows, so that a row the database cannot take never holds
 // up the others; it returns the rows refused on their own, by index into
 // items, with the database's error. Any other error ends the sending and is
-// returned: the caller retries the batch as a whole, as it would have.
-// send records what the database took of each part.
-func sendIsolating[T any](ctx context.Context, items []T, send func(context.Context, []T) error) (map[int]error, error) {
-	refused := map[int]error{}
+// returned, with settled, how many items at the head of items the database
+// answered for, each in a part it took or refused alone: the parts are
+// sent in the order of items, so only those from settled on are still to
+// be sent. send records what the database took of each part.
+func sendIsolating[T any](ctx context.Context, items []T, send func(context.Context, []T) error) (refused map[int]error, settled int, err error) {
+	refused = map[int]error{}
 	var split func(offset int, part []T) error
 	split = func(offset int, part []T) error {
 		err := send(ctx, part)
-		if err == nil || !isRowDataError(err) {
+		if err != nil && !isRowDataError(err) {
+			settled = offset
 			return err
+		}
+		if err == nil {
+			return nil
 		}
 		if len(part) == 1 {
 			refused[offset] = err
@@ -36,12 +42,12 @@ func sendIsolating[T any](ctx context.Context, items []T, send func(context.Cont
 		return split(offset+half, part[half:])
 	}
 	if len(items) == 0 {
-		return refused, nil
+		return refused, 0, nil
 	}
 	if err := split(0, items); err != nil {
-		return nil, err
+		return refused, settled, err
 	}
-	return refused, nil
+	return refused, len(items), nil
 }
 
 // isRowDataError reports whether err is the database refusing a value of

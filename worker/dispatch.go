@@ -151,7 +151,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				r.probe = want == claimPolled && claim > 0 && r.batch.empty() && len(r.adopt) == 0
 				roundsOut++
 				claimsOut += claim
-				finishedOut += r.batch.finished()
+				finishedOut += r.carried()
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
 					want = claimNone
@@ -181,7 +181,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		case r := <-rounds:
 			roundsOut--
 			claimsOut -= r.claim
-			finishedOut -= r.batch.finished()
+			finishedOut -= r.carried()
 			d.finish(r)
 			switch {
 			case r.err != nil:
@@ -454,6 +454,8 @@ func (d *dispatcher) finish(r *round) {
 	} else {
 		retry.done = r.batch.done
 	}
+	retry.done = append(retry.done, r.unsettled.done...)
+	retry.failed = append(retry.failed, r.unsettled.failed...)
 	d.p.restore(retry)
 	if len(r.adopt) > 0 && !r.adoptedOK {
 		d.loseClaim(r.adopt, r.adoptSentAt)

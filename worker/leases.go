@@ -28,7 +28,9 @@ type leases struct {
 // claims nothing). If the database refuses the result
 // of a completion, the completions are sent again apart from the claim,
 // isolating the refused ones, which move to the round's failures; the
-// claim is then made on its own.
+// claim is then made on its own. If the isolation ends on another error,
+// the completions the database answered for stay in the round, to be
+// reported, and the rest go to r.unsettled, to be sent again.
 func (l leases) completeAndClaim(ctx context.Context, r *round) error {
 	w := l.w
 	done := r.batch.done
@@ -42,27 +44,25 @@ func (l leases) completeAndClaim(ctx context.Context, r *round) error {
 		r.completed = nil
 		return fmt.Errorf("complete and claim: %w", err)
 	}
-	refused, err := sendIsolating(ctx, done, func(ctx context.Context, part []outcome) error {
+	refused, settled, err := sendIsolating(ctx, done, func(ctx context.Context, part []outcome) error {
 		_, err := l.sendCompleteAndClaim(ctx, r, part, 0)
 		return err
 	})
-	if err != nil {
-		r.completed = nil
-		return fmt.Errorf("complete jobs: %w", err)
-	}
-	if len(refused) > 0 {
-		kept := make([]outcome, 0, len(done)-len(refused))
-		for i, o := range done {
-			if rerr, ok := refused[i]; ok {
-				w.log.Error("the database refused a job's result; failing the job", "job", o.exec.job.ID, "kind", o.exec.job.Kind, "err", rerr)
-				o.err = Permanent(fmt.Errorf("result refused by the database: %s", refusalText(rerr)))
-				o.result = nil
-				r.batch.failed = append(r.batch.failed, o)
-				continue
-			}
-			kept = append(kept, o)
+	kept := make([]outcome, 0, settled)
+	for i, o := range done[:settled] {
+		if rerr, ok := refused[i]; ok {
+			w.log.Error("the database refused a job's result; failing the job", "job", o.exec.job.ID, "kind", o.exec.job.Kind, "err", rerr)
+			o.err = Permanent(fmt.Errorf("result refused by the database: %s", refusalText(rerr)))
+			o.result = nil
+			r.batch.failed = append(r.batch.failed, o)
+			continue
 		}
-		r.batch.done = kept
+		kept = append(kept, o)
+	}
+	r.batch.done = kept
+	if err != nil {
+		r.unsettled.done = done[settled:]
+		return fmt.Errorf("complete jobs: %w", err)
 	}
 	if r.claimed, err = l.sendCompleteAndClaim(ctx, r, nil, r.claim); err != nil {
 		return fmt.Errorf("claim: %w", err)
@@ -231,11 +231,13 @@ func (l leases) heartbeatMany(ctx context.Context, held []*execution, until time
 
 // failMany records failed outcomes (JobFailMany), each with its retry
 // delay, and returns the state each accepted failure moved its job to. A
-// failure the database refuses to record is left to the job's lease.
-func (l leases) failMany(ctx context.Context, failed []outcome) (map[int64]db.JobState, error) {
+// failure the database refuses to record is left to the job's lease. On
+// an error it also returns how many failures at the head of failed the
+// database answered for; the rest are to be sent again.
+func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int64]db.JobState, settled int, err error) {
 	w := l.w
-	states := make(map[int64]db.JobState, len(failed))
-	refused, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
+	states = make(map[int64]db.JobState, len(failed))
+	refused, settled, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
 		params := db.JobFailManyParams{
 			IDs:       make([]int64, len(part)),
 			Tokens:    make([]pgtype.UUID, len(part)),
@@ -256,13 +258,13 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (map[int64]db.Jo
 		}
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("record failures: %w", err)
-	}
 	for i, rerr := range refused {
 		w.log.Error("the database refused to record a failure; the job's lease will expire", "job", failed[i].exec.job.ID, "err", rerr)
 	}
-	return states, nil
+	if err != nil {
+		return states, settled, fmt.Errorf("record failures: %w", err)
+	}
+	return states, settled, nil
 }
 
 // errorText makes an error message safe to store: valid UTF-8, no NUL
@@ -286,7 +288,7 @@ func errorText(err error, n int) string {
 func (l leases) releaseMany(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
 	w := l.w
 	released := make(map[int64]bool, len(execs))
-	refused, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
+	refused, _, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
 		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]pgtype.UUID, len(part))}
 		for i, e := range part {
 			params.IDs[i] = e.job.ID

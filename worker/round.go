@@ -55,10 +55,14 @@ type round struct {
 	adoptSentAt time.Time
 
 	// Filled in by acknowledge. released, failStates and completed stay
-	// nil unless their statement succeeded.
+	// nil unless their statement succeeded, or, when isolating a row the
+	// database refused (see sendIsolating) ended on another error, unless
+	// the database answered for some: the outcomes it did not answer for
+	// are then moved to unsettled, to be sent again.
 	released   map[int64]bool        // jobs the database released unstarted
 	failStates map[int64]db.JobState // failures the database accepted
 	completed  map[int64]bool        // completions the database accepted
+	unsettled  pending
 	claimed    []db.JobCompleteAndClaimRow
 	// adopted holds the jobs found under the tokens of adopt; adoptedOK is
 	// whether the search was made.
@@ -70,6 +74,10 @@ type round struct {
 	sentAt    time.Time
 	err       error
 }
+
+// carried counts the outcomes the round carries, whether the database
+// answered for them or they are to be sent again.
+func (r *round) carried() int { return r.batch.finished() + r.unsettled.finished() }
 
 // acknowledge sends a round: jobs released in a statement of their own,
 // then completions and the claim together in one (for a round a poll
@@ -116,10 +124,14 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 		return
 	}
 	if len(r.batch.failed) > 0 {
-		states, err := w.leases.failMany(ctx, r.batch.failed)
+		states, settled, err := w.leases.failMany(ctx, r.batch.failed)
 		if err != nil {
 			r.err = err
-			return
+			if settled == 0 {
+				return
+			}
+			r.unsettled.failed = r.batch.failed[settled:]
+			r.batch.failed = r.batch.failed[:settled]
 		}
 		r.failStates = states
 	}

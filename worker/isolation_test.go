@@ -1,0 +1,118 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
+)
+
+// TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnection
+// acknowledges three jobs in one round: the database refuses the second's
+// result, and, once the first's completion has committed on its own,
+// loses the connection as it records the third's. The first is reported
+// completed at once, not sent again to be rejected as no longer this
+// worker's; the rest are sent again, and each job ends once, as its
+// handler said.
+func TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbtest.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	// Rules of this database that the worker cannot know of: it refuses a
+	// result, and it cuts the connection of the first statement that
+	// records the third job's result after the first job's has committed.
+	if _, err := pool.Exec(ctx, `
+		CREATE SEQUENCE cut_once;
+		CREATE FUNCTION refuse_or_cut() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.result ? 'refuse' THEN
+				RAISE EXCEPTION 'this database refuses the result of job %', NEW.id USING ERRCODE = '22023';
+			END IF;
+			IF NEW.result ? 'cut' AND EXISTS (
+				SELECT FROM jobs AS c
+				WHERE c.result ? 'first' AND c.state = 'succeeded' AND c.xmin <> pg_current_xact_id()::xid
+			) AND nextval('cut_once') = 1 THEN
+				PERFORM pg_terminate_backend(pg_backend_pid());
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_or_cut BEFORE UPDATE OF result ON jobs
+			FOR EACH ROW EXECUTE FUNCTION refuse_or_cut();`); err != nil {
+		t.Fatal(err)
+	}
+	acks := map[int64][]string{}
+	w, err := New(pool, Config{ID: "w", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), OnAck: func(a Ack) {
+		acks[a.Job.ID] = append(acks[a.Job.ID], fmt.Sprintf("%s accepted=%t", a.Outcome, a.Accepted))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := db.New(pool)
+	token := func() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
+	results := []string{`{"first": true}`, `{"refuse": true}`, `{"cut": true}`}
+	for range results {
+		if _, err := q.JobInsert(ctx, db.JobInsertParams{Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+		Queue: "default", ClaimTokens: []pgtype.UUID{token(), token(), token()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: "w",
+	})
+	if err != nil || len(rows) != len(results) {
+		t.Fatalf("claim: %d rows, %v; want %d", len(rows), err, len(results))
+	}
+	d := &dispatcher{w: w}
+	var ids []int64
+	for i, row := range rows {
+		e := newExecution(row, "w", time.Now())
+		w.held[e.job.ID] = e
+		ids = append(ids, e.job.ID)
+		d.p.done = append(d.p.done, outcome{exec: e, result: json.RawMessage(results[i])})
+	}
+
+	r := d.newRound(0)
+	r.acknowledge(ctx, w)
+	if r.err == nil {
+		t.Fatal("the first round succeeded, want the connection lost as it recorded the third job")
+	}
+	d.finish(r)
+	if diff := cmp.Diff(map[int64][]string{ids[0]: {"completed accepted=true"}}, acks); diff != "" {
+		t.Errorf("reported after the round that lost its connection (-want +got):\n%s", diff)
+	}
+	for round := 0; !d.p.empty() && round < 3; round++ {
+		r := d.newRound(0)
+		r.acknowledge(ctx, w)
+		d.finish(r)
+		if r.err != nil {
+			t.Logf("round %d: %v", round+2, r.err)
+		}
+	}
+	want := map[int64][]string{
+		ids[0]: {"completed accepted=true"},
+		ids[1]: {"failed accepted=true"},
+		ids[2]: {"completed accepted=true"},
+	}
+	if diff := cmp.Diff(want, acks); diff != "" {
+		t.Errorf("reported in all (-want +got):\n%s", diff)
+	}
+	for i, state := range []db.JobState{db.JobStateSucceeded, db.JobStateDead, db.JobStateSucceeded} {
+		if job, err := q.JobGet(ctx, ids[i]); err != nil || job.State != state {
+			t.Errorf("job %d: %s, %v; want %s", ids[i], job.State, err, state)
+		}
+	}
+}
