@@ -590,7 +590,8 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execu
 	var left []*execution
 	for _, e := range w.held {
 		switch {
-		case e.returned && !e.lost:
+		case e.returned:
+			// Collected and reported, as lost if its lease was lost.
 			returned[e] = true
 			continue
 		case !e.lost:
