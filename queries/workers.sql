@@ -93,7 +93,14 @@ ended AS MATERIALIZED (
     SELECT s.session_key
     FROM worker_sessions AS s
     WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.session_key = s.session_key)
-    ORDER BY s.session_key
+    -- Those whose jobs still run last: until the reclaims take their jobs
+    -- back they cannot be forgotten, and they would otherwise fill every
+    -- forget's 200. The forget looks again, after the locks (OFFSET 0:
+    -- see WorkerForgetEnded).
+    ORDER BY EXISTS (
+                 SELECT 1 FROM jobs AS j WHERE j.state = 'running' AND j.lease_session = s.session_key
+                 OFFSET 0),
+             s.session_key
     LIMIT 200
 )
 SELECT e.session_key

@@ -256,14 +256,19 @@ func TestUnregister_FreesTheIDAndLeavesTheSessionUntilItEnds(t *testing.T) {
 }
 
 // TestWorkerForgetEnded_TakesAtMost200SessionsAtATime ends 201 sessions
-// at once: one forget holds a lock for each session it forgets until it
-// commits, so it forgets 200, and the next one the last.
+// at once, and 200 more that still hold a running job each, under lower
+// keys: one forget holds a lock for each session it takes until it
+// commits, so it takes 200, those it can forget first, and the next one
+// the last of them.
 func TestWorkerForgetEnded_TakesAtMost200SessionsAtATime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	if _, err := b.pool.Exec(b.ctx, `
 		INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
-		SELECT 1000000 + i, 'ended' || i, 'default', i, 'test' FROM generate_series(1, 201) AS i`); err != nil {
+		SELECT 1000000 + i, 'ended' || i, 'default', i, 'test' FROM generate_series(1, 401) AS i;
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+		SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', 'ended' || i, 1000000 + i, now()
+		FROM generate_series(1, 200) AS i`); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []int64{200, 1, 0} {
