@@ -125,6 +125,9 @@ func (e *enqueuer) take() []*pendingJob {
 	n, bytes := 0, 0
 	for ; n < len(e.pending) && len(group) < maxGroup; n++ {
 		p := e.pending[n]
+		if p.state.Load() != jobWaiting {
+			continue // its request gave up
+		}
 		size := size(p.job)
 		if len(group) > 0 && bytes+size > maxGroupBytes {
 			break
