@@ -24,12 +24,12 @@ func sendIsolating[T any](ctx context.Context, items []T, send func(context.Cont
 	var split func(offset int, part []T) error
 	split = func(offset int, part []T) error {
 		err := send(ctx, part)
-		if err != nil && !isRowDataError(err) {
+		switch {
+		case err == nil:
+			return nil
+		case !isRowDataError(err):
 			settled = offset
 			return err
-		}
-		if err == nil {
-			return nil
 		}
 		if len(part) == 1 {
 			refused[offset] = err

@@ -54,11 +54,12 @@ type round struct {
 	adopt       []pgtype.UUID
 	adoptSentAt time.Time
 
-	// Filled in by acknowledge. released, failStates and completed stay
-	// nil unless their statement succeeded, or, when isolating a row the
-	// database refused (see sendIsolating) ended on another error, unless
-	// the database answered for some: the outcomes it did not answer for
-	// are then moved to unsettled, to be sent again.
+	// Filled in by acknowledge: what the database answered for. released
+	// stays nil unless its statement succeeded, completed unless the
+	// completions' statement, or the isolation of a row the database
+	// refused (see sendIsolating), got an answer, and failStates unless
+	// failures were sent. The outcomes the database did not answer for
+	// are moved to unsettled, to be sent again.
 	released   map[int64]bool        // jobs the database released unstarted
 	failStates map[int64]db.JobState // failures the database accepted
 	completed  map[int64]bool        // completions the database accepted
@@ -125,14 +126,12 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	}
 	if len(r.batch.failed) > 0 {
 		states, settled, err := w.leases.failMany(ctx, r.batch.failed)
+		r.failStates = states
+		r.unsettled.failed = r.batch.failed[settled:]
+		r.batch.failed = r.batch.failed[:settled]
 		if err != nil {
 			r.err = err
-			if settled == 0 {
-				return
-			}
-			r.unsettled.failed = r.batch.failed[settled:]
-			r.batch.failed = r.batch.failed[:settled]
+			return
 		}
-		r.failStates = states
 	}
 }
