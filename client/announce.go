@@ -8,6 +8,15 @@ import (
 	"github.com/relayq/relay/db"
 )
 
+// Announce tells the workers of each queue of due, which maps a queue to
+// the earliest run_at of jobs stored there without a notification
+// (InsertAllUnannounced), that jobs became available there: those of the
+// queues whose earliest job is due by the database's clock, in one
+// statement (JobAnnounceMany). Call it once the jobs have committed.
+func Announce(ctx context.Context, dbtx db.DBTX, due map[string]time.Time) error {
+	return dueQueues(due).announce(ctx, dbtx)
+}
+
 // dueQueues holds, for each queue jobs were stored on, the earliest
 // run_at of those jobs there: the zero time for one due at once. The zero
 // value holds none.

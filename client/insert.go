@@ -277,12 +277,28 @@ func addDue(due *dueQueues, job Job) {
 // commit"). In a Tx they are announced once it has committed. A statement
 // found stale is sent again as Insert's.
 func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
+	return insertAll(ctx, dbtx, jobs, true)
+}
+
+// InsertAllUnannounced stores jobs as InsertAll does and returns them, but
+// has no notification sent for them, whatever dbtx is: the caller tells
+// their queues' workers once the statement has committed (Announce), or
+// leaves the jobs to the workers' next poll. It is for a caller that
+// spaces the notifications of jobs stored in quick succession, as the API
+// does, since each notifying commit wakes every listening session of the
+// database (docs/experiments.md, "Every listener hears every queue").
+func InsertAllUnannounced(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
+	return insertAll(ctx, dbtx, jobs, false)
+}
+
+// insertAll is InsertAll, and with announced false InsertAllUnannounced.
+func insertAll(ctx context.Context, dbtx db.DBTX, jobs []Job, announced bool) ([]db.Job, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
 		return nil, err
 	}
 	tx, inTx := dbtx.(*Tx)
-	params.AnnounceAfterCommit = inTx
+	params.AnnounceAfterCommit = inTx || !announced
 	var stored []db.Job
 	err = againIfStale(ctx, dbtx, commitsOnItsOwn(dbtx), func(d db.DBTX) (err error) {
 		stored, err = db.New(d).JobInsertAll(ctx, db.JobInsertAllParams(params))
@@ -294,7 +310,7 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 	if len(stored) != len(jobs) {
 		return nil, fmt.Errorf("insert %d jobs: the database returned %d", len(jobs), len(stored))
 	}
-	if inTx {
+	if inTx && announced {
 		for _, j := range stored {
 			tx.due.add(j.Queue, j.RunAt)
 		}
