@@ -30,7 +30,8 @@ import (
 // of its own while the server goes on to commit. Each request of the group
 // is then answered with it, and nothing is stored again.
 type enqueuer struct {
-	dbtx db.DBTX
+	dbtx      db.DBTX
+	announcer *announcer
 
 	mu       sync.Mutex
 	pending  []*pendingJob
@@ -73,7 +74,7 @@ type stored struct {
 	err error
 }
 
-func newEnqueuer(dbtx db.DBTX) *enqueuer { return &enqueuer{dbtx: dbtx} }
+func newEnqueuer(dbtx db.DBTX, a *announcer) *enqueuer { return &enqueuer{dbtx: dbtx, announcer: a} }
 
 // insert stores job, together with the jobs of the requests that arrive
 // meanwhile, and returns it as stored. If ctx ends before a statement
@@ -163,7 +164,20 @@ func (e *enqueuer) store(group []*pendingJob) {
 	for i, p := range group {
 		jobs[i] = p.job
 	}
-	rows, err := client.InsertAll(ctx, e.dbtx, jobs)
+	queues := make([]string, len(jobs))
+	for i, job := range jobs {
+		queues[i] = job.Queue
+	}
+	var rows []db.Job
+	var err error
+	if e.announcer.lead(queues) {
+		rows, err = client.InsertAll(ctx, e.dbtx, jobs)
+	} else {
+		rows, err = client.InsertAllUnannounced(ctx, e.dbtx, jobs)
+		if err == nil || !refusedAValue(err) {
+			e.announcer.owe(jobs, rows) // committed, or perhaps
+		}
+	}
 	if err != nil && len(group) > 1 && refusedAValue(err) {
 		// Nothing of the statement was stored: store each job alone, so
 		// that the one the database refuses fails alone.

@@ -88,13 +88,14 @@ func TestEnqueue_ConcurrentRequestsShareStatementsAndEachGetsItsOwnJob(t *testin
 }
 
 // TestEnqueue_EachRequestsJobIsAnnouncedToItsQueueOnceItCommits listens
-// as a worker of the default queue does. A one-job request is heard once,
+// as a worker of the default queue does, with the notifications unspaced
+// (Config.AnnounceEvery below zero). A one-job request is heard once,
 // with an Idempotency-Key or without, and its replay not at all. Of 200
 // requests at once, stored together, each statement that stored some is
 // heard once.
 func TestEnqueue_EachRequestsJobIsAnnouncedToItsQueueOnceItCommits(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
+	e := setup(t, Config{AnnounceEvery: -1})
 	ctx := t.Context()
 	listener, _ := dbtest.Listen(t, e.pool, "default")
 	heard := func() int { return len(dbtest.Heard(t, ctx, listener)) }
@@ -184,7 +185,7 @@ func TestEnqueue_AJobTheDatabaseRefusesFailsAloneAmongConcurrentOnes(t *testing.
 func TestEnqueuer_ARequestThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	enq := newEnqueuer(e.pool)
+	enq := newEnqueuer(e.pool, newAnnouncer(e.pool, -1, nil))
 	job := func(kind string) client.Job {
 		j, err := client.Validate(client.Request{Kind: kind}, time.Now())
 		if err != nil {
@@ -235,7 +236,7 @@ func TestEnqueuer_ARequestThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing
 func TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	enq := newEnqueuer(e.pool)
+	enq := newEnqueuer(e.pool, newAnnouncer(e.pool, -1, nil))
 	job := func(kind string, payloadBytes int) client.Job {
 		payload := `"` + strings.Repeat("x", payloadBytes-2) + `"`
 		j, err := client.Validate(client.Request{Kind: kind, Payload: json.RawMessage(payload)}, time.Now())
@@ -357,7 +358,7 @@ func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
 		}
 		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
 	}
-	newEnqueuer(pooled).store(group)
+	newEnqueuer(pooled, newAnnouncer(pooled, -1, nil)).store(group)
 	for i, p := range group {
 		if s := <-p.done; s.err == nil {
 			t.Errorf("request %d: stored as job %d, want the pooler's error: its outcome is not known", i, s.job.ID)

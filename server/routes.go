@@ -21,7 +21,7 @@ func addRoutes(mux *http.ServeMux, logger *slog.Logger, pool *pgxpool.Pool, cfg 
 	mux.Handle("GET /healthz", handleHealthz())
 	mux.Handle("GET /readyz", handleReadyz(logger, pool))
 
-	mux.Handle("POST /v1/jobs", auth(handleEnqueue(logger, pool, newEnqueuer(pool), maxBody)))
+	mux.Handle("POST /v1/jobs", auth(handleEnqueue(logger, pool, newEnqueuer(pool, newAnnouncer(pool, cfg.announceEvery(), logger)), maxBody)))
 	mux.Handle("POST /v1/jobs/batch", auth(handleEnqueueBatch(logger, pool, maxBody)))
 	mux.Handle("GET /v1/jobs", auth(handleListJobs(logger, queries)))
 	mux.Handle("GET /v1/jobs/{id}", auth(handleGetJob(logger, queries)))

@@ -63,6 +63,20 @@ type Config struct {
 	// MaxBodyBytes limits the size of a request body; larger bodies get
 	// 413. Zero or less means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// AnnounceEvery is the least time between two notifications that tell
+	// a queue's workers of jobs posted one per request: a job posted
+	// sooner after the last one is announced with the others stored
+	// meanwhile, up to AnnounceEvery later (see announcer). Zero means
+	// DefaultAnnounceEvery; less than zero announces each statement's
+	// jobs at its commit.
+	AnnounceEvery time.Duration
+}
+
+func (c Config) announceEvery() time.Duration {
+	if c.AnnounceEvery == 0 {
+		return DefaultAnnounceEvery
+	}
+	return c.AnnounceEvery
 }
 
 func (c Config) maxBodyBytes() int64 {

@@ -188,7 +188,7 @@ func TestRun_HelpListsCommandsAndFlagsAndSucceeds(t *testing.T) {
 		{[]string{"-h"}, []string{"Commands:"}},
 		{[]string{"help"}, []string{"Commands:"}},
 		{[]string{"help", "work"}, []string{"Usage: relay work", "-backoff-base", "-slots", "(default 10)", "-reclaim-interval", "-queue-listeners"}},
-		{[]string{"serve", "-h"}, []string{"Usage: relay serve", "-addr", "-api-token", "-insecure-no-auth", "-max-body-bytes", "-slots", "-queue"}},
+		{[]string{"serve", "-h"}, []string{"Usage: relay serve", "-addr", "-api-token", "-insecure-no-auth", "-max-body-bytes", "-announce-every", "-slots", "-queue"}},
 		{[]string{"dev", "--help"}, []string{"Usage: relay dev", "(default 4)", "-insecure-no-auth"}},
 		{[]string{"migrate", "-h"}, []string{"Usage: relay migrate [up|down|status]"}},
 		{[]string{"enqueue", "-h"}, []string{"Usage: relay enqueue KIND", "-payload", "-idempotency-key", "-run-at", "-delay", "-max-attempts", "-priority"}},

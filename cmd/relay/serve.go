@@ -33,6 +33,7 @@ type serveFlags struct {
 	apiToken        string
 	insecureNoAuth  bool
 	maxBodyBytes    int64
+	announceEvery   time.Duration
 	shutdownTimeout time.Duration
 }
 
@@ -44,6 +45,7 @@ func (s *serveFlags) register(fs *cli.FlagSet, defaultSlots int) {
 	fs.StringVar(&s.apiToken, "api-token", "", "bearer token every /v1 request must present (default $RELAY_API_TOKEN; required on a non-loopback --addr unless --insecure-no-auth)")
 	fs.BoolVar(&s.insecureNoAuth, "insecure-no-auth", false, "serve without a token on a non-loopback --addr: the API then accepts unauthenticated requests from the network")
 	fs.Int64Var(&s.maxBodyBytes, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted")
+	fs.DurationVar(&s.announceEvery, "announce-every", server.DefaultAnnounceEvery, "least time between two notifications to a queue's workers of jobs posted one per request; those posted sooner are announced together (0: each at its commit)")
 	fs.DurationVar(&s.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may finish at shutdown")
 	s.worker.Register(fs, defaultSlots, "worker slots to run in this process with the built-in handlers (0: none)")
 }
@@ -63,6 +65,9 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 	if s.maxBodyBytes <= 0 {
 		return cli.Usagef("--max-body-bytes must be positive, got %d", s.maxBodyBytes)
 	}
+	if s.announceEvery < 0 {
+		return cli.Usagef("--announce-every must not be negative, got %s", s.announceEvery)
+	}
 	if s.worker.Slots < 0 {
 		return cli.Usagef("--slots must not be negative, got %d", s.worker.Slots)
 	}
@@ -70,6 +75,15 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 		return cli.Usagef("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
 	}
 	return s.requireTokenOffLoopback(ctx, net.DefaultResolver.LookupHost)
+}
+
+// announceEveryConfig is --announce-every as server.Config takes it, where
+// zero means the default and a negative value no spacing.
+func (s *serveFlags) announceEveryConfig() time.Duration {
+	if s.announceEvery == 0 {
+		return -1
+	}
+	return s.announceEvery
 }
 
 // requireTokenOffLoopback refuses to serve the API without a token on an
@@ -210,8 +224,9 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		return fmt.Errorf("listen: %w", err)
 	}
 	srv := server.NewHTTPServer(opts.addr, server.NewServer(logger, pool, server.Config{
-		APIToken:     opts.apiToken,
-		MaxBodyBytes: opts.maxBodyBytes,
+		APIToken:      opts.apiToken,
+		MaxBodyBytes:  opts.maxBodyBytes,
+		AnnounceEvery: opts.announceEveryConfig(),
 	}))
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -228,7 +243,7 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		logger.Warn("the API accepts unauthenticated requests from the network (--insecure-no-auth)", "addr", ln.Addr().String())
 	}
 	logger.Info("serving the API", "addr", ln.Addr().String(), "auth", opts.apiToken != "",
-		"worker_slots", opts.worker.Slots, "queue", opts.worker.Queue)
+		"announce_every", opts.announceEvery, "worker_slots", opts.worker.Slots, "queue", opts.worker.Queue)
 	if ready != nil {
 		ready(ln.Addr())
 	}
