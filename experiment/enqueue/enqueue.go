@@ -61,6 +61,10 @@ type Config struct {
 	// PgBouncer in transaction mode with that many server connections,
 	// each fleet worker's session on the server itself.
 	FleetPoolerSize int
+	// AnnounceEvery, when not nil, is passed to relay serve as its
+	// --announce-every (a build without that flag refuses it). Nil: the
+	// server's default.
+	AnnounceEvery *time.Duration
 	// Progress receives progress lines. Nil: none.
 	Progress io.Writer
 }
@@ -102,9 +106,12 @@ type Result struct {
 	FleetPooler *harness.PoolerInfo `json:"fleet_pooler,omitempty"`
 	// FleetLive counts the fleet's workers whose sessions were alive when
 	// the measured part ended.
-	FleetLive  int     `json:"fleet_live,omitempty"`
-	Seconds    float64 `json:"seconds"`
-	WarmupSecs float64 `json:"warmup_seconds"`
+	FleetLive int `json:"fleet_live,omitempty"`
+	// AnnounceEvery is the --announce-every given to relay serve
+	// (Config.AnnounceEvery), empty if none was.
+	AnnounceEvery string  `json:"announce_every,omitempty"`
+	Seconds       float64 `json:"seconds"`
+	WarmupSecs    float64 `json:"warmup_seconds"`
 	// Accepted counts the requests answered 201 in the measured part, and
 	// Failed the others (any other status, or no answer).
 	Accepted   int64   `json:"accepted"`
@@ -159,7 +166,12 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	procs := harness.NewProcs(cfg.RelayBin, logDir, "DATABASE_URL="+d.URL)
 	defer procs.KillAll()
 	prog.Note("starting relay serve, with no worker slots")
-	serve, base, err := harness.StartServe(ctx, procs, "serve", "--slots", "0")
+	serveArgs := []string{"--slots", "0"}
+	if cfg.AnnounceEvery != nil {
+		res.AnnounceEvery = cfg.AnnounceEvery.String()
+		serveArgs = append(serveArgs, "--announce-every", res.AnnounceEvery)
+	}
+	serve, base, err := harness.StartServe(ctx, procs, "serve", serveArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -355,6 +367,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		return err
 	}
 	harness.WriteFleetNote(w, r.Fleet, r.FleetPooler, nil)
+	if r.AnnounceEvery != "" {
+		fmt.Fprintf(w, "relay serve ran with --announce-every %s.\n", r.AnnounceEvery)
+	}
 	for _, f := range r.Files {
 		fmt.Fprintf(w, "wrote %s\n", f)
 	}

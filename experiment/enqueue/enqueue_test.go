@@ -11,8 +11,9 @@ import (
 
 func TestMain(m *testing.M) { relaybin.RunTests(m) }
 
-// TestRun_Short posts from two clients for a few seconds and checks the
-// invariants and that every counter moved, never the figures.
+// TestRun_Short posts from two clients for a few seconds, to a server
+// given --announce-every, and checks the invariants and that every
+// counter moved, never the figures.
 //
 // PostgreSQL 15 adds a backend's commits to the database's counters at
 // most once a second, so a reading can leave out up to a second of
@@ -21,16 +22,21 @@ func TestMain(m *testing.M) { relaybin.RunTests(m) }
 // which keeps one commit a job below the bound of 1.5 however slowly the
 // machine posts; over one second it could double them.
 func TestRun_Short(t *testing.T) {
+	announceEvery := 5 * time.Millisecond
 	res, err := Run(t.Context(), Config{
-		AdminURL: dbtest.NewURL(t),
-		RelayBin: relaybin.Path(t),
-		OutDir:   t.TempDir(),
-		Clients:  2,
-		Duration: 3 * time.Second,
-		Warmup:   time.Second,
+		AdminURL:      dbtest.NewURL(t),
+		RelayBin:      relaybin.Path(t),
+		OutDir:        t.TempDir(),
+		Clients:       2,
+		Duration:      3 * time.Second,
+		Warmup:        time.Second,
+		AnnounceEvery: &announceEvery,
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if res.AnnounceEvery != "5ms" {
+		t.Errorf("recorded --announce-every %q, want 5ms", res.AnnounceEvery)
 	}
 	if res.Accepted == 0 || res.Failed != 0 || res.JobsPerSec <= 0 {
 		t.Errorf("accepted %d, failed %d, %v jobs/s; want some accepted and none failed", res.Accepted, res.Failed, res.JobsPerSec)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/relayq/relay/experiment/enqueue"
 	"github.com/relayq/relay/experiment/harness"
@@ -29,6 +30,14 @@ the server: commits, WAL, and the CPU time of the database's backends.`)
 	fs.DurationVar(&cfg.Warmup, "warmup", enqueue.DefaultWarmup, "how long the clients post before the measured part")
 	fs.IntVar(&cfg.Fleet, "fleet", 0, "idle relay work processes to run beside the server, on a queue of their own that no job is posted to: what workers of other queues cost each enqueue")
 	fs.IntVar(&cfg.FleetPoolerSize, "fleet-pooler", 0, "put a PgBouncer in transaction mode with this many server connections between the fleet's pools and the server, their sessions on the server itself (0: none)")
+	fs.Func("announce-every", "pass this --announce-every to relay serve and record it (default: none passed, the server's own)", func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("want a duration of zero or more, like 2ms")
+		}
+		cfg.AnnounceEvery = &d
+		return nil
+	})
 	if err := parseExperiment(fs, args, stderr); err != nil {
 		return cli.Helped(err)
 	}
