@@ -115,7 +115,12 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	// jobs stay leased to this worker until their round commits, so a
 	// claim sent beside a round that claims nothing still keeps the
 	// worker's leases within its slots and what it may claim ahead.
-	roundsOut, claimsOut, finishedOut := 0, 0, 0
+	//
+	// adoptsOut counts the tokens of lost claims the rounds in flight look
+	// for. Those, and the tokens of lost claims not yet looked for, count
+	// as jobs held: each may have claimed one, and until a round finds
+	// them the worker does not know which.
+	roundsOut, claimsOut, finishedOut, adoptsOut := 0, 0, 0, 0
 	rounds := make(chan *round, maxRoundsOut)
 	want := claimTold
 	poll := time.NewTimer(w.cfg.PollInterval)
@@ -138,7 +143,8 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		if retry == nil && roundsOut < maxRoundsOut && ctx.Err() == nil {
 			claim := 0
 			if _, ok := w.session.claimSession(); want != claimNone && ok {
-				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut-finishedOut, 0)
+				lost := len(d.lostClaims) + adoptsOut
+				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut-finishedOut-lost, 0)
 			}
 			var send bool
 			if roundsOut == 0 {
@@ -152,6 +158,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				roundsOut++
 				claimsOut += claim
 				finishedOut += r.carried()
+				adoptsOut += len(r.adopt)
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
 					want = claimNone
@@ -182,6 +189,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			roundsOut--
 			claimsOut -= r.claim
 			finishedOut -= r.carried()
+			adoptsOut -= len(r.adopt)
 			d.finish(r)
 			switch {
 			case r.err != nil:

@@ -173,6 +173,46 @@ func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 	}
 }
 
+// TestWorker_CountsALostClaimAgainstItsSlotsUntilItsJobsAreFound has a
+// worker of one slot lose the answer of its claim of the first of two
+// jobs. The round that finds that job claims nothing beside it: until the
+// worker knows what its lost claim took, the claim's tokens fill the slot.
+// While the first job's handler runs, the second is left to the queue;
+// then it runs too, and each runs once.
+func TestWorker_CountsALostClaimAgainstItsSlotsUntilItsJobsAreFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.enqueue(t, "counted", `{}`, 1)
+	second := b.enqueue(t, "counted", `{}`, 1)
+	proxy, through := b.proxied(t)
+	cut := make(chan faultproxy.CutEvent, 1)
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "JobCompleteAndClaim", OnCut: func(e faultproxy.CutEvent) { cut <- e }})
+	secondWhileFirstRan := make(chan db.Job, 1)
+	b.runWorker(t, newPool(t, through), worker.Config{Slots: 1, Lease: time.Minute}, func(w *worker.Worker) {
+		w.HandleFunc("counted", func(ctx context.Context, j *worker.Job) (any, error) {
+			if j.ID == first.ID {
+				got, err := b.q.JobGet(ctx, second.ID)
+				if err != nil {
+					return nil, err
+				}
+				secondWhileFirstRan <- got
+			}
+			return "ran", nil
+		})
+	})
+	<-cut
+	if got := <-secondWhileFirstRan; got.State != db.JobStateAvailable || got.LeaseToken.Valid {
+		t.Errorf("while the first job ran in the only slot, the second was %s, leased by %v; want available, leased by no one",
+			got.State, deref(got.LeasedBy))
+	}
+	for _, job := range []db.Job{first, second} {
+		got := b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
+		if got.Attempt != 1 {
+			t.Errorf("job %d succeeded at attempt %d, want 1", job.ID, got.Attempt)
+		}
+	}
+}
+
 // steadyThroughProxy enqueues a job whose handler runs for runs and then
 // succeeds with "done", and starts a worker of one slot with lease and
 // heartbeat, on a pool that goes through a fault proxy. It returns the job
