@@ -283,7 +283,9 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 // InsertAllUnannounced stores jobs as InsertAll does and returns them, but
 // has no notification sent for them, whatever dbtx is: the caller tells
 // their queues' workers once the statement has committed (Announce), or
-// leaves the jobs to the workers' next poll. It is for a caller that
+// leaves the jobs to the workers' next poll. In a transaction, as with a
+// Tx, the jobs the transaction stores after them by statements of its own
+// are not notified at its commit either. It is for a caller that
 // spaces the notifications of jobs stored in quick succession, as the API
 // does, since each notifying commit wakes every listening session of the
 // database (docs/experiments.md, "Every listener hears every queue").

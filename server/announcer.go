@@ -11,135 +11,175 @@ import (
 )
 
 // DefaultAnnounceEvery is the least time between two notifications the
-// API sends a queue's workers for the one-job requests it stores
-// (Config.AnnounceEvery).
+// API sends for the one-job requests it stores (Config.AnnounceEvery).
 const DefaultAnnounceEvery = 2 * time.Millisecond
 
-// announcer spaces the notifications that tell a queue's workers of the
-// jobs the enqueuer stores. PostgreSQL wakes every listening session of a
-// database at each commit that notifies, whatever the channel, and each
-// woken session reads the notifications in a transaction of its own; with
-// the listeners of many queues, those wake-ups cost the server more than
-// the inserts (docs/experiments.md, "Every listener hears every queue").
+// announcer spaces the notifications that tell workers of the jobs the
+// enqueuer stores. PostgreSQL wakes every listening session of a database
+// at each commit that notifies, whatever the channel, and each woken
+// session reads the notifications in a transaction of its own; with the
+// listeners of many queues, those wake-ups cost the server more than the
+// inserts (docs/experiments.md, "Every listener hears every queue"). So
+// what is spaced is the server's notifying commits, whatever their
+// queues.
 //
-// A group of jobs whose queues were not notified within every is
-// announced by its own commit, as an insert is: a job posted alone waits
-// for no one. A group that comes sooner is stored unannounced, and once
-// it has committed its queues are owed a notification, sent every after
-// the latest one, in one statement for all the groups stored meanwhile.
-// The workers' claims take every job ready when they run, so one
-// notification serves them all. A job so stored waits for its workers at
-// most every longer than one announced by its commit; if the
-// notification cannot be sent (the server is shutting down, or the
-// database is unreachable), its workers find it at their next poll.
+// A group of jobs that comes every or more after the latest notification
+// was sent, while none is owed, is announced by its own commit, as an
+// insert is: a job posted alone waits for no one. A group that comes
+// sooner is stored unannounced, and once it has committed its queues are
+// owed a notification. One statement announces every queue owed, every
+// after the latest notification was sent; one at a time, on one
+// connection of the pool. The workers' claims take every job ready when
+// they run, so one notification serves all the groups stored meanwhile.
+// A job so stored waits for its workers at most about every longer than
+// one announced by its commit. What is owed when the server stops is sent
+// by Close; if it cannot be sent (the database out of reach), the workers
+// find those jobs at their next poll.
 type announcer struct {
 	dbtx   db.DBTX
 	every  time.Duration
 	logger *slog.Logger
 
-	mu     sync.Mutex
-	queues map[string]*announcements
-}
-
-// announcements is what the announcer knows of one queue.
-type announcements struct {
-	// last is when the latest notification was sent, or the commit that
-	// carries it began.
+	mu sync.Mutex
+	// last is when the latest notification was sent, or the statement
+	// whose commit carries it began.
 	last time.Time
-	// owed is set while jobs stored unannounced wait for a notification,
-	// due holds the earliest run_at among them, and timer sends it.
-	owed  bool
-	due   time.Time
-	timer *time.Timer
+	// owed maps each queue owed a notification to the earliest run_at of
+	// its jobs stored unannounced.
+	owed map[string]time.Time
+	// timer sends what is owed; it is set while a sending is scheduled,
+	// and sending while one runs.
+	timer   *time.Timer
+	sending bool
+	// closed is set by Close: every group is announced by its commit.
+	closed bool
 }
-
-// maxIdleQueues is how many queues the announcer remembers before it
-// forgets those with nothing owed, whose spacing has passed: queue names
-// come from requests, and a name seen once must not stay in memory.
-const maxIdleQueues = 1024
 
 func newAnnouncer(dbtx db.DBTX, every time.Duration, logger *slog.Logger) *announcer {
-	return &announcer{dbtx: dbtx, every: every, logger: logger, queues: map[string]*announcements{}}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &announcer{dbtx: dbtx, every: every, logger: logger}
 }
 
-// lead reports whether a group of jobs on queues may be announced by its
-// own commit: none of them was notified within every, nor is owed a
-// notification. If so, it counts them notified now.
-func (a *announcer) lead(queues []string) bool {
+// lead reports whether a group of jobs may be announced by its own
+// commit: the latest notification was sent every or more ago, and none is
+// owed. If so, it counts the group's notification sent now.
+func (a *announcer) lead() bool {
 	if a.every <= 0 {
 		return true
 	}
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, q := range queues {
-		if s := a.queues[q]; s != nil && (s.owed || now.Sub(s.last) < a.every) {
-			return false
-		}
+	if a.closed {
+		return true
 	}
-	if len(a.queues)+len(queues) > maxIdleQueues {
-		a.forgetIdle(now)
+	if len(a.owed) > 0 || a.sending || now.Sub(a.last) < a.every {
+		return false
 	}
-	for _, q := range queues {
-		a.state(q).last = now
-	}
+	a.last = now
 	return true
 }
 
 // owe records jobs stored unannounced that have committed, or whose
-// statement's outcome is unknown, and has their queues notified every
-// after each one's latest notification.
+// statement's outcome is unknown (stored nil), and schedules the
+// notification of their queues.
 func (a *announcer) owe(jobs []client.Job, stored []db.Job) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	owed := map[string]time.Time{}
 	for i, job := range jobs {
 		var due time.Time // unknown: announce, and let the database's clock decide
 		if stored != nil {
 			due = stored[i].RunAt
 		}
-		s := a.state(job.Queue)
-		if !s.owed || due.Before(s.due) {
-			s.due = due
-		}
-		s.owed = true
-		if s.timer == nil {
-			queue := job.Queue
-			s.timer = time.AfterFunc(time.Until(s.last.Add(a.every)), func() { a.send(queue) })
-		}
+		addDue(owed, job.Queue, due)
+	}
+	a.mu.Lock()
+	if a.closed {
+		// Stored as the server stops: announced at once.
+		a.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+		defer cancel()
+		a.announce(ctx, owed)
+		return
+	}
+	if a.owed == nil {
+		a.owed = map[string]time.Time{}
+	}
+	for queue, due := range owed {
+		addDue(a.owed, queue, due)
+	}
+	a.schedule()
+	a.mu.Unlock()
+}
+
+// addDue records in owed a job due at due on queue.
+func addDue(owed map[string]time.Time, queue string, due time.Time) {
+	if earliest, ok := owed[queue]; !ok || due.Before(earliest) {
+		owed[queue] = due
 	}
 }
 
-// send notifies queue's workers of the jobs it is owed for.
-func (a *announcer) send(queue string) {
+// schedule starts the timer that sends what is owed, every after the
+// latest notification, unless it is set or a sending runs. a.mu is held.
+func (a *announcer) schedule() {
+	if len(a.owed) == 0 || a.timer != nil || a.sending {
+		return
+	}
+	a.timer = time.AfterFunc(time.Until(a.last.Add(a.every)), a.send)
+}
+
+// send announces every queue owed, in one statement, then schedules what
+// came to be owed meanwhile.
+func (a *announcer) send() {
 	a.mu.Lock()
-	s := a.queues[queue]
-	due := s.due
-	s.owed, s.timer, s.last = false, nil, time.Now()
+	owed := a.owed
+	a.owed, a.timer, a.sending, a.last = nil, nil, true, time.Now()
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
-	if err := client.Announce(ctx, a.dbtx, map[string]time.Time{queue: due}); err != nil {
-		a.logger.Warn("announce jobs failed; the queue's workers find them at their next poll", "queue", queue, "err", err)
+	a.announce(ctx, owed)
+	a.mu.Lock()
+	a.sending = false
+	a.schedule()
+	a.mu.Unlock()
+}
+
+// announce sends the notification of the queues of owed.
+func (a *announcer) announce(ctx context.Context, owed map[string]time.Time) {
+	if len(owed) == 0 {
+		return
+	}
+	if err := client.Announce(ctx, a.dbtx, owed); err != nil {
+		a.logger.Warn("announce jobs failed; their workers find them at their next poll", "queues", len(owed), "err", err)
 	}
 }
 
-// state returns queue's announcements, made if new. a.mu is held.
-func (a *announcer) state(queue string) *announcements {
-	s := a.queues[queue]
-	if s == nil {
-		s = &announcements{}
-		a.queues[queue] = s
+// Close sends what is owed at once, and from then on has each group
+// announced by its own commit. It returns once a sending already running
+// has ended, or ctx has.
+func (a *announcer) Close(ctx context.Context) {
+	a.mu.Lock()
+	a.closed = true
+	if a.timer != nil && a.timer.Stop() {
+		a.timer = nil
 	}
-	return s
-}
-
-// forgetIdle forgets the queues with nothing owed whose spacing has
-// passed: a group on one of them leads, as on a queue never seen. a.mu is
-// held.
-func (a *announcer) forgetIdle(now time.Time) {
-	for q, s := range a.queues {
-		if !s.owed && now.Sub(s.last) >= a.every {
-			delete(a.queues, q)
+	owed := a.owed
+	a.owed = nil
+	a.mu.Unlock()
+	a.announce(ctx, owed)
+	// A sending that had begun, or a timer that fired before it could be
+	// stopped, announces what it took; wait for it.
+	for {
+		a.mu.Lock()
+		idle := !a.sending && a.timer == nil
+		a.mu.Unlock()
+		if idle || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Millisecond):
 		}
 	}
 }

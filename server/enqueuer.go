@@ -40,7 +40,8 @@ type enqueuer struct {
 
 // maxFlushers is how many group statements run at once: one gathers
 // requests while another commits. Each holds a connection of the pool
-// while it runs; the others stay free for the rest of the API.
+// while it runs, and the announcer one more while it sends; the others
+// stay free for the rest of the API.
 const maxFlushers = 2
 
 // maxGroup is the most jobs one statement stores.
@@ -164,13 +165,9 @@ func (e *enqueuer) store(group []*pendingJob) {
 	for i, p := range group {
 		jobs[i] = p.job
 	}
-	queues := make([]string, len(jobs))
-	for i, job := range jobs {
-		queues[i] = job.Queue
-	}
 	var rows []db.Job
 	var err error
-	if e.announcer.lead(queues) {
+	if e.announcer.lead() {
 		rows, err = client.InsertAll(ctx, e.dbtx, jobs)
 	} else {
 		rows, err = client.InsertAllUnannounced(ctx, e.dbtx, jobs)

@@ -30,6 +30,7 @@
 package server
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -63,12 +64,12 @@ type Config struct {
 	// MaxBodyBytes limits the size of a request body; larger bodies get
 	// 413. Zero or less means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// AnnounceEvery is the least time between two notifications that tell
-	// a queue's workers of jobs posted one per request: a job posted
-	// sooner after the last one is announced with the others stored
-	// meanwhile, up to AnnounceEvery later (see announcer). Zero means
-	// DefaultAnnounceEvery; less than zero announces each statement's
-	// jobs at its commit.
+	// AnnounceEvery spaces the notifications that tell workers of jobs
+	// posted one per request, whatever their queues: a job posted sooner
+	// than AnnounceEvery after the latest notification is announced with
+	// the others stored meanwhile, AnnounceEvery after it (see
+	// announcer). Zero means DefaultAnnounceEvery; less than zero
+	// announces each statement's jobs at its commit.
 	AnnounceEvery time.Duration
 }
 
@@ -86,18 +87,34 @@ func (c Config) maxBodyBytes() int64 {
 	return c.MaxBodyBytes
 }
 
+// Handler is the HTTP handler of the whole API. Close it once the
+// http.Server that serves it has shut down, before closing its pool.
+type Handler struct {
+	http.Handler
+	announcer *announcer
+}
+
 // NewServer returns the HTTP handler of the whole API, on its own mux, with
 // request logging and panic recovery around it. A nil logger discards logs.
-func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) http.Handler {
+func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	a := newAnnouncer(pool, cfg.announceEvery(), logger)
 	mux := http.NewServeMux()
-	addRoutes(mux, logger, pool, cfg)
+	addRoutes(mux, logger, pool, cfg, a)
 	var h http.Handler = jsonMuxErrors(mux)
 	h = recoverPanics(logger)(h)
 	h = logRequests(logger)(h)
-	return h
+	return &Handler{Handler: h, announcer: a}
+}
+
+// Close sends at once the notifications still owed for jobs the API stored
+// (see Config.AnnounceEvery), so that their workers need not wait for
+// their next poll, and announces each group stored after it at its
+// commit. It returns once they are sent, or ctx has ended.
+func (h *Handler) Close(ctx context.Context) {
+	h.announcer.Close(ctx)
 }
 
 // NewHTTPServer returns an http.Server for h on addr with timeouts and a

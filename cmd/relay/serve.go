@@ -19,6 +19,9 @@ import (
 // defaultAddr is where the API listens without --addr or RELAY_ADDR.
 const defaultAddr = "127.0.0.1:8080"
 
+// announceTimeout bounds the API's last notifications at shutdown.
+const announceTimeout = 5 * time.Second
+
 // addrLookupTimeout bounds resolving the host name of --addr to find out
 // whether it is a loopback address.
 const addrLookupTimeout = 3 * time.Second
@@ -45,7 +48,7 @@ func (s *serveFlags) register(fs *cli.FlagSet, defaultSlots int) {
 	fs.StringVar(&s.apiToken, "api-token", "", "bearer token every /v1 request must present (default $RELAY_API_TOKEN; required on a non-loopback --addr unless --insecure-no-auth)")
 	fs.BoolVar(&s.insecureNoAuth, "insecure-no-auth", false, "serve without a token on a non-loopback --addr: the API then accepts unauthenticated requests from the network")
 	fs.Int64Var(&s.maxBodyBytes, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted")
-	fs.DurationVar(&s.announceEvery, "announce-every", server.DefaultAnnounceEvery, "least time between two notifications to a queue's workers of jobs posted one per request; those posted sooner are announced together (0: each at its commit)")
+	fs.DurationVar(&s.announceEvery, "announce-every", server.DefaultAnnounceEvery, "space the notifications of jobs posted one per request, whatever their queues, this far apart: those posted sooner after the latest are announced together, this long after it (0: each group at its commit)")
 	fs.DurationVar(&s.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may finish at shutdown")
 	s.worker.Register(fs, defaultSlots, "worker slots to run in this process with the built-in handlers (0: none)")
 }
@@ -223,11 +226,12 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := server.NewHTTPServer(opts.addr, server.NewServer(logger, pool, server.Config{
+	api := server.NewServer(logger, pool, server.Config{
 		APIToken:      opts.apiToken,
 		MaxBodyBytes:  opts.maxBodyBytes,
 		AnnounceEvery: opts.announceEveryConfig(),
-	}))
+	})
+	srv := server.NewHTTPServer(opts.addr, api)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -270,6 +274,10 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		logger.Warn("in-flight requests did not finish in time; closing their connections", "err", err)
 		srv.Close()
 	}
+	// The jobs of the last requests may still be owed their notification.
+	announceCtx, cancelAnnounce := context.WithTimeout(context.WithoutCancel(ctx), announceTimeout)
+	api.Close(announceCtx)
+	cancelAnnounce()
 	if workerDone != nil && !workerStopped {
 		if err := <-workerDone; err != nil {
 			errs = append(errs, err)

@@ -7,8 +7,11 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/dbtest"
@@ -197,24 +200,38 @@ type apiLog struct {
 // stops it when the test ends, failing the test unless it stops cleanly.
 func startAPI(t *testing.T, env map[string]string, args ...string) apiLog {
 	t.Helper()
-	ctx, stop := context.WithCancel(testContext(t, 60*time.Second))
+	api, stop := startStoppableAPI(t, env, args...)
+	t.Cleanup(stop)
+	return api
+}
+
+// startStoppableAPI is startAPI, with the function that stops the API and
+// fails the test unless it stops cleanly, for the test to call; only its
+// first call does anything.
+func startStoppableAPI(t *testing.T, env map[string]string, args ...string) (apiLog, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(testContext(t, 60*time.Second))
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, append([]string{"relay"}, args...), func(k string) string { return env[k] },
 			strings.NewReader(""), &stdout, &stderr)
 	}()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("relay %s: %v\nstderr:\n%s", strings.Join(args, " "), err, stderr.String())
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("relay %s: %v\nstderr:\n%s", strings.Join(args, " "), err, stderr.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("relay %s did not stop within 30s", strings.Join(args, " "))
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("relay %s did not stop within 30s", strings.Join(args, " "))
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
 
 	servingRE := regexp.MustCompile(`msg="serving the API" addr=(\S+)`)
 	for {
@@ -226,7 +243,7 @@ func startAPI(t *testing.T, env map[string]string, args ...string) apiLog {
 			if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 				host = "127.0.0.1"
 			}
-			return apiLog{&stderr, net.JoinHostPort(host, port)}
+			return apiLog{&stderr, net.JoinHostPort(host, port)}, stop
 		}
 		select {
 		case err := <-done:
@@ -236,5 +253,35 @@ func startAPI(t *testing.T, env map[string]string, args ...string) apiLog {
 			t.Fatalf("relay %s not serving after 60s\nstderr:\n%s", strings.Join(args, " "), stderr.String())
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// TestServe_SendsTheNotificationsOwedAsItStops posts two one-job requests
+// to relay serve with notifications spaced an hour apart: the second job
+// is owed its notification, and relay serve sends it as it stops, rather
+// than leave the job to its workers' next poll.
+func TestServe_SendsTheNotificationsOwedAsItStops(t *testing.T) {
+	t.Parallel()
+	dsn := dbtest.NewURL(t)
+	pool, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	listener, _ := dbtest.Listen(t, pool, "default")
+	api, stop := startStoppableAPI(t, map[string]string{"DATABASE_URL": dsn},
+		"serve", "--addr", "127.0.0.1:0", "--announce-every", "1h")
+	for i, want := range []int{1, 0} {
+		resp, body, err := apiRequest(testContext(t, 10*time.Second), http.MethodPost, "http://"+api.addr+"/v1/jobs", "", `{"kind":"noop"}`)
+		if err != nil || resp.StatusCode != http.StatusCreated {
+			t.Fatalf("post job %d: %v, %v: %s", i+1, resp, err, body)
+		}
+		if got := len(dbtest.Heard(t, t.Context(), listener)); got != want {
+			t.Fatalf("heard %d notifications after job %d, want %d", got, i+1, want)
+		}
+	}
+	stop()
+	if got := len(dbtest.Heard(t, t.Context(), listener)); got != 1 {
+		t.Errorf("heard %d notifications as relay serve stopped, want 1 for the second job", got)
 	}
 }
