@@ -12,10 +12,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/internal/dbtest"
 )
 
 // TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnection
@@ -28,11 +26,7 @@ import (
 func TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbtest.NewURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testPool(t)
 	// Rules of this database that the worker cannot know of: it refuses a
 	// result, and it cuts the connection of the first statement that
 	// records the third job's result after the first job's has committed.

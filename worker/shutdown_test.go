@@ -29,11 +29,7 @@ import (
 func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbtest.NewURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testPool(t)
 	q := db.New(pool)
 	for _, lostWhen := range []string{"before the release looks", "after the release looked"} {
 		t.Run("lease lost "+lostWhen, func(t *testing.T) {
@@ -117,4 +113,16 @@ func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T)
 			}
 		})
 	}
+}
+
+// testPool opens a pool on a database of the test's own, closed when the
+// test ends.
+func testPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbtest.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
