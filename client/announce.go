@@ -12,7 +12,8 @@ import (
 // the earliest run_at of jobs stored there without a notification
 // (InsertAllUnannounced), that jobs became available there: those of the
 // queues whose earliest job is due by the database's clock, in one
-// statement (JobAnnounceMany). Call it once the jobs have committed.
+// statement (JobAnnounceMany). A zero run_at is due now. Call it once the
+// jobs have committed.
 func Announce(ctx context.Context, dbtx db.DBTX, due map[string]time.Time) error {
 	return dueQueues(due).announce(ctx, dbtx)
 }

@@ -10,8 +10,9 @@ import (
 	"github.com/relayq/relay/db"
 )
 
-// DefaultAnnounceEvery is the least time between two notifications the
-// API sends for the one-job requests it stores (Config.AnnounceEvery).
+// DefaultAnnounceEvery is how far apart the API spaces the notifications
+// of the one-job requests it stores (Config.AnnounceEvery): from the start
+// of one notifying statement to the next.
 const DefaultAnnounceEvery = 2 * time.Millisecond
 
 // announcer spaces the notifications that tell workers of the jobs the
@@ -23,13 +24,15 @@ const DefaultAnnounceEvery = 2 * time.Millisecond
 // what is spaced is the server's notifying commits, whatever their
 // queues.
 //
-// A group of jobs that comes every or more after the latest notification
-// was sent, while none is owed, is announced by its own commit, as an
-// insert is: a job posted alone waits for no one. A group that comes
-// sooner is stored unannounced, and once it has committed its queues are
-// owed a notification. One statement announces every queue owed, every
-// after the latest notification was sent; one at a time, on one
-// connection of the pool. The workers' claims take every job ready when
+// A group of jobs whose statement begins every or more after the latest
+// notifying statement began, while none is owed or being sent, is
+// announced by its own commit, as an insert is: a job posted alone waits
+// for no one. A group that comes sooner is stored unannounced, and once
+// it has committed its queues are owed a notification. One statement
+// announces every queue owed, every after the latest notifying statement
+// began; one at a time, on one connection of the pool. Since a
+// notification goes out at its statement's commit, two may go out closer
+// together than every by up to a commit's time. The workers' claims take every job ready when
 // they run, so one notification serves all the groups stored meanwhile.
 // A job so stored waits for its workers at most about every longer than
 // one announced by its commit. What is owed when the server stops is sent

@@ -13,14 +13,15 @@ import (
 )
 
 // TestEnqueue_JobsPostedWithinTheSpacingShareOneLaterNotification posts
-// one-job requests to two queues with notifications spaced 5 s apart, and
-// listens as a worker of each queue does. The first job, on one queue, is
-// heard at its commit. The jobs posted next on either queue, within the
-// spacing, are not heard then: each queue hears one notification for
-// them, later, once they have committed, and nothing after it.
+// one-job requests to two queues with notifications spaced 10 s apart,
+// and listens as a worker of each queue does. The first job, on one
+// queue, is heard at its commit. The jobs posted next on either queue,
+// within the spacing, are not heard then: each queue hears one
+// notification for them, no sooner than the spacing after the first, and
+// nothing after it.
 func TestEnqueue_JobsPostedWithinTheSpacingShareOneLaterNotification(t *testing.T) {
 	t.Parallel()
-	const every = 5 * time.Second
+	const every = 10 * time.Second
 	e := setup(t, Config{AnnounceEvery: every})
 	ctx := t.Context()
 	listeners := map[string]*pgx.Conn{}
@@ -30,6 +31,7 @@ func TestEnqueue_JobsPostedWithinTheSpacingShareOneLaterNotification(t *testing.
 		listeners[q], _ = dbtest.Listen(t, e.pool, q)
 	}
 
+	first := time.Now()
 	postSpaced(t, e, queues[0], 1)
 	for q, want := range map[string]int{queues[0]: 1, queues[1]: 0} {
 		if got := heard(q); got != want {
@@ -50,6 +52,9 @@ func TestEnqueue_JobsPostedWithinTheSpacingShareOneLaterNotification(t *testing.
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: no notification for the 5 jobs: %v", q, err)
+		}
+		if waited := time.Since(first); waited < every {
+			t.Errorf("%s: heard the 5 jobs' notification %s after the first job was posted, want no sooner than %s", q, waited, every)
 		}
 		if got := heard(q); got != 0 {
 			t.Errorf("%s: heard %d more notifications for the 5 jobs, want one in all", q, got)

@@ -65,11 +65,12 @@ type Config struct {
 	// 413. Zero or less means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// AnnounceEvery spaces the notifications that tell workers of jobs
-	// posted one per request, whatever their queues: a job posted sooner
-	// than AnnounceEvery after the latest notification is announced with
-	// the others stored meanwhile, AnnounceEvery after it (see
-	// announcer). Zero means DefaultAnnounceEvery; less than zero
-	// announces each statement's jobs at its commit.
+	// posted one per request, whatever their queues: a job whose
+	// statement begins sooner than AnnounceEvery after the latest
+	// notifying statement began is announced, with the others stored
+	// meanwhile, AnnounceEvery after that (see announcer). Zero means
+	// DefaultAnnounceEvery; less than zero announces each statement's
+	// jobs at its commit.
 	AnnounceEvery time.Duration
 }
 
@@ -96,6 +97,7 @@ type Handler struct {
 
 // NewServer returns the HTTP handler of the whole API, on its own mux, with
 // request logging and panic recovery around it. A nil logger discards logs.
+// Close the handler once the http.Server serving it has shut down.
 func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -112,7 +114,11 @@ func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
 // Close sends at once the notifications still owed for jobs the API stored
 // (see Config.AnnounceEvery), so that their workers need not wait for
 // their next poll, and announces each group stored after it at its
-// commit. It returns once they are sent, or ctx has ended.
+// commit. It returns once they are sent, or ctx has ended. Jobs of
+// requests still being stored when it is called, as after a Shutdown
+// that ran out of time, are announced once their statement commits, if
+// the pool is still open then; otherwise their workers find them at their
+// next poll.
 func (h *Handler) Close(ctx context.Context) {
 	h.announcer.Close(ctx)
 }
