@@ -175,7 +175,8 @@ func TestInsert_InTheCallersTransactionCommitsOrRollsBackWithIt(t *testing.T) {
 // commit, and the jobs stored through a client.Tx by its Commit; the
 // jobs of any other transaction, and InsertAll's, at their commit by the
 // trigger; either way exactly once. InsertAllUnannounced's are heard only
-// when the caller announces them, and only if they are due.
+// when the caller announces them (DueQueues.Announce), and only if they
+// are due.
 func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()
@@ -311,7 +312,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := client.Announce(ctx, pool, map[string]time.Time{stored[0].Queue: stored[0].RunAt, stored[1].Queue: stored[1].RunAt}); err != nil {
+			if err := (client.DueQueues{stored[0].Queue: stored[0].RunAt, stored[1].Queue: stored[1].RunAt}).Announce(ctx, pool); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -320,7 +321,7 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := client.Announce(ctx, pool, map[string]time.Time{stored[0].Queue: stored[0].RunAt}); err != nil {
+			if err := (client.DueQueues{stored[0].Queue: stored[0].RunAt}).Announce(ctx, pool); err != nil {
 				t.Fatal(err)
 			}
 		}},

@@ -32,28 +32,27 @@ const DefaultAnnounceEvery = 2 * time.Millisecond
 // announces every queue owed, every after the latest notifying statement
 // began; one at a time, on one connection of the pool. Since a
 // notification goes out at its statement's commit, two may go out closer
-// together than every by up to a commit's time. The workers' claims take every job ready when
-// they run, so one notification serves all the groups stored meanwhile.
-// A job so stored waits for its workers at most about every longer than
-// one announced by its commit. What is owed when the server stops is sent
-// by Close; if it cannot be sent (the database out of reach), the workers
-// find those jobs at their next poll.
+// together than every by up to a commit's time. The workers' claims take
+// every job ready when they run, so one notification serves all the
+// groups stored meanwhile: a job so stored waits for its workers at most
+// about every longer than one announced by its commit. What is owed when
+// the server stops is sent by Close; if it cannot be sent (the database
+// out of reach), the workers find those jobs at their next poll.
 type announcer struct {
 	dbtx   db.DBTX
 	every  time.Duration
 	logger *slog.Logger
 
 	mu sync.Mutex
-	// last is when the latest notification was sent, or the statement
-	// whose commit carries it began.
+	// last is when the latest notifying statement began.
 	last time.Time
-	// owed maps each queue owed a notification to the earliest run_at of
-	// its jobs stored unannounced.
-	owed map[string]time.Time
-	// timer sends what is owed; it is set while a sending is scheduled,
-	// and sending while one runs.
+	// owed holds the queues owed a notification, with the earliest run_at
+	// of their jobs stored unannounced.
+	owed client.DueQueues
+	// sending is set from when a sending of what is owed is scheduled on
+	// timer until it has ended, when it is closed.
 	timer   *time.Timer
-	sending bool
+	sending chan struct{}
 	// closed is set by Close: every group is announced by its commit.
 	closed bool
 }
@@ -66,8 +65,9 @@ func newAnnouncer(dbtx db.DBTX, every time.Duration, logger *slog.Logger) *annou
 }
 
 // lead reports whether a group of jobs may be announced by its own
-// commit: the latest notification was sent every or more ago, and none is
-// owed. If so, it counts the group's notification sent now.
+// commit: the latest notifying statement began every or more ago, and
+// nothing is owed or being sent. If so, it counts the group's statement
+// as the latest.
 func (a *announcer) lead() bool {
 	if a.every <= 0 {
 		return true
@@ -78,7 +78,7 @@ func (a *announcer) lead() bool {
 	if a.closed {
 		return true
 	}
-	if len(a.owed) > 0 || a.sending || now.Sub(a.last) < a.every {
+	if len(a.owed) > 0 || a.sending != nil || now.Sub(a.last) < a.every {
 		return false
 	}
 	a.last = now
@@ -87,48 +87,38 @@ func (a *announcer) lead() bool {
 
 // owe records jobs stored unannounced that have committed, or whose
 // statement's outcome is unknown (stored nil), and schedules the
-// notification of their queues.
+// notification of their queues; once the announcer is closed, it sends it
+// at once.
 func (a *announcer) owe(jobs []client.Job, stored []db.Job) {
-	owed := map[string]time.Time{}
+	a.mu.Lock()
 	for i, job := range jobs {
 		var due time.Time // unknown: announce, and let the database's clock decide
 		if stored != nil {
 			due = stored[i].RunAt
 		}
-		addDue(owed, job.Queue, due)
+		a.owed.Add(job.Queue, due)
 	}
-	a.mu.Lock()
-	if a.closed {
-		// Stored as the server stops: announced at once.
+	if !a.closed {
+		a.schedule()
 		a.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-		defer cancel()
-		a.announce(ctx, owed)
 		return
 	}
-	if a.owed == nil {
-		a.owed = map[string]time.Time{}
-	}
-	for queue, due := range owed {
-		addDue(a.owed, queue, due)
-	}
-	a.schedule()
+	owed := a.owed
+	a.owed = nil
 	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	a.announce(ctx, owed)
 }
 
-// addDue records in owed a job due at due on queue.
-func addDue(owed map[string]time.Time, queue string, due time.Time) {
-	if earliest, ok := owed[queue]; !ok || due.Before(earliest) {
-		owed[queue] = due
-	}
-}
-
-// schedule starts the timer that sends what is owed, every after the
-// latest notification, unless it is set or a sending runs. a.mu is held.
+// schedule has what is owed sent every after the latest notifying
+// statement began, unless a sending is scheduled or running. a.mu is
+// held.
 func (a *announcer) schedule() {
-	if len(a.owed) == 0 || a.timer != nil || a.sending {
+	if len(a.owed) == 0 || a.sending != nil {
 		return
 	}
+	a.sending = make(chan struct{})
 	a.timer = time.AfterFunc(time.Until(a.last.Add(a.every)), a.send)
 }
 
@@ -137,52 +127,43 @@ func (a *announcer) schedule() {
 func (a *announcer) send() {
 	a.mu.Lock()
 	owed := a.owed
-	a.owed, a.timer, a.sending, a.last = nil, nil, true, time.Now()
+	a.owed, a.last = nil, time.Now()
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	a.announce(ctx, owed)
 	a.mu.Lock()
-	a.sending = false
+	close(a.sending)
+	a.sending = nil
 	a.schedule()
 	a.mu.Unlock()
 }
 
 // announce sends the notification of the queues of owed.
-func (a *announcer) announce(ctx context.Context, owed map[string]time.Time) {
-	if len(owed) == 0 {
-		return
-	}
-	if err := client.Announce(ctx, a.dbtx, owed); err != nil {
+func (a *announcer) announce(ctx context.Context, owed client.DueQueues) {
+	if err := owed.Announce(ctx, a.dbtx); err != nil {
 		a.logger.Warn("announce jobs failed; their workers find them at their next poll", "queues", len(owed), "err", err)
 	}
 }
 
 // Close sends what is owed at once, and from then on has each group
 // announced by its own commit. It returns once a sending already running
-// has ended, or ctx has.
+// has ended too, or ctx has.
 func (a *announcer) Close(ctx context.Context) {
 	a.mu.Lock()
 	a.closed = true
-	if a.timer != nil && a.timer.Stop() {
-		a.timer = nil
+	if a.sending != nil && a.timer.Stop() {
+		close(a.sending) // stopped before it ran: nothing else waits for it
+		a.sending = nil
 	}
-	owed := a.owed
+	owed, running := a.owed, a.sending
 	a.owed = nil
 	a.mu.Unlock()
 	a.announce(ctx, owed)
-	// A sending that had begun, or a timer that fired before it could be
-	// stopped, announces what it took; wait for it.
-	for {
-		a.mu.Lock()
-		idle := !a.sending && a.timer == nil
-		a.mu.Unlock()
-		if idle || ctx.Err() != nil {
-			return
-		}
+	if running != nil {
 		select {
+		case <-running:
 		case <-ctx.Done():
-		case <-time.After(time.Millisecond):
 		}
 	}
 }

@@ -172,7 +172,7 @@ func (e *enqueuer) store(group []*pendingJob) {
 	} else {
 		rows, err = client.InsertAllUnannounced(ctx, e.dbtx, jobs)
 		if err == nil || !refusedAValue(err) {
-			e.announcer.owe(jobs, rows) // committed, or perhaps
+			e.announcer.owe(jobs, rows) // committed, or its outcome unknown
 		}
 	}
 	if err != nil && len(group) > 1 && refusedAValue(err) {
