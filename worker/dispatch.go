@@ -98,7 +98,11 @@ const (
 func (d *dispatcher) dispatch(ctx context.Context) {
 	w := d.w
 	// roundsOut counts the rounds in flight, and claimsOut the jobs they
-	// claim. A second round starts only beside a first, once enough
+	// may bring back: those they claim, and those of the lost claims whose
+	// tokens they look for (see loseClaim). The tokens of lost claims not
+	// yet looked for count as jobs held too: each may have claimed one,
+	// and until a round finds them the worker does not know which. A
+	// second round starts only beside a first, once enough
 	// outcomes have gathered behind it (see sendBeside): one statement at
 	// a time keeps a backend, and so one of the server's cores, busy at
 	// most, and that is what bounds one worker of many slots with short
@@ -115,12 +119,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	// jobs stay leased to this worker until their round commits, so a
 	// claim sent beside a round that claims nothing still keeps the
 	// worker's leases within its slots and what it may claim ahead.
-	//
-	// adoptsOut counts the tokens of lost claims the rounds in flight look
-	// for. Those, and the tokens of lost claims not yet looked for, count
-	// as jobs held: each may have claimed one, and until a round finds
-	// them the worker does not know which.
-	roundsOut, claimsOut, finishedOut, adoptsOut := 0, 0, 0, 0
+	roundsOut, claimsOut, finishedOut := 0, 0, 0
 	rounds := make(chan *round, maxRoundsOut)
 	want := claimTold
 	poll := time.NewTimer(w.cfg.PollInterval)
@@ -143,8 +142,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		if retry == nil && roundsOut < maxRoundsOut && ctx.Err() == nil {
 			claim := 0
 			if _, ok := w.session.claimSession(); want != claimNone && ok {
-				lost := len(d.lostClaims) + adoptsOut
-				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut-finishedOut-lost, 0)
+				claim = max(w.cfg.Slots+d.aheadLimit()-held-claimsOut-finishedOut-len(d.lostClaims), 0)
 			}
 			var send bool
 			if roundsOut == 0 {
@@ -156,9 +154,8 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 				r := d.newRound(claim)
 				r.probe = want == claimPolled && claim > 0 && r.batch.empty() && len(r.adopt) == 0
 				roundsOut++
-				claimsOut += claim
+				claimsOut += claim + len(r.adopt)
 				finishedOut += r.carried()
-				adoptsOut += len(r.adopt)
 				if claim > 0 {
 					// Until this round says whether the queue had enough.
 					want = claimNone
@@ -187,9 +184,8 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		case <-lingerC:
 		case r := <-rounds:
 			roundsOut--
-			claimsOut -= r.claim
+			claimsOut -= r.claim + len(r.adopt)
 			finishedOut -= r.carried()
-			adoptsOut -= len(r.adopt)
 			d.finish(r)
 			switch {
 			case r.err != nil:
