@@ -3,15 +3,10 @@ package worker
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
 )
@@ -49,27 +44,10 @@ func TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnecti
 			FOR EACH ROW EXECUTE FUNCTION refuse_or_cut();`); err != nil {
 		t.Fatal(err)
 	}
-	acks := map[int64][]string{}
-	w, err := New(pool, Config{ID: "w", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), OnAck: func(a Ack) {
-		acks[a.Job.ID] = append(acks[a.Job.ID], fmt.Sprintf("%s accepted=%t", a.Outcome, a.Accepted))
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, acks := recordingWorker(t, pool, 0)
 	q := db.New(pool)
-	token := func() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
 	results := []string{`{"first": true}`, `{"refuse": true}`, `{"cut": true}`}
-	for range results {
-		if _, err := q.JobInsert(ctx, db.JobInsertParams{Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		Queue: "default", ClaimTokens: []pgtype.UUID{token(), token(), token()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: "w",
-	})
-	if err != nil || len(rows) != len(results) {
-		t.Fatalf("claim: %d rows, %v; want %d", len(rows), err, len(results))
-	}
+	rows := insertAndClaim(t, pool, "default", len(results), 1)
 	d := &dispatcher{w: w}
 	var ids []int64
 	for i, row := range rows {
@@ -85,7 +63,7 @@ func TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnecti
 		t.Fatal("the first round succeeded, want the connection lost as it recorded the third job")
 	}
 	d.finish(r)
-	if diff := cmp.Diff(map[int64][]string{ids[0]: {"completed accepted=true"}}, acks); diff != "" {
+	if diff := cmp.Diff(map[int64][]string{ids[0]: {"completed accepted=true"}}, acks()); diff != "" {
 		t.Errorf("reported after the round that lost its connection (-want +got):\n%s", diff)
 	}
 	for round := 0; !d.p.empty() && round < 3; round++ {
@@ -101,7 +79,7 @@ func TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnecti
 		ids[1]: {"failed accepted=true"},
 		ids[2]: {"completed accepted=true"},
 	}
-	if diff := cmp.Diff(want, acks); diff != "" {
+	if diff := cmp.Diff(want, acks()); diff != "" {
 		t.Errorf("reported in all (-want +got):\n%s", diff)
 	}
 	for i, state := range []db.JobState{db.JobStateSucceeded, db.JobStateDead, db.JobStateSucceeded} {

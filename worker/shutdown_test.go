@@ -3,20 +3,13 @@ package worker
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
-	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/internal/dbtest"
 )
 
 // TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost sets up a
@@ -33,29 +26,8 @@ func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T)
 	q := db.New(pool)
 	for _, lostWhen := range []string{"before the release looks", "after the release looked"} {
 		t.Run("lease lost "+lostWhen, func(t *testing.T) {
-			var mu sync.Mutex
-			acks := map[int64]string{}
-			w, err := New(pool, Config{ID: "w", Slots: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), OnAck: func(a Ack) {
-				mu.Lock()
-				defer mu.Unlock()
-				acks[a.Job.ID] = fmt.Sprintf("%s accepted=%t", a.Outcome, a.Accepted)
-			}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			queue := "shutdown-" + uuid.NewString()
-			for range 2 {
-				if _, err := q.JobInsert(ctx, db.JobInsertParams{Queue: queue, Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 3}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			token := func() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
-			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				Queue: queue, ClaimTokens: []pgtype.UUID{token(), token()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: "w",
-			})
-			if err != nil || len(rows) != 2 {
-				t.Fatalf("claim: %d rows, %v; want 2", len(rows), err)
-			}
+			w, acks := recordingWorker(t, pool, 2)
+			rows := insertAndClaim(t, pool, "shutdown-"+uuid.NewString(), 2, 3)
 			held, lost := newExecution(rows[0], "w", time.Now()), newExecution(rows[1], "w", time.Now())
 			d := &dispatcher{w: w}
 			w.mu.Lock()
@@ -94,13 +66,11 @@ func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T)
 			}
 			d.acknowledgeAtShutdown(ctx)
 
-			mu.Lock()
-			defer mu.Unlock()
-			want := map[int64]string{
-				held.job.ID: "completed accepted=true",
-				lost.job.ID: "lease_lost accepted=false",
+			want := map[int64][]string{
+				held.job.ID: {"completed accepted=true"},
+				lost.job.ID: {"lease_lost accepted=false"},
 			}
-			if diff := cmp.Diff(want, acks); diff != "" {
+			if diff := cmp.Diff(want, acks()); diff != "" {
 				t.Errorf("reported (-want +got):\n%s", diff)
 			}
 			if n := w.numStarted(); n != 0 {
@@ -113,16 +83,4 @@ func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T)
 			}
 		})
 	}
-}
-
-// testPool opens a pool on a database of the test's own, closed when the
-// test ends.
-func testPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dbtest.NewURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }

@@ -1,0 +1,76 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
+)
+
+// testPool opens a pool on a database of the test's own, closed when the
+// test ends.
+func testPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbtest.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// recordingWorker makes a worker "w" of slots on pool, and returns it with
+// a function that returns what it reported of each job so far, as
+// "<outcome> accepted=<bool>".
+func recordingWorker(t *testing.T, pool *pgxpool.Pool, slots int) (*Worker, func() map[int64][]string) {
+	t.Helper()
+	var mu sync.Mutex
+	acks := map[int64][]string{}
+	w, err := New(pool, Config{ID: "w", Slots: slots, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), OnAck: func(a Ack) {
+		mu.Lock()
+		defer mu.Unlock()
+		acks[a.Job.ID] = append(acks[a.Job.ID], fmt.Sprintf("%s accepted=%t", a.Outcome, a.Accepted))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, func() map[int64][]string {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(acks)
+	}
+}
+
+// insertAndClaim stores n noop jobs of maxAttempts on queue and claims them
+// for worker "w", leased for a minute, as its claim would.
+func insertAndClaim(t *testing.T, pool *pgxpool.Pool, queue string, n int, maxAttempts int32) []db.JobCompleteAndClaimRow {
+	t.Helper()
+	ctx := context.Background()
+	q := db.New(pool)
+	tokens := make([]pgtype.UUID, n)
+	for i := range tokens {
+		if _, err := q.JobInsert(ctx, db.JobInsertParams{Queue: queue, Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}); err != nil {
+			t.Fatal(err)
+		}
+		tokens[i] = pgtype.UUID{Bytes: uuid.New(), Valid: true}
+	}
+	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+		Queue: queue, ClaimTokens: tokens, LeaseMs: time.Minute.Milliseconds(), WorkerID: "w",
+	})
+	if err != nil || len(rows) != n {
+		t.Fatalf("claim: %d rows, %v; want %d", len(rows), err, n)
+	}
+	return rows
+}
