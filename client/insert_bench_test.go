@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +30,48 @@ func BenchmarkInsert_OneJobPerCommit(b *testing.B) {
 				return err
 			})
 		})
+	}
+}
+
+// BenchmarkEnqueuer_OneJobPerCall stores one ready job per call from
+// eight goroutines at once, as the request handlers of a busy service
+// would, with client.Insert and with one client.Enqueuer shared by all,
+// its notifications spaced as by default and unspaced, beside no
+// listening session and beside 50 that listen as idle workers of the
+// jobs' queue do. It reports the jobs stored per second.
+func BenchmarkEnqueuer_OneJobPerCall(b *testing.B) {
+	const inserters = 8
+	for _, listeners := range []int{0, 50} {
+		for _, tc := range []struct {
+			name      string
+			newInsert func(*testing.B, *pgxpool.Pool) func(context.Context, client.Job) error
+		}{
+			{"Insert", func(_ *testing.B, pool *pgxpool.Pool) func(context.Context, client.Job) error {
+				return func(ctx context.Context, job client.Job) error {
+					_, _, err := client.Insert(ctx, pool, job)
+					return err
+				}
+			}},
+			{"Enqueuer unspaced", enqueue(-1)},
+			{"Enqueuer", enqueue(0)},
+		} {
+			b.Run(fmt.Sprintf("listeners=%d/%s", listeners, tc.name), func(b *testing.B) {
+				benchmarkInserts(b, insertBench{inserters: inserters, jobsPerCall: 1, listeners: listeners}, tc.newInsert)
+			})
+		}
+	}
+}
+
+// enqueue returns what stores one job through a client.Enqueuer on a
+// pool, with AnnounceEvery every, closed when its benchmark ends.
+func enqueue(every time.Duration) func(*testing.B, *pgxpool.Pool) func(context.Context, client.Job) error {
+	return func(b *testing.B, pool *pgxpool.Pool) func(context.Context, client.Job) error {
+		enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: every})
+		b.Cleanup(func() { enq.Close(context.Background()) })
+		return func(ctx context.Context, job client.Job) error {
+			_, err := enq.Insert(ctx, job)
+			return err
+		}
 	}
 }
 
@@ -127,54 +170,101 @@ func beginClient(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
 // of its own; with a lag, through a proxy that holds each write of the
 // pool's for that long (faultproxy.Proxy.Slow).
 func benchmarkInsert(b *testing.B, inserters, jobsPerCall int, lag time.Duration, insert func(context.Context, *pgxpool.Pool, client.Job) error) {
+	benchmarkInserts(b, insertBench{inserters: inserters, jobsPerCall: jobsPerCall, lag: lag}, func(_ *testing.B, pool *pgxpool.Pool) func(context.Context, client.Job) error {
+		return func(ctx context.Context, job client.Job) error { return insert(ctx, pool, job) }
+	})
+}
+
+// insertBench is how benchmarkInserts runs.
+type insertBench struct {
+	inserters   int           // goroutines calling the insert
+	jobsPerCall int           // jobs each call stores
+	lag         time.Duration // how long a proxy holds each write of the pool's
+	listeners   int           // sessions listening as idle workers of the jobs' queue do
+}
+
+// benchmarkInserts runs the insert that newInsert returns for the
+// benchmark's pool b.N times (what newInsert has b clean up is cleaned up
+// before the pool closes), from as many goroutines as bench.inserters,
+// with a pool of that many connections, beside bench.listeners sessions
+// that listen as idle workers of the jobs' queue do and read every
+// notification, and reports the jobs stored per second.
+func benchmarkInserts(b *testing.B, bench insertBench, newInsert func(*testing.B, *pgxpool.Pool) func(context.Context, client.Job) error) {
 	ctx := b.Context()
 	url := dbtest.NewURL(b)
-	if lag > 0 {
+	if bench.lag > 0 {
 		proxy, through, err := faultproxy.StartFor(url)
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer proxy.Close()
-		proxy.Slow(lag)
+		b.Cleanup(func() { proxy.Close() })
+		proxy.Slow(bench.lag)
 		url = through
 	}
 	config, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	config.MaxConns = int32(inserters)
-	config.MinConns = int32(inserters)
+	config.MaxConns = int32(bench.inserters)
+	config.MinConns = int32(bench.inserters)
 	pool, err := pgxpool.NewWithConfig(ctx, config)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer pool.Close()
+	b.Cleanup(pool.Close)
 	job, err := client.Validate(client.Request{Kind: "noop", Queue: ptr("bench")}, time.Now())
 	if err != nil {
 		b.Fatal(err)
 	}
+	listen(b, pool, "bench", bench.listeners)
+	insert := newInsert(b, pool)
 	// RunParallel runs parallelism × GOMAXPROCS goroutines; one inserter
 	// runs in the benchmark's own.
 	once := func() bool {
-		if err := insert(ctx, pool, job); err != nil {
+		if err := insert(ctx, job); err != nil {
 			b.Error(err)
 			return false
 		}
 		return true
 	}
 	b.ResetTimer()
-	if inserters == 1 {
+	if bench.inserters == 1 {
 		for range b.N {
 			if !once() {
 				return
 			}
 		}
 	} else {
-		b.SetParallelism(max(1, inserters/runtime.GOMAXPROCS(0)))
+		b.SetParallelism(max(1, bench.inserters/runtime.GOMAXPROCS(0)))
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() && once() {
 			}
 		})
 	}
-	b.ReportMetric(float64(b.N*jobsPerCall)/b.Elapsed().Seconds(), "jobs/s")
+	b.ReportMetric(float64(b.N*bench.jobsPerCall)/b.Elapsed().Seconds(), "jobs/s")
+}
+
+// listen connects n sessions to pool's database that listen as idle
+// workers of queue do, each reading every notification it hears until
+// the benchmark ends, as a worker's session does.
+func listen(b *testing.B, pool *pgxpool.Pool, queue string, n int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range n {
+		conn, _ := dbtest.Listen(b, pool, queue)
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if _, err := conn.WaitForNotification(ctx); err != nil && ctx.Err() == nil {
+					b.Errorf("listener: %v", err)
+					return
+				}
+			}
+		})
+	}
+	// Registered after the listeners' own cleanups, so run before them:
+	// each stops reading before its connection closes.
+	b.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
 }

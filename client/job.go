@@ -5,7 +5,9 @@
 // so a job is accepted or refused the same way whichever door it comes in
 // by. Insert and InsertMany take a db.DBTX, so a Go caller can enqueue in a
 // transaction of its own: the job becomes visible to workers when, and
-// only if, that transaction commits.
+// only if, that transaction commits. An Enqueuer, shared by goroutines
+// that each store one job, stores those that arrive together in one
+// statement and spaces their notifications, as the HTTP API does.
 package client
 
 import (

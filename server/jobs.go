@@ -144,7 +144,7 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 // returns the original job with 200, and a different request under the same
 // key in the same queue is a 409. Jobs without a key are stored through
 // e, together with those of requests that arrive meanwhile.
-func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *enqueuer, maxBody int64) http.Handler {
+func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		key, err := idempotencyKey(r)
 		if err != nil {
@@ -168,7 +168,7 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *enqueuer, maxBody int64
 		var job db.Job
 		replayed := false
 		if spec.IdempotencyKey == nil {
-			job, err = e.insert(ctx, spec)
+			job, err = e.Insert(ctx, spec)
 		} else {
 			job, replayed, err = client.Insert(ctx, dbtx, spec)
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 )
 
@@ -13,7 +14,7 @@ import (
 // token when Config.APIToken is set; the health routes never do. Unknown
 // paths get a JSON 404 and known paths with the wrong method a JSON 405
 // (see jsonMuxErrors).
-func addRoutes(mux *http.ServeMux, logger *slog.Logger, pool *pgxpool.Pool, cfg Config, a *announcer) {
+func addRoutes(mux *http.ServeMux, logger *slog.Logger, pool *pgxpool.Pool, cfg Config, e *client.Enqueuer) {
 	queries := db.New(pool)
 	auth := requireBearer(cfg.APIToken)
 	maxBody := cfg.maxBodyBytes()
@@ -21,7 +22,7 @@ func addRoutes(mux *http.ServeMux, logger *slog.Logger, pool *pgxpool.Pool, cfg 
 	mux.Handle("GET /healthz", handleHealthz())
 	mux.Handle("GET /readyz", handleReadyz(logger, pool))
 
-	mux.Handle("POST /v1/jobs", auth(handleEnqueue(logger, pool, newEnqueuer(pool, a), maxBody)))
+	mux.Handle("POST /v1/jobs", auth(handleEnqueue(logger, pool, e, maxBody)))
 	mux.Handle("POST /v1/jobs/batch", auth(handleEnqueueBatch(logger, pool, maxBody)))
 	mux.Handle("GET /v1/jobs", auth(handleListJobs(logger, queries)))
 	mux.Handle("GET /v1/jobs/{id}", auth(handleGetJob(logger, queries)))

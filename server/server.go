@@ -36,6 +36,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/client"
 )
 
 // DefaultMaxBodyBytes is the request body limit when Config.MaxBodyBytes is
@@ -68,17 +70,10 @@ type Config struct {
 	// posted one per request, whatever their queues: a job whose
 	// statement begins sooner than AnnounceEvery after the latest
 	// notifying statement began is announced, with the others stored
-	// meanwhile, AnnounceEvery after that (see announcer). Zero means
-	// DefaultAnnounceEvery; less than zero announces each statement's
-	// jobs at its commit.
+	// meanwhile, AnnounceEvery after that (client.EnqueuerConfig). Zero
+	// means client.DefaultAnnounceEvery; less than zero announces each
+	// statement's jobs at its commit.
 	AnnounceEvery time.Duration
-}
-
-func (c Config) announceEvery() time.Duration {
-	if c.AnnounceEvery == 0 {
-		return DefaultAnnounceEvery
-	}
-	return c.AnnounceEvery
 }
 
 func (c Config) maxBodyBytes() int64 {
@@ -92,7 +87,7 @@ func (c Config) maxBodyBytes() int64 {
 // http.Server that serves it has shut down, before closing its pool.
 type Handler struct {
 	http.Handler
-	announcer *announcer
+	enqueuer *client.Enqueuer
 }
 
 // NewServer returns the HTTP handler of the whole API, on its own mux, with
@@ -102,13 +97,17 @@ func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	a := newAnnouncer(pool, cfg.announceEvery(), logger)
+	e := client.NewEnqueuer(pool, client.EnqueuerConfig{
+		AnnounceEvery: cfg.AnnounceEvery,
+		StoreTimeout:  dbTimeout,
+		Logger:        logger,
+	})
 	mux := http.NewServeMux()
-	addRoutes(mux, logger, pool, cfg, a)
+	addRoutes(mux, logger, pool, cfg, e)
 	var h http.Handler = jsonMuxErrors(mux)
 	h = recoverPanics(logger)(h)
 	h = logRequests(logger)(h)
-	return &Handler{Handler: h, announcer: a}
+	return &Handler{Handler: h, enqueuer: e}
 }
 
 // Close sends at once the notifications still owed for jobs the API stored
@@ -120,7 +119,7 @@ func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
 // the pool is still open then; otherwise their workers find them at their
 // next poll.
 func (h *Handler) Close(ctx context.Context) {
-	h.announcer.Close(ctx)
+	h.enqueuer.Close(ctx)
 }
 
 // NewHTTPServer returns an http.Server for h on addr with timeouts and a

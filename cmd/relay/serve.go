@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/builtin"
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/server"
@@ -48,7 +49,7 @@ func (s *serveFlags) register(fs *cli.FlagSet, defaultSlots int) {
 	fs.StringVar(&s.apiToken, "api-token", "", "bearer token every /v1 request must present (default $RELAY_API_TOKEN; required on a non-loopback --addr unless --insecure-no-auth)")
 	fs.BoolVar(&s.insecureNoAuth, "insecure-no-auth", false, "serve without a token on a non-loopback --addr: the API then accepts unauthenticated requests from the network")
 	fs.Int64Var(&s.maxBodyBytes, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted")
-	fs.DurationVar(&s.announceEvery, "announce-every", server.DefaultAnnounceEvery, "space the notifications of jobs posted one per request, whatever their queues, this far apart, from one notifying statement's start to the next: those posted sooner are announced together, this long after the latest (0: each group at its commit)")
+	fs.DurationVar(&s.announceEvery, "announce-every", client.DefaultAnnounceEvery, "space the notifications of jobs posted one per request, whatever their queues, this far apart, from one notifying statement's start to the next: those posted sooner are announced together, this long after the latest (0: each group at its commit)")
 	fs.DurationVar(&s.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may finish at shutdown")
 	s.worker.Register(fs, defaultSlots, "worker slots to run in this process with the built-in handlers (0: none)")
 }

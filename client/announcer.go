@@ -1,4 +1,4 @@
-package server
+package client
 
 import (
 	"context"
@@ -6,49 +6,24 @@ import (
 	"sync"
 	"time"
 
-	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 )
 
-// DefaultAnnounceEvery is how far apart the API spaces the notifications
-// of the one-job requests it stores (Config.AnnounceEvery): from the start
-// of one notifying statement to the next.
-const DefaultAnnounceEvery = 2 * time.Millisecond
-
-// announcer spaces the notifications that tell workers of the jobs the
-// enqueuer stores. PostgreSQL wakes every listening session of a database
-// at each commit that notifies, whatever the channel, and each woken
-// session reads the notifications in a transaction of its own; with the
-// listeners of many queues, those wake-ups cost the server more than the
-// inserts (docs/experiments.md, "Every listener hears every queue"). So
-// what is spaced is the server's notifying commits, whatever their
-// queues.
-//
-// A group of jobs whose statement begins every or more after the latest
-// notifying statement began, while none is owed or being sent, is
-// announced by its own commit, as an insert is: a job posted alone waits
-// for no one. A group that comes sooner is stored unannounced, and once
-// it has committed its queues are owed a notification. One statement
-// announces every queue owed, every after the latest notifying statement
-// began; one at a time, on one connection of the pool. Since a
-// notification goes out at its statement's commit, two may go out closer
-// together than every by up to a commit's time. The workers' claims take
-// every job ready when they run, so one notification serves all the
-// groups stored meanwhile: a job so stored waits for its workers at most
-// about every longer than one announced by its commit. What is owed when
-// the server stops is sent by Close; if it cannot be sent (the database
-// out of reach), the workers find those jobs at their next poll.
+// announcer spaces the notifications of the jobs an Enqueuer stores
+// (see Enqueuer): what is spaced is the notifying commits of the
+// Enqueuer's statements, whatever their queues.
 type announcer struct {
-	dbtx   db.DBTX
-	every  time.Duration
-	logger *slog.Logger
+	dbtx    db.DBTX
+	every   time.Duration
+	timeout time.Duration // bounds each sending
+	logger  *slog.Logger
 
 	mu sync.Mutex
 	// last is when the latest notifying statement began.
 	last time.Time
 	// owed holds the queues owed a notification, with the earliest run_at
 	// of their jobs stored unannounced.
-	owed client.DueQueues
+	owed DueQueues
 	// sending is set from when a sending of what is owed is scheduled on
 	// timer until it has ended, when it is closed.
 	timer   *time.Timer
@@ -57,11 +32,11 @@ type announcer struct {
 	closed bool
 }
 
-func newAnnouncer(dbtx db.DBTX, every time.Duration, logger *slog.Logger) *announcer {
+func newAnnouncer(dbtx db.DBTX, every, timeout time.Duration, logger *slog.Logger) *announcer {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &announcer{dbtx: dbtx, every: every, logger: logger}
+	return &announcer{dbtx: dbtx, every: every, timeout: timeout, logger: logger}
 }
 
 // lead reports whether a group of jobs may be announced by its own
@@ -89,7 +64,7 @@ func (a *announcer) lead() bool {
 // statement's outcome is unknown (stored nil), and schedules the
 // notification of their queues; once the announcer is closed, it sends it
 // at once.
-func (a *announcer) owe(jobs []client.Job, stored []db.Job) {
+func (a *announcer) owe(jobs []Job, stored []db.Job) {
 	a.mu.Lock()
 	for i, job := range jobs {
 		var due time.Time // unknown: announce, and let the database's clock decide
@@ -106,7 +81,7 @@ func (a *announcer) owe(jobs []client.Job, stored []db.Job) {
 	owed := a.owed
 	a.owed = nil
 	a.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 	defer cancel()
 	a.announce(ctx, owed)
 }
@@ -129,7 +104,7 @@ func (a *announcer) send() {
 	owed := a.owed
 	a.owed, a.last = nil, time.Now()
 	a.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 	defer cancel()
 	a.announce(ctx, owed)
 	a.mu.Lock()
@@ -140,7 +115,7 @@ func (a *announcer) send() {
 }
 
 // announce sends the notification of the queues of owed.
-func (a *announcer) announce(ctx context.Context, owed client.DueQueues) {
+func (a *announcer) announce(ctx context.Context, owed DueQueues) {
 	if err := owed.Announce(ctx, a.dbtx); err != nil {
 		a.logger.Warn("announce jobs failed; their workers find them at their next poll", "queues", len(owed), "err", err)
 	}

@@ -1,0 +1,299 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/db"
+)
+
+// DefaultAnnounceEvery is how far apart an Enqueuer spaces the
+// notifications of the jobs it stores (EnqueuerConfig.AnnounceEvery): from
+// the start of one notifying statement to the next.
+const DefaultAnnounceEvery = 2 * time.Millisecond
+
+// DefaultStoreTimeout bounds each statement an Enqueuer runs for its
+// callers (EnqueuerConfig.StoreTimeout).
+const DefaultStoreTimeout = 10 * time.Second
+
+// EnqueuerConfig configures an Enqueuer. Its zero value is the defaults.
+type EnqueuerConfig struct {
+	// AnnounceEvery spaces the notifications that tell workers of the
+	// jobs stored, whatever their queues: a group whose statement begins
+	// sooner than AnnounceEvery after the latest notifying statement
+	// began is announced, with the others stored meanwhile, AnnounceEvery
+	// after that. Zero means DefaultAnnounceEvery; less than zero
+	// announces each group at its commit.
+	AnnounceEvery time.Duration
+	// StoreTimeout bounds each statement that stores a group, or sends
+	// what is owed, whatever the contexts of the callers waiting for it.
+	// Zero or less means DefaultStoreTimeout.
+	StoreTimeout time.Duration
+	// Logger is told of a notification that could not be sent. Nil
+	// discards it.
+	Logger *slog.Logger
+}
+
+// Enqueuer stores jobs inserted one at a time by concurrent callers, such
+// as the handlers of an HTTP server, together: the jobs of the callers
+// that arrive while a statement stores others share the next statement
+// and its commit (InsertAll). What bounds how many jobs a second one-job
+// inserts store is the wait for each commit to reach the disk; an
+// Enqueuer lets those that arrive during one commit share the next. A job
+// that arrives alone, while no statement runs, is stored at once: it
+// waits for no one. `relay serve` stores the jobs of its one-job requests
+// through one.
+//
+// It also spaces the notifications of the jobs it stores
+// (EnqueuerConfig.AnnounceEvery). PostgreSQL wakes every listening
+// session of a database at each commit that notifies, whatever the
+// channel, and each woken session reads the notifications in a
+// transaction of its own; with the listeners of many queues, those
+// wake-ups cost the server more than the inserts (docs/experiments.md,
+// "Every listener hears every queue"). A group whose statement begins
+// AnnounceEvery or more after the latest notifying statement began, while
+// none is owed or being sent, is announced by its own commit. A group
+// that comes sooner is stored unannounced (InsertAllUnannounced), and
+// once it has committed its queues are owed a notification. One statement
+// announces every queue owed (DueQueues.Announce), AnnounceEvery after the
+// latest notifying statement began; one at a time. Since a notification
+// goes out at its statement's commit, two may go out closer together than
+// AnnounceEvery by up to a commit's time. The workers' claims take every
+// job ready when they run, so one notification serves all the groups
+// stored meanwhile: a job so stored waits for its workers at most about
+// AnnounceEvery longer than one announced by its commit. Close sends what
+// is owed; if it cannot be sent (the database out of reach), the workers
+// find those jobs at their next poll.
+//
+// Each Insert returns once its own job is committed, or with the error
+// that kept it from being stored. A job the database refuses fails alone:
+// a statement the database refuses for a value it holds (a data
+// exception, a constraint violation, or a statement too large or too
+// complex, 54000 and 54001: each raised before the statement commits, so
+// that nothing of it was stored) is replayed one job at a time. Any other
+// error, even one that arrives as a PostgreSQL error, may have come after
+// the commit: a connection pooler between, such as PgBouncer at its
+// query_timeout, answers with an error of its own while the server goes
+// on to commit. Each Insert of the group then returns it, and nothing is
+// stored again.
+//
+// An Enqueuer is safe for concurrent use; that is what it is for. It runs
+// at most maxFlushers statements that store groups at once, and one that
+// sends what is owed, each on a connection of its pool.
+type Enqueuer struct {
+	pool         *pgxpool.Pool
+	storeTimeout time.Duration
+	announcer    *announcer
+
+	mu       sync.Mutex
+	pending  []*pendingJob
+	flushing int // goroutines storing groups, at most maxFlushers
+}
+
+// maxFlushers is how many group statements run at once: one gathers
+// callers while another commits. Each holds a connection of the pool
+// while it runs, and the announcer one more while it sends; the others
+// stay free for the rest of the program.
+const maxFlushers = 2
+
+// maxGroup is the most jobs one statement stores.
+const maxGroup = MaxBatchJobs
+
+// maxGroupBytes bounds the bytes of the jobs one statement stores (their
+// payloads and names; see size), unless its first job alone is larger. A
+// group bounded by its count alone could gather maxGroup jobs of the
+// largest body the API takes (1 MiB) into one statement of a gigabyte,
+// PostgreSQL's limit for a message, built in memory beside the callers'
+// own copies.
+const maxGroupBytes = 8 << 20
+
+// The states of a pendingJob.
+const (
+	jobWaiting   int32 = iota // in pending, not yet taken
+	jobTaken                  // in a statement, which will answer it
+	jobAbandoned              // its caller gave up before it was taken
+)
+
+// pendingJob is one caller's job, waiting to be stored.
+type pendingJob struct {
+	job   Job
+	state atomic.Int32
+	done  chan stored // buffered: the flusher never waits for the caller
+}
+
+// stored is what became of a pendingJob.
+type stored struct {
+	job db.Job
+	err error
+}
+
+// NewEnqueuer returns an Enqueuer that stores jobs through pool, with cfg.
+// Close it once no more Insert calls are made, before closing pool.
+func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
+	every := cfg.AnnounceEvery
+	if every == 0 {
+		every = DefaultAnnounceEvery
+	}
+	timeout := cfg.StoreTimeout
+	if timeout <= 0 {
+		timeout = DefaultStoreTimeout
+	}
+	return &Enqueuer{
+		pool:         pool,
+		storeTimeout: timeout,
+		announcer:    newAnnouncer(pool, every, timeout, cfg.Logger),
+	}
+}
+
+// Insert stores job, together with the jobs of the callers that arrive
+// meanwhile, and returns it as stored. A job with an idempotency key is
+// refused with ErrNoIdempotencyInBatch: store it with Insert, which looks
+// up the key. If ctx ends before a statement takes the job, nothing is
+// stored and Insert returns ctx's error; once taken, it waits for the
+// statement's outcome, which StoreTimeout bounds.
+func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
+	if job.IdempotencyKey != nil {
+		return db.Job{}, fmt.Errorf("insert job: %w", ErrNoIdempotencyInBatch)
+	}
+	p := &pendingJob{job: job, done: make(chan stored, 1)}
+	e.mu.Lock()
+	e.pending = append(e.pending, p)
+	start := e.flushing < maxFlushers
+	if start {
+		e.flushing++
+	}
+	e.mu.Unlock()
+	if start {
+		go e.flush()
+	}
+	select {
+	case s := <-p.done:
+		return s.job, s.err
+	case <-ctx.Done():
+		if p.state.CompareAndSwap(jobWaiting, jobAbandoned) {
+			return db.Job{}, fmt.Errorf("insert job: %w", context.Cause(ctx))
+		}
+		s := <-p.done
+		return s.job, s.err
+	}
+}
+
+// Close sends at once the notifications still owed for the jobs stored,
+// so that their workers need not wait for their next poll, and has each
+// group stored after it announced at its commit. It returns once they are
+// sent, or ctx has ended. The jobs of Insert calls still running when it
+// is called are announced once their statement commits, if the pool is
+// still open then; otherwise their workers find them at their next poll.
+func (e *Enqueuer) Close(ctx context.Context) {
+	e.announcer.Close(ctx)
+}
+
+// flush stores groups of pending jobs until none is left.
+func (e *Enqueuer) flush() {
+	for {
+		group := e.take()
+		if group == nil {
+			return
+		}
+		e.store(group)
+	}
+}
+
+// take removes up to maxGroup waiting jobs, of maxGroupBytes at most,
+// from pending and marks them taken, skipping those whose caller gave up.
+// With none left, it counts the calling flusher out and returns nil.
+func (e *Enqueuer) take() []*pendingJob {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var group []*pendingJob
+	n, bytes := 0, 0
+	for ; n < len(e.pending) && len(group) < maxGroup; n++ {
+		p := e.pending[n]
+		if p.state.Load() != jobWaiting {
+			continue // its caller gave up
+		}
+		size := size(p.job)
+		if len(group) > 0 && bytes+size > maxGroupBytes {
+			break
+		}
+		if p.state.CompareAndSwap(jobWaiting, jobTaken) {
+			group = append(group, p)
+			bytes += size
+		}
+	}
+	clear(e.pending[:n])
+	e.pending = e.pending[n:]
+	if len(e.pending) == 0 {
+		e.pending = nil // let the backing array go
+	}
+	if len(group) == 0 {
+		e.flushing--
+		return nil
+	}
+	return group
+}
+
+// size is what a job adds to the statement that stores it: its payload and
+// its names, the fields that can be large.
+func size(job Job) int {
+	return len(job.Payload) + len(job.Queue) + len(job.Kind)
+}
+
+// store stores a group in one statement, and answers each of its callers.
+func (e *Enqueuer) store(group []*pendingJob) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.storeTimeout)
+	defer cancel()
+	jobs := make([]Job, len(group))
+	for i, p := range group {
+		jobs[i] = p.job
+	}
+	var rows []db.Job
+	var err error
+	if e.announcer.lead() {
+		rows, err = InsertAll(ctx, e.pool, jobs)
+	} else {
+		rows, err = InsertAllUnannounced(ctx, e.pool, jobs)
+		if err == nil || !refusedAValue(err) {
+			e.announcer.owe(jobs, rows) // committed, or its outcome unknown
+		}
+	}
+	if err != nil && len(group) > 1 && refusedAValue(err) {
+		// Nothing of the statement was stored: store each job alone, so
+		// that the one the database refuses fails alone.
+		for _, p := range group {
+			job, _, err := Insert(ctx, e.pool, p.job)
+			p.done <- stored{job: job, err: err}
+		}
+		return
+	}
+	for i, p := range group {
+		if err != nil {
+			p.done <- stored{err: err}
+			continue
+		}
+		p.done <- stored{job: rows[i]}
+	}
+}
+
+// refusedAValue reports whether err is PostgreSQL refusing a value a
+// statement was to store: a data exception (class 22), an integrity
+// constraint violation (class 23), or a statement too large or too
+// complex (54000, 54001). Each is raised before the statement commits, so
+// that a statement that stores jobs and fails with one stored none of
+// them. They are the errors the HTTP API answers with a 4xx.
+func refusedAValue(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	class := pgErr.Code[:2]
+	return class == "22" || class == "23" || pgErr.Code == "54000" || pgErr.Code == "54001"
+}

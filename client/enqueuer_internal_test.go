@@ -1,0 +1,251 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/pgbouncer"
+)
+
+// TestEnqueuer_AnInsertThatGivesUpBeforeItsJobIsTakenStoresNothing holds
+// every flusher busy while a caller's context ends: its Insert returns
+// the context's error, and the next statement leaves its job out.
+func TestEnqueuer_AnInsertThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1})
+	job := func(kind string) Job {
+		j, err := Validate(Request{Kind: kind}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	enq.mu.Lock()
+	enq.flushing = maxFlushers // as if every flusher were storing a group
+	enq.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := enq.Insert(ctx, job("abandoned")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("insert with every flusher busy: %v, want the context's deadline", err)
+	}
+	enq.mu.Lock()
+	enq.flushing = 0
+	enq.mu.Unlock()
+	stored, err := enq.Insert(context.Background(), job("next"))
+	if err != nil || stored.Kind != "next" {
+		t.Fatalf("next insert: %+v, %v", stored, err)
+	}
+	var kinds string
+	if err := pool.QueryRow(context.Background(), `SELECT string_agg(kind, ',' ORDER BY id) FROM jobs`).Scan(&kinds); err != nil {
+		t.Fatal(err)
+	}
+	if kinds != "next" {
+		t.Errorf("jobs stored: %s, want only next", kinds)
+	}
+	// The flusher counts itself out once it finds nothing more to store.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		enq.mu.Lock()
+		pending, flushing := len(enq.pending), enq.flushing
+		enq.mu.Unlock()
+		if pending == 0 && flushing == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the last insert: %d pending, %d flushing; want none", pending, flushing)
+		}
+	}
+}
+
+// TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes queues five jobs of 3 MiB
+// payloads before any flusher runs: they are stored two, two and one to a
+// statement, none of more than maxGroupBytes, and a job larger than that
+// alone still gets a statement of its own.
+func TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1})
+	job := func(kind string, payloadBytes int) Job {
+		payload := `"` + strings.Repeat("x", payloadBytes-2) + `"`
+		j, err := Validate(Request{Kind: kind, Payload: json.RawMessage(payload)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	jobs := []Job{
+		job("a", 3<<20), job("b", 3<<20), job("c", 3<<20), job("d", 3<<20), job("e", 3<<20),
+		job("huge", maxGroupBytes+1),
+	}
+	enq.mu.Lock()
+	enq.flushing = maxFlushers // as if every flusher were storing a group
+	enq.mu.Unlock()
+	errs := make(chan error, len(jobs))
+	for i, j := range jobs {
+		go func() {
+			_, err := enq.Insert(context.Background(), j)
+			errs <- err
+		}()
+		// Queued in order.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			enq.mu.Lock()
+			queued := len(enq.pending)
+			enq.mu.Unlock()
+			if queued == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d jobs queued, want %d", queued, i+1)
+			}
+		}
+	}
+	enq.mu.Lock()
+	enq.flushing = 1
+	enq.mu.Unlock()
+	go enq.flush()
+	for range jobs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := pool.Query(context.Background(), `
+		SELECT string_agg(kind, '' ORDER BY id), sum(octet_length(payload::text))
+		FROM jobs GROUP BY xmin::text ORDER BY min(id)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statements []string
+	for rows.Next() {
+		var kinds string
+		var bytes int64
+		if err := rows.Scan(&kinds, &bytes); err != nil {
+			t.Fatal(err)
+		}
+		statements = append(statements, kinds)
+		if bytes > maxGroupBytes && kinds != "huge" {
+			t.Errorf("statement storing %s held %d payload bytes, more than %d", kinds, bytes, maxGroupBytes)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ab", "cd", "e", "huge"}; !slices.Equal(statements, want) {
+		t.Errorf("jobs stored by statement: %v, want %v", statements, want)
+	}
+}
+
+// TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain stores a group through
+// PgBouncer in transaction mode whose query_timeout ends the wait for a
+// slow commit: PgBouncer answers with an error of its own (08P01) while
+// the server goes on to commit the group. Each request gets that error,
+// and the group's jobs are stored once, not replayed one by one beside it.
+func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
+	t.Parallel()
+	dsn := dbtest.NewURL(t)
+	direct, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	// The commit of a job whose payload says so waits 3s, as a commit
+	// waits for a slow disk or a synchronous standby.
+	if _, err := direct.Exec(context.Background(), `
+		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bouncer := pgbouncer.ForTest(t, dsn, pgbouncer.Options{PoolMode: pgbouncer.PoolModeTransaction, QueryTimeout: time.Second})
+	cfg, err := pgxpool.ParseConfig(bouncer.URL(strings.TrimPrefix(u.Path, "/")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As relay serve runs behind a transaction-mode pooler.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	pooled, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pooled.Close)
+
+	group := make([]*pendingJob, 3)
+	for i := range group {
+		payload := `{}`
+		if i == 0 {
+			payload = `{"slow_commit": true}`
+		}
+		job, err := Validate(Request{Kind: fmt.Sprintf("k%d", i), Payload: json.RawMessage(payload)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
+	}
+	NewEnqueuer(pooled, EnqueuerConfig{AnnounceEvery: -1}).store(group)
+	for i, p := range group {
+		if s := <-p.done; s.err == nil {
+			t.Errorf("job %d: stored as job %d, want the pooler's error: its outcome is not known", i, s.job.ID)
+		}
+	}
+	// The server committed the group after PgBouncer gave up on it.
+	deadline := time.Now().Add(10 * time.Second)
+	for dbtest.CountJobs(t, direct) < len(group) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	var kinds string
+	if err := direct.QueryRow(context.Background(), `SELECT string_agg(kind, ',' ORDER BY kind) FROM jobs`).Scan(&kinds); err != nil {
+		t.Fatal(err)
+	}
+	if kinds != "k0,k1,k2" {
+		t.Errorf("jobs stored: %s, want k0,k1,k2, each once", kinds)
+	}
+}
+
+// TestRefusedAValue_IsTheServersRefusalOfAValueOnly specifies which
+// errors have a group stored again one job at a time: PostgreSQL refusing
+// a value, raised before the statement commits, and nothing that could
+// come after a commit.
+func TestRefusedAValue_IsTheServersRefusalOfAValueOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"a check constraint", &pgconn.PgError{Code: "23514"}, true},
+		{"a unique violation", &pgconn.PgError{Code: "23505"}, true},
+		{"a value out of range", &pgconn.PgError{Code: "22003"}, true},
+		{"a NUL in a string", &pgconn.PgError{Code: "22P05"}, true},
+		{"a statement too large", &pgconn.PgError{Code: "54000"}, true},
+		{"a statement too complex", &pgconn.PgError{Code: "54001"}, true},
+		{"wrapped", fmt.Errorf("insert 3 jobs: %w", &pgconn.PgError{Code: "23514"}), true},
+		{"too many connections", &pgconn.PgError{Code: "53300"}, false},
+		{"a pooler's protocol error", &pgconn.PgError{Code: "08P01"}, false},
+		{"a query cancelled", &pgconn.PgError{Code: "57014"}, false},
+		{"a serialization failure", &pgconn.PgError{Code: "40001"}, false},
+		{"a deadline", context.DeadlineExceeded, false},
+		{"no error", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := refusedAValue(tc.err); got != tc.want {
+				t.Errorf("refusedAValue(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
