@@ -123,8 +123,10 @@ func (a *announcer) announce(ctx context.Context, owed DueQueues) {
 
 // Close sends what is owed at once, and from then on has each group
 // announced by its own commit. It returns once a sending already running
-// has ended too, or ctx has.
+// has ended too, or ctx has, or a's timeout.
 func (a *announcer) Close(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
 	a.mu.Lock()
 	a.closed = true
 	if a.sending != nil && a.timer.Stop() {

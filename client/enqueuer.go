@@ -34,8 +34,8 @@ type EnqueuerConfig struct {
 	// announces each group at its commit.
 	AnnounceEvery time.Duration
 	// StoreTimeout bounds each statement that stores a group, or sends
-	// what is owed, whatever the contexts of the callers waiting for it.
-	// Zero or less means DefaultStoreTimeout.
+	// what is owed, whatever the contexts of the callers waiting for it,
+	// and Close. Zero or less means DefaultStoreTimeout.
 	StoreTimeout time.Duration
 	// Logger is told of a notification that could not be sent. Nil
 	// discards it.
@@ -86,8 +86,10 @@ type EnqueuerConfig struct {
 // stored again.
 //
 // An Enqueuer is safe for concurrent use; that is what it is for. It runs
-// at most maxFlushers statements that store groups at once, and one that
-// sends what is owed, each on a connection of its pool.
+// at most two statements that store groups at once, and one that sends
+// what is owed, each on a connection of its pool: a pool of at least
+// three connections spares them waiting for one another. Make one with
+// NewEnqueuer; the zero value is not usable.
 type Enqueuer struct {
 	pool         *pgxpool.Pool
 	storeTimeout time.Duration
@@ -136,8 +138,11 @@ type stored struct {
 }
 
 // NewEnqueuer returns an Enqueuer that stores jobs through pool, with cfg.
-// Close it once no more Insert calls are made, before closing pool.
+// Close it before closing pool. It panics if pool is nil.
 func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
+	if pool == nil {
+		panic("client.NewEnqueuer: nil pool")
+	}
 	every := cfg.AnnounceEvery
 	if every == 0 {
 		every = DefaultAnnounceEvery
@@ -155,8 +160,8 @@ func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
 
 // Insert stores job, together with the jobs of the callers that arrive
 // meanwhile, and returns it as stored. A job with an idempotency key is
-// refused with ErrNoIdempotencyInBatch: store it with Insert, which looks
-// up the key. If ctx ends before a statement takes the job, nothing is
+// refused with ErrNoIdempotencyInBatch: store it with the package's
+// Insert function, which looks up the key. If ctx ends before a statement takes the job, nothing is
 // stored and Insert returns ctx's error; once taken, it waits for the
 // statement's outcome, which StoreTimeout bounds.
 func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
@@ -188,8 +193,10 @@ func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 
 // Close sends at once the notifications still owed for the jobs stored,
 // so that their workers need not wait for their next poll, and has each
-// group stored after it announced at its commit. It returns once they are
-// sent, or ctx has ended. The jobs of Insert calls still running when it
+// group stored after it announced at its commit: Insert still works. It
+// returns once they are sent, or ctx has ended, or StoreTimeout has
+// passed; a ctx already cancelled sends nothing, so a program that
+// closes it as it stops passes context.WithoutCancel of its own. The jobs of Insert calls still running when it
 // is called are announced once their statement commits, if the pool is
 // still open then; otherwise their workers find them at their next poll.
 func (e *Enqueuer) Close(ctx context.Context) {
@@ -261,11 +268,11 @@ func (e *Enqueuer) store(group []*pendingJob) {
 		rows, err = InsertAll(ctx, e.pool, jobs)
 	} else {
 		rows, err = InsertAllUnannounced(ctx, e.pool, jobs)
-		if err == nil || !refusedAValue(err) {
+		if err == nil || !RefusedAValue(err) {
 			e.announcer.owe(jobs, rows) // committed, or its outcome unknown
 		}
 	}
-	if err != nil && len(group) > 1 && refusedAValue(err) {
+	if err != nil && len(group) > 1 && RefusedAValue(err) {
 		// Nothing of the statement was stored: store each job alone, so
 		// that the one the database refuses fails alone.
 		for _, p := range group {
@@ -283,13 +290,14 @@ func (e *Enqueuer) store(group []*pendingJob) {
 	}
 }
 
-// refusedAValue reports whether err is PostgreSQL refusing a value a
+// RefusedAValue reports whether err is PostgreSQL refusing a value a
 // statement was to store: a data exception (class 22), an integrity
 // constraint violation (class 23), or a statement too large or too
 // complex (54000, 54001). Each is raised before the statement commits, so
-// that a statement that stores jobs and fails with one stored none of
-// them. They are the errors the HTTP API answers with a 4xx.
-func refusedAValue(err error) bool {
+// that an insert that fails with one stored nothing, and the same insert
+// sent again fails again. Any other error may have come after a commit
+// (see Enqueuer). They are the errors the HTTP API answers with a 4xx.
+func RefusedAValue(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
 		return false

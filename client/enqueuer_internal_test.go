@@ -243,9 +243,46 @@ func TestRefusedAValue_IsTheServersRefusalOfAValueOnly(t *testing.T) {
 		{"no error", nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := refusedAValue(tc.err); got != tc.want {
-				t.Errorf("refusedAValue(%v) = %v, want %v", tc.err, got, tc.want)
+			if got := RefusedAValue(tc.err); got != tc.want {
+				t.Errorf("RefusedAValue(%v) = %v, want %v", tc.err, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestEnqueuer_AGroupWithAJobTheDatabaseRefusesIsStoredOneJobAtATime
+// stores a group of three whose second job a constraint refuses: the
+// statement stores nothing, so each job is stored alone, and only the
+// refused one fails.
+func TestEnqueuer_AGroupWithAJobTheDatabaseRefusesIsStoredOneJobAtATime(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	if _, err := pool.Exec(t.Context(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind <> 'forbidden')`); err != nil {
+		t.Fatal(err)
+	}
+	kinds := []string{"k0", "forbidden", "k2"}
+	group := make([]*pendingJob, len(kinds))
+	for i, kind := range kinds {
+		job, err := Validate(Request{Kind: kind}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
+	}
+	NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1}).store(group)
+	for i, p := range group {
+		s := <-p.done
+		var pgErr *pgconn.PgError
+		refused := errors.As(s.err, &pgErr) && pgErr.ConstraintName == "no_forbidden"
+		if want := kinds[i] == "forbidden"; refused != want || !want && (s.err != nil || s.job.Kind != kinds[i]) {
+			t.Errorf("job %d (%s): stored %+v, %v", i, kinds[i], s.job, s.err)
+		}
+	}
+	var stored, statements int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*), count(DISTINCT xmin::text) FROM jobs`).Scan(&stored, &statements); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 2 || statements != 2 {
+		t.Errorf("%d jobs stored by %d statements, want 2 by 2: one each", stored, statements)
 	}
 }

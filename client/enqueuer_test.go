@@ -16,6 +16,7 @@ import (
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/faultproxy"
 )
 
 // insertConcurrently has one goroutine per kind call enq.Insert with a job
@@ -170,7 +171,7 @@ func TestEnqueuer_RefusesAJobWithAnIdempotencyKeyAlone(t *testing.T) {
 }
 
 // TestEnqueuer_JobsInsertedWithinTheSpacingShareOneLaterNotification
-// inserts jobs on two queues with notifications spaced 5 s apart, and
+// inserts jobs on two queues with notifications spaced 10 s apart, and
 // listens as a worker of each queue does. The first job is heard at its
 // commit. The jobs inserted next on either queue, within the spacing, are
 // not heard then: each queue hears one notification for them, no sooner
@@ -178,7 +179,7 @@ func TestEnqueuer_RefusesAJobWithAnIdempotencyKeyAlone(t *testing.T) {
 // sends nothing more.
 func TestEnqueuer_JobsInsertedWithinTheSpacingShareOneLaterNotification(t *testing.T) {
 	t.Parallel()
-	const every = 5 * time.Second
+	const every = 10 * time.Second
 	pool := dbtest.New(t)
 	ctx := t.Context()
 	queues := []string{"spaced-a", "spaced-b"}
@@ -260,5 +261,49 @@ func TestEnqueuer_CloseSendsTheNotificationsOwed(t *testing.T) {
 	}
 	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
 		t.Errorf("heard %d notifications for a job inserted after Close, want 1, at its commit", got)
+	}
+}
+
+// TestEnqueuer_CloseGivesUpAfterTheStoreTimeout owes a notification
+// (spaced an hour apart), then stops the database's answers, as a network
+// that drops every packet does: Close, given a context that never ends,
+// returns after the 500 ms StoreTimeout, not when the database comes
+// back.
+func TestEnqueuer_CloseGivesUpAfterTheStoreTimeout(t *testing.T) {
+	t.Parallel()
+	proxy, through, err := faultproxy.StartFor(dbtest.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	pool, err := pgxpool.New(t.Context(), through)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const timeout = 500 * time.Millisecond
+	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: time.Hour, StoreTimeout: timeout})
+	for range 2 { // the second is owed its notification
+		if _, err := enq.Insert(t.Context(), newJob(t, client.Request{})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.Blackhole()
+	defer proxy.Heal() // so that the pool's connections close at once
+	start := time.Now()
+	closed := make(chan time.Duration, 1)
+	go func() {
+		enq.Close(context.Background())
+		closed <- time.Since(start)
+	}()
+	select {
+	case took := <-closed:
+		if took < timeout {
+			t.Errorf("Close returned after %s with the database out of reach, before the StoreTimeout, %s, ran out", took, timeout)
+		}
+	case <-time.After(10 * timeout):
+		proxy.Heal()
+		t.Errorf("Close still waiting %s after it began, with the database out of reach; want it to give up after the StoreTimeout, %s", 10*timeout, timeout)
+		<-closed
 	}
 }

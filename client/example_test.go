@@ -25,8 +25,11 @@ func ExampleEnqueuer() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{}) // notifications 2 ms apart at most
-	defer enq.Close(ctx)                                     // sends what is still owed; before pool.Close
+	// At most one notifying statement every 2 ms, by default.
+	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{})
+	// Sends what is still owed; before pool.Close, with a context not
+	// cancelled yet, and within EnqueuerConfig.StoreTimeout.
+	defer enq.Close(context.WithoutCancel(ctx))
 
 	http.HandleFunc("POST /signup", func(w http.ResponseWriter, r *http.Request) {
 		payload, _ := json.Marshal(map[string]string{"to": r.FormValue("email")})

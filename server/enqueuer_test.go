@@ -2,12 +2,17 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/dbtest"
 )
 
@@ -166,5 +171,32 @@ func TestEnqueue_AJobTheDatabaseRefusesFailsAloneAmongConcurrentOnes(t *testing.
 	}
 	if got := dbtest.CountJobs(t, e.pool); got != n-n/10 {
 		t.Errorf("%d jobs stored, want %d", got, n-n/10)
+	}
+}
+
+// TestClassify_AnswersWithA4xxExactlyTheErrorsAGroupIsReplayedFor: a
+// group of one-job requests is stored again one job at a time only after
+// an error client.RefusedAValue accepts, which stored nothing; those, and
+// no others, are the errors the API answers with a 4xx, so that the
+// request whose value was refused, and it alone, hears that it was its
+// own.
+func TestClassify_AnswersWithA4xxExactlyTheErrorsAGroupIsReplayedFor(t *testing.T) {
+	codes := []string{
+		"22001", "22003", "22007", "22P02", "22P05", "22023",
+		"23502", "23503", "23505", "23514", "23P01",
+		"54000", "54001", "54011", "54023",
+		"08006", "08P01", "40001", "40P01", "53300", "57014", "57P01",
+		"25P02", "42501", "42P01", "XX000",
+	}
+	for _, code := range codes {
+		err := fmt.Errorf("insert 3 jobs: %w", &pgconn.PgError{Code: code})
+		if fourXX, refused := classify(err).status < http.StatusInternalServerError, client.RefusedAValue(err); fourXX != refused {
+			t.Errorf("SQLSTATE %s: the API answers %d, client.RefusedAValue says %v", code, classify(err).status, refused)
+		}
+	}
+	for _, err := range []error{context.DeadlineExceeded, io.ErrUnexpectedEOF, errors.New("other")} {
+		if classify(err).status < http.StatusInternalServerError || client.RefusedAValue(err) {
+			t.Errorf("%v: the API answers %d, client.RefusedAValue says %v; want neither a 4xx nor a refusal", err, classify(err).status, client.RefusedAValue(err))
+		}
 	}
 }
