@@ -98,6 +98,8 @@ type Enqueuer struct {
 	mu       sync.Mutex
 	pending  []*pendingJob
 	flushing int // goroutines storing groups, at most maxFlushers
+	// flushed is closed when flushing falls back to zero; nil while it is.
+	flushed chan struct{}
 }
 
 // maxFlushers is how many group statements run at once: one gathers
@@ -173,6 +175,9 @@ func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 	e.pending = append(e.pending, p)
 	start := e.flushing < maxFlushers
 	if start {
+		if e.flushing == 0 {
+			e.flushed = make(chan struct{})
+		}
 		e.flushing++
 	}
 	e.mu.Unlock()
@@ -191,15 +196,28 @@ func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 	}
 }
 
-// Close sends at once the notifications still owed for the jobs stored,
-// so that their workers need not wait for their next poll, and has each
-// group stored after it announced at its commit: Insert still works. It
-// returns once they are sent, or ctx has ended, or StoreTimeout has
-// passed; a ctx already cancelled sends nothing, so a program that
-// closes it as it stops passes context.WithoutCancel of its own. The jobs of Insert calls still running when it
-// is called are announced once their statement commits, if the pool is
-// still open then; otherwise their workers find them at their next poll.
+// Close waits for the groups being stored to be stored, then sends at once
+// the notifications still owed for the jobs stored, so that their workers
+// need not wait for their next poll, and has each group stored after it
+// announced at its commit: Insert still works. It returns once they are
+// sent, or ctx has ended, or StoreTimeout has passed; a ctx already
+// cancelled sends nothing, so a program that closes it as it stops passes
+// context.WithoutCancel of its own. The jobs of a group still being
+// stored when Close gives up are announced once their statement commits,
+// if the pool is still open then; otherwise their workers find them at
+// their next poll.
 func (e *Enqueuer) Close(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, e.storeTimeout)
+	defer cancel()
+	e.mu.Lock()
+	flushed := e.flushed
+	e.mu.Unlock()
+	if flushed != nil {
+		select {
+		case <-flushed:
+		case <-ctx.Done():
+		}
+	}
 	e.announcer.Close(ctx)
 }
 
@@ -243,6 +261,10 @@ func (e *Enqueuer) take() []*pendingJob {
 	}
 	if len(group) == 0 {
 		e.flushing--
+		if e.flushing == 0 {
+			close(e.flushed)
+			e.flushed = nil
+		}
 		return nil
 	}
 	return group

@@ -34,7 +34,7 @@ func TestEnqueuer_AnInsertThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing
 		return j
 	}
 	enq.mu.Lock()
-	enq.flushing = maxFlushers // as if every flusher were storing a group
+	enq.flushing, enq.flushed = maxFlushers, make(chan struct{}) // as if every flusher were storing a group
 	enq.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -42,7 +42,7 @@ func TestEnqueuer_AnInsertThatGivesUpBeforeItsJobIsTakenStoresNothing(t *testing
 		t.Fatalf("insert with every flusher busy: %v, want the context's deadline", err)
 	}
 	enq.mu.Lock()
-	enq.flushing = 0
+	enq.flushing, enq.flushed = 0, nil
 	enq.mu.Unlock()
 	stored, err := enq.Insert(context.Background(), job("next"))
 	if err != nil || stored.Kind != "next" {
@@ -90,7 +90,7 @@ func TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes(t *testing.T) {
 		job("huge", maxGroupBytes+1),
 	}
 	enq.mu.Lock()
-	enq.flushing = maxFlushers // as if every flusher were storing a group
+	enq.flushing, enq.flushed = maxFlushers, make(chan struct{}) // as if every flusher were storing a group
 	enq.mu.Unlock()
 	errs := make(chan error, len(jobs))
 	for i, j := range jobs {
@@ -112,7 +112,7 @@ func TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes(t *testing.T) {
 		}
 	}
 	enq.mu.Lock()
-	enq.flushing = 1
+	enq.flushing = 1 // the one flush below; flushed is still open
 	enq.mu.Unlock()
 	go enq.flush()
 	for range jobs {

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -305,5 +306,66 @@ func TestEnqueuer_CloseGivesUpAfterTheStoreTimeout(t *testing.T) {
 		proxy.Heal()
 		t.Errorf("Close still waiting %s after it began, with the database out of reach; want it to give up after the StoreTimeout, %s", 10*timeout, timeout)
 		<-closed
+	}
+}
+
+// TestEnqueuer_CloseWaitsForTheGroupsBeingStored closes an Enqueuer
+// (notifications spaced an hour apart) while a job's statement waits a
+// second for its commit, stored without a notification since another
+// went out just before: Close returns once that job has committed, and
+// its notification has gone out by then.
+func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	// The commit of a job whose payload says so waits 1 s, as a commit
+	// waits for a slow disk.
+	if _, err := pool.Exec(ctx, `
+		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`); err != nil {
+		t.Fatal(err)
+	}
+	listener, _ := dbtest.Listen(t, pool, "closing")
+	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: time.Hour})
+	if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("closing")})); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
+		t.Fatalf("heard %d notifications for the first job, want 1, at its commit", got)
+	}
+	slow := newJob(t, client.Request{Queue: ptr("closing"), Payload: json.RawMessage(`{"slow_commit": true}`)})
+	stored := make(chan error, 1)
+	go func() {
+		_, err := enq.Insert(ctx, slow)
+		stored <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var sleeping int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'`).Scan(&sleeping); err != nil {
+			t.Fatal(err)
+		}
+		if sleeping > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow job's commit never began")
+		}
+	}
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	enq.Close(closeCtx)
+	select {
+	case err := <-stored:
+		if err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Error("Close returned before the job being stored had committed")
+	}
+	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
+		t.Errorf("heard %d notifications for the slow job once Close returned, want 1", got)
 	}
 }
