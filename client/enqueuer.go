@@ -196,19 +196,21 @@ func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 	}
 }
 
-// Close waits for the groups being stored to be stored, then sends at once
-// the notifications still owed for the jobs stored, so that their workers
-// need not wait for their next poll, and has each group stored after it
-// announced at its commit: Insert still works. It returns once they are
-// sent, or ctx has ended, or StoreTimeout has passed; a ctx already
-// cancelled sends nothing, so a program that closes it as it stops passes
-// context.WithoutCancel of its own. The jobs of a group still being
-// stored when Close gives up are announced once their statement commits,
-// if the pool is still open then; otherwise their workers find them at
-// their next poll.
+// Close sends at once the notifications still owed for the jobs stored,
+// so that their workers need not wait for their next poll, and has each
+// group stored after it announced at its commit: Insert still works. A
+// group being stored unannounced as it is called sends its own
+// notification once it has committed, and Close waits for the groups
+// being stored to be done. It returns then, or once ctx has ended, or
+// StoreTimeout has passed; a ctx already cancelled sends nothing, so a
+// program that closes it as it stops passes context.WithoutCancel of its
+// own. A group whose statement is still running when Close returns is
+// announced once it commits, if the pool is still open then; otherwise
+// its workers find its jobs at their next poll.
 func (e *Enqueuer) Close(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, e.storeTimeout)
 	defer cancel()
+	e.announcer.Close(ctx)
 	e.mu.Lock()
 	flushed := e.flushed
 	e.mu.Unlock()
@@ -218,7 +220,6 @@ func (e *Enqueuer) Close(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}
-	e.announcer.Close(ctx)
 }
 
 // flush stores groups of pending jobs until none is left.

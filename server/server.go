@@ -110,15 +110,15 @@ func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
 	return &Handler{Handler: h, enqueuer: e}
 }
 
-// Close waits for the jobs of requests still being stored, as after a
-// Shutdown that ran out of time, then sends at once the notifications
-// still owed for jobs the API stored (see Config.AnnounceEvery), so that
-// their workers need not wait for their next poll, and announces each
-// group stored after it at its commit (client.Enqueuer.Close). It returns
-// once they are sent, or ctx has ended, or 10 s have passed. The jobs of
-// a statement still running then are announced once it commits, if the
-// pool is still open; otherwise their workers find them at their next
-// poll.
+// Close sends at once the notifications still owed for jobs the API
+// stored (see Config.AnnounceEvery), so that their workers need not wait
+// for their next poll, announces each group stored after it at its
+// commit, and waits for the jobs of requests still being stored, as after
+// a Shutdown that ran out of time, to be stored and announced
+// (client.Enqueuer.Close). It returns then, or once ctx has ended, or 10
+// s have passed. The jobs of a statement still running then are announced
+// once it commits, if the pool is still open; otherwise their workers
+// find them at their next poll.
 func (h *Handler) Close(ctx context.Context) {
 	h.enqueuer.Close(ctx)
 }
