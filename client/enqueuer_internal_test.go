@@ -159,16 +159,7 @@ func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
-	// The commit of a job whose payload says so waits 3s, as a commit
-	// waits for a slow disk or a synchronous standby.
-	if _, err := direct.Exec(context.Background(), `
-		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
-		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
-		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`); err != nil {
-		t.Fatal(err)
-	}
+	dbtest.SlowCommits(t, direct, 3*time.Second)
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +181,7 @@ func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
 	for i := range group {
 		payload := `{}`
 		if i == 0 {
-			payload = `{"slow_commit": true}`
+			payload = dbtest.SlowCommitPayload
 		}
 		job, err := Validate(Request{Kind: fmt.Sprintf("k%d", i), Payload: json.RawMessage(payload)}, time.Now())
 		if err != nil {

@@ -318,16 +318,7 @@ func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := t.Context()
-	// The commit of a job whose payload says so waits 1 s, as a commit
-	// waits for a slow disk.
-	if _, err := pool.Exec(ctx, `
-		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
-		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
-		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`); err != nil {
-		t.Fatal(err)
-	}
+	dbtest.SlowCommits(t, pool, time.Second)
 	listener, _ := dbtest.Listen(t, pool, "closing")
 	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: time.Hour})
 	if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("closing")})); err != nil {
@@ -336,7 +327,7 @@ func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
 	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
 		t.Fatalf("heard %d notifications for the first job, want 1, at its commit", got)
 	}
-	slow := newJob(t, client.Request{Queue: ptr("closing"), Payload: json.RawMessage(`{"slow_commit": true}`)})
+	slow := newJob(t, client.Request{Queue: ptr("closing"), Payload: json.RawMessage(dbtest.SlowCommitPayload)})
 	stored := make(chan error, 1)
 	go func() {
 		_, err := enq.Insert(ctx, slow)
