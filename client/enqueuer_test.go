@@ -348,15 +348,13 @@ func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
 	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	enq.Close(closeCtx)
-	select {
-	case err := <-stored:
-		if err != nil {
-			t.Fatal(err)
-		}
-	default:
-		t.Error("Close returned before the job being stored had committed")
+	if got := dbtest.CountJobs(t, pool); got != 2 {
+		t.Errorf("%d jobs committed once Close returned, want 2: Close returned before the job being stored had committed", got)
 	}
 	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
 		t.Errorf("heard %d notifications for the slow job once Close returned, want 1", got)
+	}
+	if err := <-stored; err != nil {
+		t.Fatal(err)
 	}
 }
