@@ -88,7 +88,9 @@ type EnqueuerConfig struct {
 // An Enqueuer is safe for concurrent use; that is what it is for. It runs
 // at most two statements that store groups at once, and one that sends
 // what is owed, each on a connection of its pool: a pool of at least
-// three connections spares them waiting for one another. Make one with
+// three connections spares them waiting for one another. (While Close
+// runs, the groups being stored send their own notifications, beside
+// Close's, and may briefly hold more.) Make one with
 // NewEnqueuer; the zero value is not usable.
 type Enqueuer struct {
 	pool         *pgxpool.Pool
@@ -200,13 +202,16 @@ func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 // so that their workers need not wait for their next poll, and has each
 // group stored after it announced at its commit: Insert still works. A
 // group being stored unannounced as it is called sends its own
-// notification once it has committed, and Close waits for the groups
-// being stored to be done. It returns then, or once ctx has ended, or
-// StoreTimeout has passed; a ctx already cancelled sends nothing, so a
-// program that closes it as it stops passes context.WithoutCancel of its
-// own. A group whose statement is still running when Close returns is
-// announced once it commits, if the pool is still open then; otherwise
-// its workers find its jobs at their next poll.
+// notification once it has committed, and Close waits until no group is
+// being stored, those of Insert calls made after it began included: a
+// steady stream of them keeps it waiting. It returns then, or once ctx
+// has ended, or StoreTimeout has passed. Given a ctx already cancelled,
+// Close itself sends nothing (the groups being stored still send their
+// own), so a program that closes it as it stops passes
+// context.WithoutCancel of its own. A group whose statement is still
+// running when Close returns is announced once it commits, if the pool
+// is still open then; otherwise its workers find its jobs at their next
+// poll.
 func (e *Enqueuer) Close(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, e.storeTimeout)
 	defer cancel()

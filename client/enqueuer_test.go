@@ -333,18 +333,7 @@ func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
 		_, err := enq.Insert(ctx, slow)
 		stored <- err
 	}()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var sleeping int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'`).Scan(&sleeping); err != nil {
-			t.Fatal(err)
-		}
-		if sleeping > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the slow job's commit never began")
-		}
-	}
+	waitForASlowCommit(t, pool)
 	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	enq.Close(closeCtx)
@@ -356,5 +345,66 @@ func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
 	}
 	if err := <-stored; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEnqueuer_CloseSendsWhatIsOwedThoughGroupsKeepComing owes a job's
+// notification (spaced an hour apart) while other goroutines keep
+// storing jobs of another queue whose commits each take a second, so that
+// some group is always being stored: Close, given 1.5 s, waits for them
+// until its time runs out, but has sent what was owed first.
+func TestEnqueuer_CloseSendsWhatIsOwedThoughGroupsKeepComing(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	dbtest.SlowCommits(t, pool, time.Second)
+	listener, _ := dbtest.Listen(t, pool, "owed")
+	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: time.Hour})
+	for i, want := range []int{1, 0} { // the second is owed its notification
+		if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("owed")})); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(dbtest.Heard(t, ctx, listener)); got != want {
+			t.Fatalf("heard %d notifications for job %d, want %d", got, i+1, want)
+		}
+	}
+	streamCtx, stopStream := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			slow := newJob(t, client.Request{Queue: ptr("stream"), Payload: json.RawMessage(dbtest.SlowCommitPayload)})
+			for streamCtx.Err() == nil {
+				enq.Insert(streamCtx, slow) //nolint:errcheck // only keeps groups coming
+			}
+		})
+	}
+	defer func() {
+		stopStream()
+		wg.Wait()
+	}()
+	waitForASlowCommit(t, pool)
+	closeCtx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	enq.Close(closeCtx)
+	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
+		t.Errorf("heard %d notifications for the owed job once Close returned, want 1", got)
+	}
+}
+
+// waitForASlowCommit waits until a commit dbtest.SlowCommits made slow
+// has begun in pool's database.
+func waitForASlowCommit(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var sleeping int
+		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'`).Scan(&sleeping); err != nil {
+			t.Fatal(err)
+		}
+		if sleeping > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no slow commit began")
+		}
 	}
 }
