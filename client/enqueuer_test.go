@@ -82,6 +82,29 @@ func newEnqueuer(t *testing.T, pool *pgxpool.Pool, cfg client.EnqueuerConfig) *c
 	return enq
 }
 
+// spacedHourly returns an Enqueuer on a fresh database whose
+// notifications are spaced an hour apart, closed when the test ends, and
+// a session listening as a worker of queue does, once a first job on
+// queue was heard at its commit: from then on, a job inserted is owed
+// its notification until Close. With slowCommits, the commit of a job of
+// dbtest.SlowCommitPayload takes that long.
+func spacedHourly(t *testing.T, queue string, slowCommits time.Duration) (*pgxpool.Pool, *client.Enqueuer, *pgx.Conn) {
+	t.Helper()
+	pool := dbtest.New(t)
+	if slowCommits > 0 {
+		dbtest.SlowCommits(t, pool, slowCommits)
+	}
+	listener, _ := dbtest.Listen(t, pool, queue)
+	enq := newEnqueuer(t, pool, client.EnqueuerConfig{AnnounceEvery: time.Hour})
+	if _, err := enq.Insert(t.Context(), newJob(t, client.Request{Queue: &queue})); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(dbtest.Heard(t, t.Context(), listener)); got != 1 {
+		t.Fatalf("heard %d notifications for the first job, want 1, at its commit", got)
+	}
+	return pool, enq, listener
+}
+
 // TestEnqueuer_ConcurrentInsertsShareStatementsAndEachGetsItsOwnJob has
 // 200 goroutines insert a job each at once, with the notifications
 // unspaced, beside a worker's listening session: each gets its own job,
@@ -239,17 +262,13 @@ func TestEnqueuer_JobsInsertedWithinTheSpacingShareOneLaterNotification(t *testi
 // commit.
 func TestEnqueuer_CloseSendsTheNotificationsOwed(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.New(t)
 	ctx := t.Context()
-	listener, _ := dbtest.Listen(t, pool, "closed")
-	enq := newEnqueuer(t, pool, client.EnqueuerConfig{AnnounceEvery: time.Hour})
-	for i, want := range []int{1, 0} {
-		if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("closed")})); err != nil {
-			t.Fatal(err)
-		}
-		if got := len(dbtest.Heard(t, ctx, listener)); got != want {
-			t.Fatalf("heard %d notifications for job %d before Close, want %d", got, i+1, want)
-		}
+	_, enq, listener := spacedHourly(t, "closed", 0)
+	if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("closed")})); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(dbtest.Heard(t, ctx, listener)); got != 0 {
+		t.Fatalf("heard %d notifications for the second job before Close, want none", got)
 	}
 	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -316,17 +335,8 @@ func TestEnqueuer_CloseGivesUpAfterTheStoreTimeout(t *testing.T) {
 // its notification has gone out by then.
 func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.New(t)
 	ctx := t.Context()
-	dbtest.SlowCommits(t, pool, time.Second)
-	listener, _ := dbtest.Listen(t, pool, "closing")
-	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: time.Hour})
-	if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("closing")})); err != nil {
-		t.Fatal(err)
-	}
-	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
-		t.Fatalf("heard %d notifications for the first job, want 1, at its commit", got)
-	}
+	pool, enq, listener := spacedHourly(t, "closing", time.Second)
 	slow := newJob(t, client.Request{Queue: ptr("closing"), Payload: json.RawMessage(dbtest.SlowCommitPayload)})
 	stored := make(chan error, 1)
 	go func() {
@@ -355,18 +365,10 @@ func TestEnqueuer_CloseWaitsForTheGroupsBeingStored(t *testing.T) {
 // until its time runs out, but has sent what was owed first.
 func TestEnqueuer_CloseSendsWhatIsOwedThoughGroupsKeepComing(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.New(t)
 	ctx := t.Context()
-	dbtest.SlowCommits(t, pool, time.Second)
-	listener, _ := dbtest.Listen(t, pool, "owed")
-	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: time.Hour})
-	for i, want := range []int{1, 0} { // the second is owed its notification
-		if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("owed")})); err != nil {
-			t.Fatal(err)
-		}
-		if got := len(dbtest.Heard(t, ctx, listener)); got != want {
-			t.Fatalf("heard %d notifications for job %d, want %d", got, i+1, want)
-		}
+	pool, enq, listener := spacedHourly(t, "owed", time.Second)
+	if _, err := enq.Insert(ctx, newJob(t, client.Request{Queue: ptr("owed")})); err != nil {
+		t.Fatal(err) // owed its notification
 	}
 	streamCtx, stopStream := context.WithCancel(ctx)
 	var wg sync.WaitGroup
