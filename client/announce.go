@@ -8,28 +8,28 @@ import (
 	"github.com/relayq/relay/db"
 )
 
-// DueQueues holds, for each queue jobs were stored on, the earliest
+// dueQueues holds, for each queue jobs were stored on, the earliest
 // run_at of those jobs there: the zero time for one due at once. The zero
-// value holds none. A caller that stores jobs unannounced
-// (InsertAllUnannounced) gathers their queues in one, and announces them
-// once the jobs have committed.
-type DueQueues map[string]time.Time
+// value holds none. What stores jobs to be announced after their commit
+// (Insert, InsertMany, a Tx, an Enqueuer) gathers their queues in one,
+// and announces them once the jobs have committed.
+type dueQueues map[string]time.Time
 
-// Add records a job due at runAt stored on queue.
-func (d *DueQueues) Add(queue string, runAt time.Time) {
+// add records a job due at runAt stored on queue.
+func (d *dueQueues) add(queue string, runAt time.Time) {
 	if *d == nil {
-		*d = DueQueues{}
+		*d = dueQueues{}
 	}
 	if earliest, ok := (*d)[queue]; !ok || runAt.Before(earliest) {
 		(*d)[queue] = runAt
 	}
 }
 
-// Announce tells the workers of each queue of d whose earliest job is due
+// announce tells the workers of each queue of d whose earliest job is due
 // by the database's clock that jobs became available there
 // (JobAnnounceMany), in one statement, or does nothing if d holds no
 // queue. Call it once the jobs have committed.
-func (d DueQueues) Announce(ctx context.Context, dbtx db.DBTX) error {
+func (d dueQueues) announce(ctx context.Context, dbtx db.DBTX) error {
 	if len(d) == 0 {
 		return nil
 	}

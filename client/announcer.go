@@ -23,7 +23,7 @@ type announcer struct {
 	last time.Time
 	// owed holds the queues owed a notification, with the earliest run_at
 	// of their jobs stored unannounced.
-	owed DueQueues
+	owed dueQueues
 	// sending is set from when a sending of what is owed is scheduled on
 	// timer until it has ended, when it is closed.
 	timer   *time.Timer
@@ -71,7 +71,7 @@ func (a *announcer) owe(jobs []Job, stored []db.Job) {
 		if stored != nil {
 			due = stored[i].RunAt
 		}
-		a.owed.Add(job.Queue, due)
+		a.owed.add(job.Queue, due)
 	}
 	if !a.closed {
 		a.schedule()
@@ -115,18 +115,16 @@ func (a *announcer) send() {
 }
 
 // announce sends the notification of the queues of owed.
-func (a *announcer) announce(ctx context.Context, owed DueQueues) {
-	if err := owed.Announce(ctx, a.dbtx); err != nil {
+func (a *announcer) announce(ctx context.Context, owed dueQueues) {
+	if err := owed.announce(ctx, a.dbtx); err != nil {
 		a.logger.Warn("announce jobs failed; their workers find them at their next poll", "queues", len(owed), "err", err)
 	}
 }
 
 // Close sends what is owed at once, and from then on has each group
 // announced by its own commit. It returns once a sending already running
-// has ended too, or ctx has, or a's timeout.
+// has ended too, or ctx has (Enqueuer.Close bounds it by StoreTimeout).
 func (a *announcer) Close(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
 	a.mu.Lock()
 	a.closed = true
 	if a.sending != nil && a.timer.Stop() {

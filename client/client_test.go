@@ -174,9 +174,7 @@ func TestInsert_InTheCallersTransactionCommitsOrRollsBackWithIt(t *testing.T) {
 // InsertMany's that commits on its own is announced by them after its
 // commit, and the jobs stored through a client.Tx by its Commit; the
 // jobs of any other transaction, and InsertAll's, at their commit by the
-// trigger; either way exactly once. InsertAllUnannounced's are heard only
-// when the caller announces them (DueQueues.Announce), and only if they
-// are due.
+// trigger; either way exactly once.
 func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := t.Context()
@@ -299,37 +297,6 @@ func TestInsert_AnnouncesEachReadyJobOnceItCommits(t *testing.T) {
 			}
 			defer tx.Rollback(context.Background())
 			all(t, tx, job(t, client.Request{}), job(t, client.Request{}))
-			uncommitted()
-			commit(t, tx)
-		}},
-		{name: "InsertAllUnannounced through a pool", heard: 0, do: func(t *testing.T, _ func()) {
-			if _, err := client.InsertAllUnannounced(ctx, pool, []client.Job{job(t, client.Request{}), job(t, client.Request{})}); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{name: "InsertAllUnannounced, then Announce", heard: 1, do: func(t *testing.T, _ func()) {
-			stored, err := client.InsertAllUnannounced(ctx, pool, []client.Job{job(t, client.Request{}), job(t, client.Request{Queue: ptr("other")})})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := (client.DueQueues{stored[0].Queue: stored[0].RunAt, stored[1].Queue: stored[1].RunAt}).Announce(ctx, pool); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{name: "Announce of a job to run in an hour", heard: 0, do: func(t *testing.T, _ func()) {
-			stored, err := client.InsertAllUnannounced(ctx, pool, []client.Job{job(t, client.Request{Delay: ptr(time.Hour)})})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := (client.DueQueues{stored[0].Queue: stored[0].RunAt}).Announce(ctx, pool); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{name: "InsertAllUnannounced in a Tx, whose Commit announces nothing", heard: 0, do: func(t *testing.T, uncommitted func()) {
-			tx := begin(t)
-			if _, err := client.InsertAllUnannounced(ctx, tx, []client.Job{job(t, client.Request{})}); err != nil {
-				t.Fatal(err)
-			}
 			uncommitted()
 			commit(t, tx)
 		}},

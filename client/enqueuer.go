@@ -61,9 +61,9 @@ type EnqueuerConfig struct {
 // "Every listener hears every queue"). A group whose statement begins
 // AnnounceEvery or more after the latest notifying statement began, while
 // none is owed or being sent, is announced by its own commit. A group
-// that comes sooner is stored unannounced (InsertAllUnannounced), and
+// that comes sooner is stored unannounced, and
 // once it has committed its queues are owed a notification. One statement
-// announces every queue owed (DueQueues.Announce), AnnounceEvery after the
+// announces every queue owed (JobAnnounceMany), AnnounceEvery after the
 // latest notifying statement began; one at a time. Since a notification
 // goes out at its statement's commit, two may go out closer together than
 // AnnounceEvery by up to a commit's time. The workers' claims take every
@@ -290,15 +290,10 @@ func (e *Enqueuer) store(group []*pendingJob) {
 	for i, p := range group {
 		jobs[i] = p.job
 	}
-	var rows []db.Job
-	var err error
-	if e.announcer.lead() {
-		rows, err = InsertAll(ctx, e.pool, jobs)
-	} else {
-		rows, err = InsertAllUnannounced(ctx, e.pool, jobs)
-		if err == nil || !RefusedAValue(err) {
-			e.announcer.owe(jobs, rows) // committed, or its outcome unknown
-		}
+	announced := e.announcer.lead()
+	rows, err := insertAll(ctx, e.pool, jobs, announced)
+	if !announced && (err == nil || !RefusedAValue(err)) {
+		e.announcer.owe(jobs, rows) // committed, or its outcome unknown
 	}
 	if err != nil && len(group) > 1 && RefusedAValue(err) {
 		// Nothing of the statement was stored: store each job alone, so

@@ -277,3 +277,45 @@ func TestEnqueuer_AGroupWithAJobTheDatabaseRefusesIsStoredOneJobAtATime(t *testi
 		t.Errorf("%d jobs stored by %d statements, want 2 by 2: one each", stored, statements)
 	}
 }
+
+// TestInsertAll_UnannouncedIsHeardOnlyOnceItsQueuesAreAnnounced specifies
+// the store an Enqueuer makes while it owes notifications: a group stored
+// unannounced is not heard at its commit, its queues announced after it
+// are, once each, and a queue whose job is not yet due is not.
+func TestInsertAll_UnannouncedIsHeardOnlyOnceItsQueuesAreAnnounced(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	listeners := map[string]*pgx.Conn{}
+	for _, q := range []string{"a", "b", "later"} {
+		listeners[q], _ = dbtest.Listen(t, pool, q)
+	}
+	job := func(queue string, delay time.Duration) Job {
+		j, err := Validate(Request{Kind: "k", Queue: &queue, Delay: &delay}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	stored, err := insertAll(ctx, pool, []Job{job("a", 0), job("a", 0), job("b", 0), job("later", time.Hour)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heard := func(when string, want map[string]int) {
+		t.Helper()
+		for q, n := range want {
+			if got := len(dbtest.Heard(t, ctx, listeners[q])); got != n {
+				t.Errorf("%s: queue %s heard %d notifications, want %d", when, q, got, n)
+			}
+		}
+	}
+	heard("at the commit", map[string]int{"a": 0, "b": 0, "later": 0})
+	var due dueQueues
+	for _, j := range stored {
+		due.add(j.Queue, j.RunAt)
+	}
+	if err := due.announce(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	heard("once announced", map[string]int{"a": 1, "b": 1, "later": 0})
+}

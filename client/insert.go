@@ -73,7 +73,7 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 	}
 	// own holds the job's queue if the job commits on its own and is due
 	// to be announced once it has.
-	var own DueQueues
+	var own dueQueues
 	if ownCommit {
 		addDue(&own, job)
 	}
@@ -97,7 +97,7 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		})
 		if err == nil {
 			if inTx {
-				tx.due.Add(stored.Queue, stored.RunAt)
+				tx.due.add(stored.Queue, stored.RunAt)
 			} else if len(own) > 0 {
 				// Stored and committed: if the announcement fails, as when
 				// ctx has ended, the workers find the job at their next
@@ -212,7 +212,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	tx, inTx := dbtx.(*Tx)
 	ownCommit := commitsOnItsOwn(dbtx)
 	params.AnnounceAfterCommit = inTx || ownCommit
-	var own DueQueues
+	var own dueQueues
 	if ownCommit {
 		for _, job := range jobs {
 			addDue(&own, job)
@@ -248,7 +248,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	// when ctx has ended, the workers find the jobs at their next poll,
 	// and the insert has not failed.
 	if len(own) > 0 {
-		_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error { return own.Announce(ctx, d) })
+		_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error { return own.announce(ctx, d) })
 	}
 	return ids, nil
 }
@@ -256,19 +256,19 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 // addDue records in due the queue of job if its run_at is known before it
 // is stored: given, or now for a job with no delay. A job delayed from the
 // database's now() is left to the workers, as at an insert's commit.
-func addDue(due *DueQueues, job Job) {
+func addDue(due *dueQueues, job Job) {
 	switch {
 	case job.RunAt != nil:
-		due.Add(job.Queue, *job.RunAt)
+		due.add(job.Queue, *job.RunAt)
 	case job.DelayMs == 0:
-		due.Add(job.Queue, time.Time{})
+		due.add(job.Queue, time.Time{})
 	}
 }
 
 // InsertAll stores jobs in one statement (JobInsertAll), all or none, as
 // InsertMany does, and returns them whole, in the order given. It is for
-// the API, which stores the one-job requests that arrive together in one
-// statement. Unlike InsertMany's, its jobs are announced when the
+// those who store groups of jobs of their own, as an Enqueuer does the
+// one-job inserts that arrive together. Unlike InsertMany's, its jobs are announced when the
 // statement's transaction commits, also when it commits on its own: for
 // those groups, a second statement that announces them after the commit
 // accepted requests no faster than the runs' spread alone, and slower
@@ -280,21 +280,12 @@ func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) 
 	return insertAll(ctx, dbtx, jobs, true)
 }
 
-// InsertAllUnannounced stores jobs as InsertAll does and returns them, but
-// has no notification sent for them, whatever dbtx is: the caller tells
-// their queues' workers once the statement has committed
-// (DueQueues.Announce), or
-// leaves the jobs to the workers' next poll. In a transaction, as with a
-// Tx, the jobs the transaction stores after them by statements of its own
-// are not notified at its commit either. It is for a caller that
-// spaces the notifications of jobs stored in quick succession, as the API
-// does, since each notifying commit wakes every listening session of the
-// database (docs/experiments.md, "Every listener hears every queue").
-func InsertAllUnannounced(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
-	return insertAll(ctx, dbtx, jobs, false)
-}
-
-// insertAll is InsertAll, and with announced false InsertAllUnannounced.
+// insertAll is InsertAll. With announced false, no notification is sent
+// for the jobs, whatever dbtx is: an Enqueuer that spaces its
+// notifications tells their queues' workers once the statement has
+// committed (dueQueues.announce), since each notifying commit wakes every
+// listening session of the database (docs/experiments.md, "Every
+// listener hears every queue").
 func insertAll(ctx context.Context, dbtx db.DBTX, jobs []Job, announced bool) ([]db.Job, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -315,7 +306,7 @@ func insertAll(ctx context.Context, dbtx db.DBTX, jobs []Job, announced bool) ([
 	}
 	if inTx && announced {
 		for _, j := range stored {
-			tx.due.Add(j.Queue, j.RunAt)
+			tx.due.add(j.Queue, j.RunAt)
 		}
 	}
 	return stored, nil

@@ -39,9 +39,9 @@ import (
 // announces as two round trips. If store's statement fails, the
 // announcement runs all the same, and the workers told find nothing new;
 // if the announcement fails, store's outcome stands.
-func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due DueQueues, store func(db.DBTX) error) (handled bool, err error) {
+func storeThenAnnounce(ctx context.Context, dbtx db.DBTX, due dueQueues, store func(db.DBTX) error) (handled bool, err error) {
 	var announcement recorder
-	if err := due.Announce(ctx, &announcement); err != nil {
+	if err := due.announce(ctx, &announcement); err != nil {
 		return true, err
 	}
 	if !announcement.recorded {

@@ -52,7 +52,7 @@ type Tx struct {
 	pgx.Tx
 	announceOn db.DBTX
 	// due holds the queues of the jobs stored through the Tx.
-	due DueQueues
+	due dueQueues
 }
 
 // Begin begins a transaction on b whose jobs are announced after it
@@ -81,6 +81,6 @@ func (tx *Tx) Commit(ctx context.Context) error {
 	due := tx.due
 	tx.due = nil
 	// Committed: the jobs are stored whatever the announcement's fate.
-	_ = due.Announce(ctx, tx.announceOn)
+	_ = due.announce(ctx, tx.announceOn)
 	return nil
 }
