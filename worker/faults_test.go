@@ -115,7 +115,7 @@ func TestWorker_RestartedUnderTheSameIDGetsItsPredecessorsJobsBackAtOnce(t *test
 	// The process is gone: every connection it had closes, and the server
 	// sees its session end.
 	proxy.Cut()
-	b.waitSessionsEnded(t, "pod-0", 10*time.Second)
+	b.waitSessionEnded(t, "pod-0", 10*time.Second)
 	b.startWorker(t, worker.Config{ID: "pod-0", Slots: 1, Lease: lease, ReclaimInterval: 50 * time.Millisecond}, func(w *worker.Worker) {
 		w.Handle("task", handler)
 	})
@@ -215,28 +215,22 @@ func TestWorker_CountsALostClaimAgainstItsSlotsUntilItsJobsAreFound(t *testing.T
 	}
 }
 
-// waitSessionsEnded waits, up to timeout, until no live session of the
-// worker id holds its session's lock: until the server has seen the
-// sessions' connections close.
-func (b *bundle) waitSessionsEnded(t *testing.T, id string, timeout time.Duration) {
+// waitSessionEnded waits, up to timeout, until the session that holds
+// the worker id is no longer alive (WorkerHolder): until the server has
+// seen its connection close.
+func (b *bundle) waitSessionEnded(t *testing.T, id string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		var live int
-		if err := b.pool.QueryRow(b.ctx, `
-			SELECT count(*)
-			FROM pg_locks AS l JOIN worker_sessions AS s ON l.objid::integer = s.session_key
-			WHERE l.locktype = 'advisory' AND l.classid = 1380273241 AND l.objsubid = 2 AND s.worker_id = $1
-			  AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())`, id).Scan(&live); err != nil {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(10 * time.Millisecond) {
+		holder, err := b.q.WorkerHolder(b.ctx, id)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if live == 0 {
+		if !holder.SessionAlive {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d sessions of worker %q still live after %s", live, id, timeout)
+			t.Fatalf("the session %d of worker %q still alive after %s", holder.SessionKey, id, timeout)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
