@@ -16,20 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
-	"github.com/relayq/relay/internal/dbtest"
 )
-
-// testPool opens a pool on a database of the test's own, closed when the
-// test ends.
-func testPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dbtest.NewURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
 
 // recordingWorker makes a worker "w" of slots on pool, and returns it with
 // a function that returns what it reported of each job so far, as

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 )
 
 // TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnection
@@ -21,7 +22,7 @@ import (
 func TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testPool(t)
+	pool := dbtest.New(t)
 	// Rules of this database that the worker cannot know of: it refuses a
 	// result, and it cuts the connection of the first statement that
 	// records the third job's result after the first job's has committed.

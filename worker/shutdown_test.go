@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 )
 
 // TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost sets up a
@@ -22,7 +23,7 @@ import (
 func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testPool(t)
+	pool := dbtest.New(t)
 	q := db.New(pool)
 	for _, lostWhen := range []string{"before the release looks", "after the release looked"} {
 		t.Run("lease lost "+lostWhen, func(t *testing.T) {
