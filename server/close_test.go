@@ -19,11 +19,11 @@ func TestHandler_CloseSendsTheNotificationsOwed(t *testing.T) {
 	e := setup(t, Config{AnnounceEvery: time.Hour})
 	ctx := t.Context()
 	listener, _ := dbtest.Listen(t, e.pool, "closed")
-	postSpaced(t, e, "closed", 1)
+	postOne(t, e, "closed")
 	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
 		t.Fatalf("heard %d notifications for the first job, want 1", got)
 	}
-	postSpaced(t, e, "closed", 1)
+	postOne(t, e, "closed")
 	if got := len(dbtest.Heard(t, ctx, listener)); got != 0 {
 		t.Fatalf("heard %d notifications for the second job before Close, want none", got)
 	}
@@ -33,19 +33,17 @@ func TestHandler_CloseSendsTheNotificationsOwed(t *testing.T) {
 	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
 		t.Errorf("heard %d notifications once closed, want 1", got)
 	}
-	postSpaced(t, e, "closed", 1)
+	postOne(t, e, "closed")
 	if got := len(dbtest.Heard(t, ctx, listener)); got != 1 {
 		t.Errorf("heard %d notifications for a job posted after Close, want 1, at its commit", got)
 	}
 }
 
-// postSpaced posts n one-job requests to queue, one after another.
-func postSpaced(t *testing.T, e *testEnv, queue string, n int) {
+// postOne posts a one-job request to queue.
+func postOne(t *testing.T, e *testEnv, queue string) {
 	t.Helper()
-	for i := range n {
-		body := fmt.Sprintf(`{"kind":"k%d","queue":%q}`, i, queue)
-		if rec := e.do(t, "POST", "/v1/jobs", body); rec.Code != http.StatusCreated {
-			t.Fatalf("post to %s: status %d, want 201: %s", queue, rec.Code, rec.Body)
-		}
+	body := fmt.Sprintf(`{"kind":"k","queue":%q}`, queue)
+	if rec := e.do(t, "POST", "/v1/jobs", body); rec.Code != http.StatusCreated {
+		t.Fatalf("post to %s: status %d, want 201: %s", queue, rec.Code, rec.Body)
 	}
 }

@@ -177,9 +177,10 @@ func TestEnqueue_AJobTheDatabaseRefusesFailsAloneAmongConcurrentOnes(t *testing.
 // TestClassify_AnswersWithA4xxExactlyTheErrorsAGroupIsReplayedFor: a
 // group of one-job requests is stored again one job at a time only after
 // an error client.RefusedAValue accepts, which stored nothing; those, and
-// no others, are the errors the API answers with a 4xx, so that the
-// request whose value was refused, and it alone, hears that it was its
-// own.
+// no others, are the errors the API answers with a 4xx (classify asks
+// client.RefusedAValue, and answers no other error with one), so that
+// the request whose value was refused, and it alone, hears that it was
+// its own.
 func TestClassify_AnswersWithA4xxExactlyTheErrorsAGroupIsReplayedFor(t *testing.T) {
 	codes := []string{
 		"22001", "22003", "22007", "22P02", "22P05", "22023",

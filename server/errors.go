@@ -10,6 +10,8 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/relayq/relay/client"
 )
 
 // apiError is an error with the status and message a client should see. Its
@@ -76,22 +78,30 @@ func respondError(logger *slog.Logger, w http.ResponseWriter, r *http.Request, e
 }
 
 // classify maps an error from the database to what a client may see:
-// constraint violations and bad values that slipped through validation are
-// 400 or 409, an unreachable or overloaded database is 503, anything else
-// is 500. The message never includes the database's own text.
+// constraint violations and bad values that slipped through validation
+// (client.RefusedAValue, the errors a group of one-job requests is stored
+// again one job at a time for) are 400 or 409, an unreachable or
+// overloaded database is 503, anything else is 500. The message never
+// includes the database's own text.
 func classify(err error) *apiError {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		code := pgErr.Code
+		if client.RefusedAValue(err) {
+			// Refused before the commit: the request's own doing.
+			switch code[:2] {
+			case "23": // integrity constraint violation
+				if code == "23505" { // unique_violation
+					return &apiError{status: http.StatusConflict, msg: "the request conflicts with an existing job", cause: err}
+				}
+				return &apiError{status: http.StatusBadRequest, msg: "the request has a value the database does not accept", cause: err}
+			case "22": // data exception
+				return &apiError{status: http.StatusBadRequest, msg: "the request has a value the database cannot store", cause: err}
+			default: // program limit exceeded, statement too complex
+				return &apiError{status: http.StatusBadRequest, msg: "the request is too large or too deeply nested for the database", cause: err}
+			}
+		}
 		switch {
-		case code == "23505": // unique_violation
-			return &apiError{status: http.StatusConflict, msg: "the request conflicts with an existing job", cause: err}
-		case len(code) == 5 && code[:2] == "23": // integrity constraint violation
-			return &apiError{status: http.StatusBadRequest, msg: "the request has a value the database does not accept", cause: err}
-		case len(code) == 5 && code[:2] == "22": // data exception
-			return &apiError{status: http.StatusBadRequest, msg: "the request has a value the database cannot store", cause: err}
-		case code == "54000" || code == "54001": // program limit exceeded, statement too complex
-			return &apiError{status: http.StatusBadRequest, msg: "the request is too large or too deeply nested for the database", cause: err}
 		case len(code) == 5 && (code[:2] == "08" || code[:2] == "53" || code[:2] == "40"),
 			code == "57014", code == "57P01", code == "57P02", code == "57P03", code == "57P05":
 			// Connection exceptions, insufficient resources, transaction
