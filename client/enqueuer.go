@@ -165,9 +165,9 @@ func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
 // Insert stores job, together with the jobs of the callers that arrive
 // meanwhile, and returns it as stored. A job with an idempotency key is
 // refused with ErrNoIdempotencyInBatch: store it with the package's
-// Insert function, which looks up the key. If ctx ends before a statement takes the job, nothing is
-// stored and Insert returns ctx's error; once taken, it waits for the
-// statement's outcome, which StoreTimeout bounds.
+// Insert function, which looks up the key. If ctx ends before a statement
+// takes the job, nothing is stored and Insert returns ctx's error; once
+// taken, it waits for the statement's outcome, which StoreTimeout bounds.
 func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 	if job.IdempotencyKey != nil {
 		return db.Job{}, fmt.Errorf("insert job: %w", ErrNoIdempotencyInBatch)
