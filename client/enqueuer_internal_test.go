@@ -154,11 +154,7 @@ func TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes(t *testing.T) {
 func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
 	t.Parallel()
 	dsn := dbtest.NewURL(t)
-	direct, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
+	direct := dbtest.Connect(t, dsn)
 	dbtest.SlowCommits(t, direct, 3*time.Second)
 	u, err := url.Parse(dsn)
 	if err != nil {

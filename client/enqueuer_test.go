@@ -296,11 +296,7 @@ func TestEnqueuer_CloseGivesUpAfterTheStoreTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	pool, err := pgxpool.New(t.Context(), through)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := dbtest.Connect(t, through)
 	const timeout = 500 * time.Millisecond
 	enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: time.Hour, StoreTimeout: timeout})
 	for range 2 { // the second is owed its notification

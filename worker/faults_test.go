@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/faultproxy"
 	"github.com/relayq/relay/worker"
 )
@@ -108,7 +109,7 @@ func TestWorker_RestartedUnderTheSameIDGetsItsPredecessorsJobsBackAtOnce(t *test
 		return "done by the restarted process", nil
 	})
 	const lease = time.Minute
-	b.runWorker(t, newPool(t, through), worker.Config{ID: "pod-0", Slots: 1, Lease: lease, ShutdownGrace: -1}, func(w *worker.Worker) {
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{ID: "pod-0", Slots: 1, Lease: lease, ShutdownGrace: -1}, func(w *worker.Worker) {
 		w.Handle("task", handler)
 	})
 	<-started
@@ -132,7 +133,7 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 	proxy, through := b.proxied(t)
 	started := make(chan int64, 1)
 	// The worker's statements go through the proxy; its session does not.
-	_, run := b.runWorker(t, newPool(t, through), worker.Config{
+	_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
 		Slots: 1, Lease: time.Minute, ShutdownGrace: -1, SessionDatabaseURL: b.url,
 	}, func(w *worker.Worker) {
 		w.Handle("task", blockUntilCancelled(started))
@@ -165,7 +166,7 @@ func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 	proxy, through := b.proxied(t)
 	cut := make(chan faultproxy.CutEvent, 1)
 	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "JobCompleteAndClaim", OnCut: func(e faultproxy.CutEvent) { cut <- e }})
-	b.runWorker(t, newPool(t, through), worker.Config{Slots: 1, Lease: time.Minute}, func(w *worker.Worker) {
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{Slots: 1, Lease: time.Minute}, func(w *worker.Worker) {
 		w.HandleFunc("once", func(ctx context.Context, j *worker.Job) (any, error) { return "ran", nil })
 	})
 	<-cut
@@ -190,7 +191,7 @@ func TestWorker_CountsALostClaimAgainstItsSlotsUntilItsJobsAreFound(t *testing.T
 	cut := make(chan faultproxy.CutEvent, 1)
 	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "JobCompleteAndClaim", OnCut: func(e faultproxy.CutEvent) { cut <- e }})
 	secondWhileFirstRan := make(chan db.Job, 1)
-	b.runWorker(t, newPool(t, through), worker.Config{Slots: 1, Lease: time.Minute}, func(w *worker.Worker) {
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{Slots: 1, Lease: time.Minute}, func(w *worker.Worker) {
 		w.HandleFunc("counted", func(ctx context.Context, j *worker.Job) (any, error) {
 			if j.ID == first.ID {
 				got, err := b.q.JobGet(ctx, second.ID)
@@ -243,7 +244,7 @@ func (b *bundle) steadyThroughProxy(t *testing.T, lease, heartbeat, runs time.Du
 	job := b.enqueue(t, "steady", `{}`, 5)
 	proxy, through := b.proxied(t)
 	started := make(chan int64, 1)
-	b.runWorker(t, newPool(t, through), worker.Config{
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{
 		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, PollInterval: 100 * time.Millisecond, ShutdownGrace: -1,
 	}, func(w *worker.Worker) {
 		w.HandleFunc("steady", func(ctx context.Context, j *worker.Job) (any, error) {

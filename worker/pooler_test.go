@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/pgbouncer"
 	"github.com/relayq/relay/worker"
 )
@@ -53,7 +54,7 @@ func (s *syncBuffer) String() string {
 func TestWorker_ThroughATransactionPoolerWithoutASessionRunsOnLeasesAloneAndSaysSo(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pooled := newPool(t, b.throughPooler(t))
+	pooled := dbtest.Connect(t, b.throughPooler(t))
 	var logs syncBuffer
 	started := make(chan int64, 1)
 	release := make(chan struct{})
@@ -100,7 +101,7 @@ func TestWorker_ThroughATransactionPoolerWithoutASessionRunsOnLeasesAloneAndSays
 func TestWorker_ThroughATransactionPoolerWithoutASessionLooksForJobsWithEveryCompletion(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pooled := newPool(t, b.throughPooler(t))
+	pooled := dbtest.Connect(t, b.throughPooler(t))
 	// Enqueued before the worker starts, so that its first claim finds it.
 	held := b.enqueue(t, "held", `{}`, 1)
 	started := make(chan struct{}, 1)
@@ -134,7 +135,7 @@ func TestWorker_ThroughATransactionPoolerWithADirectSessionIsJudgedByItsSession(
 	const lease = time.Minute
 	// The first worker's session reaches PostgreSQL through a proxy that
 	// the test cuts: its process is gone, as far as the database knows.
-	b.runWorker(t, newPool(t, pooledURL), worker.Config{
+	b.runWorker(t, dbtest.Connect(t, pooledURL), worker.Config{
 		ID: "first", Slots: 1, Lease: lease, ShutdownGrace: -1, SessionDatabaseURL: direct,
 	}, func(w *worker.Worker) {
 		w.Handle("task", first)
@@ -144,7 +145,7 @@ func TestWorker_ThroughATransactionPoolerWithADirectSessionIsJudgedByItsSession(
 		t.Fatalf("the job was claimed under no session, though the worker's session is direct")
 	}
 	proxy.Cut()
-	b.runWorker(t, newPool(t, pooledURL), worker.Config{
+	b.runWorker(t, dbtest.Connect(t, pooledURL), worker.Config{
 		ID: "second", Slots: 1, Lease: lease, ReclaimInterval: 50 * time.Millisecond, SessionDatabaseURL: b.url,
 	}, func(w *worker.Worker) {
 		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) { return "second", nil })

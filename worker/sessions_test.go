@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/pgplan"
 	"github.com/relayq/relay/worker"
 )
@@ -539,7 +540,7 @@ func waitFleet(t *testing.T, w *worker.Worker, want, wantQueue int32, timeout ti
 func TestWorker_SessionShowsUnderThePoolsApplicationNameUnlessItsURLSetsOne(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool := newPool(t, withApplicationName(t, b.url, "billing-worker"))
+	pool := dbtest.Connect(t, withApplicationName(t, b.url, "billing-worker"))
 	for i, tc := range []struct {
 		name       string
 		sessionURL string

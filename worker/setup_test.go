@@ -32,19 +32,8 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	url := dbtest.NewURL(t)
-	pool := newPool(t, url)
+	pool := dbtest.Connect(t, url)
 	return &bundle{ctx: context.Background(), url: url, pool: pool, q: db.New(pool)}
-}
-
-// newPool opens a pool on url, closed when the test ends.
-func newPool(t *testing.T, url string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 // proxied starts a fault proxy in front of the test database and returns

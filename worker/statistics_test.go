@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/devdb"
 	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/worker"
@@ -301,7 +302,7 @@ func setupPrivate(t *testing.T) *bundle {
 			t.Errorf("stop the private cluster: %v", err)
 		}
 	})
-	pool := newPool(t, cluster.URL())
+	pool := dbtest.Connect(t, cluster.URL())
 	if _, err := migrations.Up(ctx, pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/dbtest"
 )
@@ -263,11 +261,7 @@ func startStoppableAPI(t *testing.T, env map[string]string, args ...string) (api
 func TestServe_SendsTheNotificationsOwedAsItStops(t *testing.T) {
 	t.Parallel()
 	dsn := dbtest.NewURL(t)
-	pool, err := pgxpool.New(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := dbtest.Connect(t, dsn)
 	listener, _ := dbtest.Listen(t, pool, "default")
 	api, stop := startStoppableAPI(t, map[string]string{"DATABASE_URL": dsn},
 		"serve", "--addr", "127.0.0.1:0", "--announce-every", "1h")

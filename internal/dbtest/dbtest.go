@@ -72,10 +72,16 @@ var (
 // the database dropped when the test ends.
 func New(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	dsn := NewURL(t)
+	return Connect(t, NewURL(t))
+}
+
+// Connect returns a pool on the database of url, as NewURL or a proxy in
+// front of it gives it, closed when the test ends.
+func Connect(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, dsn)
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatalf("dbtest: connect: %v", err)
 	}
