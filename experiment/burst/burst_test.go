@@ -72,6 +72,13 @@ func checkShortRun(t *testing.T, batch int) {
 		if run.FirstSubmit.IsZero() || run.LastFinish.Before(run.FirstSubmit) || run.Throughput <= 0 {
 			t.Errorf("%s: first submit %s, last finish %s, throughput %v", run.Config, run.FirstSubmit, run.LastFinish, run.Throughput)
 		}
+		// The probe times the worker's statement as relay work runs it.
+		if p := run.Probe; p == nil {
+			t.Errorf("%s: no statement probe recorded", run.Config)
+		} else if p.PlanCacheMode != "force_generic_plan" || p.JIT != "off" {
+			t.Errorf("%s: the statement probe ran with plan_cache_mode %q and jit %q, want a worker's force_generic_plan and off",
+				run.Config, p.PlanCacheMode, p.JIT)
+		}
 	}
 	if err := harness.CheckFiles(res.Files, 3); err != nil {
 		t.Error(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/experiment/harness"
@@ -45,8 +46,13 @@ func probeHandler(ctx context.Context, workload builtin.HashPayload, n int) Hand
 
 // StatementProbe times, in a burst configuration's database once its
 // processes are stopped, what a one-slot worker sends between two jobs, on
-// one connection, and how much CPU the server process behind it spends.
+// one connection with a worker's plan settings, and how much CPU the
+// server process behind it spends.
 type StatementProbe struct {
+	// PlanCacheMode and JIT are the probe connection's plan_cache_mode and
+	// jit, which openWorkerPool sets as relay work sets its own.
+	PlanCacheMode string `json:"plan_cache_mode"`
+	JIT           string `json:"jit"`
 	// CompleteAndClaim is the worker's statement as the worker sends it
 	// (its own transaction, committed synchronously): completing the
 	// previous job and claiming the next, back to back.
@@ -79,7 +85,12 @@ type StatementProbe struct {
 func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.Duration) (*StatementProbe, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	conn, err := d.Pool.Acquire(ctx)
+	pool, err := openWorkerPool(ctx, d.URL, "relay-burst-probe")
+	if err != nil {
+		return nil, fmt.Errorf("probe: %w", err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("probe: connect: %w", err)
 	}
@@ -88,6 +99,10 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 	pid, err := lab.ExperimentBackendPID(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("probe: backend pid: %w", err)
+	}
+	plans, err := lab.ExperimentPlanSettings(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("probe: plan settings: %w", err)
 	}
 	// The backend's CPU can be read only when the server runs on this host.
 	local := harness.IsPostgres(int(pid))
@@ -145,7 +160,10 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 		}
 		return elapsed, nil
 	}
-	out := &StatementProbe{PaceMs: harness.Millis(pace), BackendCPUMs: map[string]float64{}}
+	out := &StatementProbe{
+		PlanCacheMode: plans.PlanCacheMode, JIT: plans.Jit,
+		PaceMs: harness.Millis(pace), BackendCPUMs: map[string]float64{},
+	}
 	for _, m := range []struct {
 		mode string
 		into *harness.Percentiles
@@ -180,3 +198,10 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 
 // newToken draws a fresh random lease token.
 func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
+
+// openWorkerPool opens a pool on url with the plan settings relay work
+// gives its own (worker.KeepGenericPlans), so that what the lab times or
+// traces through it plans and runs each statement as a worker does.
+func openWorkerPool(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
+	return harness.OpenPool(ctx, url, appName, 0, 0, worker.KeepGenericPlans)
+}

@@ -79,8 +79,8 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	for _, run := range r.Runs {
 		if p := run.Probe; p != nil && len(p.BackendCPUMs) > 0 {
 			c := p.BackendCPUMs
-			fmt.Fprintf(w, "%s backend CPU per statement: complete-and-claim %.2f ms (paced %.2f ms), round trip %.2f ms (paced %.2f ms)\n",
-				run.Config, c["complete_and_claim"], c["complete_and_claim_paced"], c["round_trip"], c["round_trip_paced"])
+			fmt.Fprintf(w, "%s backend CPU per statement (plan_cache_mode %s, jit %s): complete-and-claim %.2f ms (paced %.2f ms), round trip %.2f ms (paced %.2f ms)\n",
+				run.Config, p.PlanCacheMode, p.JIT, c["complete_and_claim"], c["complete_and_claim_paced"], c["round_trip"], c["round_trip_paced"])
 		}
 	}
 	for _, run := range r.Runs {

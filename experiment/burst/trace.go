@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/internal/builtin"
 	"github.com/relayq/relay/worker"
@@ -51,10 +49,11 @@ func traceWorker(ctx context.Context, adminURL string, workload builtin.HashPayl
 	}
 	defer d.DropAtEnd(ctx, &err)
 
-	// The worker gets a pool of its own, as `relay work` does.
-	pool, err := pgxpool.New(ctx, d.URL)
+	// The worker gets a pool of its own, with the plan settings of
+	// relay work's.
+	pool, err := openWorkerPool(ctx, d.URL, "relay-burst-trace")
 	if err != nil {
-		return nil, fmt.Errorf("trace: connect: %w", err)
+		return nil, fmt.Errorf("trace: %w", err)
 	}
 	defer pool.Close()
 

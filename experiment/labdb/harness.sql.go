@@ -146,6 +146,28 @@ func (q *Queries) ExperimentJobTimes(ctx context.Context, queue string) ([]Exper
 	return items, nil
 }
 
+const experimentPlanSettings = `-- name: ExperimentPlanSettings :one
+SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
+       current_setting('jit')             AS jit
+`
+
+type ExperimentPlanSettingsRow struct {
+	PlanCacheMode string
+	Jit           string
+}
+
+// The settings that decide how this connection plans a prepared
+// statement and whether it compiles the plan: a probe that times a
+// worker's statement records them, since it measures that statement as
+// the worker runs it only under the worker's settings
+// (worker.KeepGenericPlans).
+func (q *Queries) ExperimentPlanSettings(ctx context.Context) (ExperimentPlanSettingsRow, error) {
+	row := q.db.QueryRow(ctx, experimentPlanSettings)
+	var i ExperimentPlanSettingsRow
+	err := row.Scan(&i.PlanCacheMode, &i.Jit)
+	return i, err
+}
+
 const experimentQueueDrained = `-- name: ExperimentQueueDrained :one
 SELECT ((SELECT a.id FROM jobs AS a
          WHERE a.lease_token IS NULL AND a.finished_at IS NULL AND a.queue = $1

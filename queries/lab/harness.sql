@@ -101,6 +101,15 @@ SELECT set_config('synchronous_commit', 'off', true);
 -- the soak's readers lower with --readers-nice.
 SELECT pg_backend_pid()::integer AS pid;
 
+-- name: ExperimentPlanSettings :one
+-- The settings that decide how this connection plans a prepared
+-- statement and whether it compiles the plan: a probe that times a
+-- worker's statement records them, since it measures that statement as
+-- the worker runs it only under the worker's settings
+-- (worker.KeepGenericPlans).
+SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
+       current_setting('jit')             AS jit;
+
 -- name: ExperimentRestoreFsync :exec
 -- The three statements below undo what devdb relaxes for a throwaway
 -- cluster (fsync, full_page_writes, synchronous_commit off), so that an
