@@ -21,6 +21,10 @@ func TestRun_Short(t *testing.T) {
 	}
 }
 
+// workersPlans are the plan settings of relay work's connections
+// (worker.KeepGenericPlans).
+var workersPlans = PlanSettings{PlanCacheMode: "force_generic_plan", JIT: "off"}
+
 func checkShortRun(t *testing.T, batch int) {
 	bin := relaybin.Path(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -75,10 +79,15 @@ func checkShortRun(t *testing.T, batch int) {
 		// The probe times the worker's statement as relay work runs it.
 		if p := run.Probe; p == nil {
 			t.Errorf("%s: no statement probe recorded", run.Config)
-		} else if p.PlanCacheMode != "force_generic_plan" || p.JIT != "off" {
-			t.Errorf("%s: the statement probe ran with plan_cache_mode %q and jit %q, want a worker's force_generic_plan and off",
-				run.Config, p.PlanCacheMode, p.JIT)
+		} else if p.PlanSettings != workersPlans {
+			t.Errorf("%s: the statement probe ran with %+v, want a worker's %+v", run.Config, p.PlanSettings, workersPlans)
 		}
+	}
+	// So does the traced worker.
+	if tr := res.WorkerTrace; tr == nil {
+		t.Error("no worker trace recorded")
+	} else if tr.PlanSettings != workersPlans {
+		t.Errorf("the traced worker ran with %+v, want a worker's %+v", tr.PlanSettings, workersPlans)
 	}
 	if err := harness.CheckFiles(res.Files, 3); err != nil {
 		t.Error(err)

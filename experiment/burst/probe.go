@@ -49,10 +49,8 @@ func probeHandler(ctx context.Context, workload builtin.HashPayload, n int) Hand
 // one connection with a worker's plan settings, and how much CPU the
 // server process behind it spends.
 type StatementProbe struct {
-	// PlanCacheMode and JIT are the probe connection's plan_cache_mode and
-	// jit, which openWorkerPool sets as relay work sets its own.
-	PlanCacheMode string `json:"plan_cache_mode"`
-	JIT           string `json:"jit"`
+	// PlanSettings are those of the probe's connection.
+	PlanSettings
 	// CompleteAndClaim is the worker's statement as the worker sends it
 	// (its own transaction, committed synchronously): completing the
 	// previous job and claiming the next, back to back.
@@ -100,9 +98,9 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 	if err != nil {
 		return nil, fmt.Errorf("probe: backend pid: %w", err)
 	}
-	plans, err := lab.ExperimentPlanSettings(ctx)
+	plans, err := readPlanSettings(ctx, conn)
 	if err != nil {
-		return nil, fmt.Errorf("probe: plan settings: %w", err)
+		return nil, fmt.Errorf("probe: %w", err)
 	}
 	// The backend's CPU can be read only when the server runs on this host.
 	local := harness.IsPostgres(int(pid))
@@ -161,8 +159,8 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 		return elapsed, nil
 	}
 	out := &StatementProbe{
-		PlanCacheMode: plans.PlanCacheMode, JIT: plans.Jit,
-		PaceMs: harness.Millis(pace), BackendCPUMs: map[string]float64{},
+		PlanSettings: plans,
+		PaceMs:       harness.Millis(pace), BackendCPUMs: map[string]float64{},
 	}
 	for _, m := range []struct {
 		mode string
@@ -204,4 +202,22 @@ func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true}
 // traces through it plans and runs each statement as a worker does.
 func openWorkerPool(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
 	return harness.OpenPool(ctx, url, appName, 0, 0, worker.KeepGenericPlans)
+}
+
+// PlanSettings are the settings that decide how a connection plans a
+// prepared statement and whether it compiles the plan. The statement
+// probe and the worker trace record those they ran under, a worker's
+// (openWorkerPool).
+type PlanSettings struct {
+	PlanCacheMode string `json:"plan_cache_mode"`
+	JIT           string `json:"jit"`
+}
+
+// readPlanSettings reads the PlanSettings of a connection of dbtx.
+func readPlanSettings(ctx context.Context, dbtx labdb.DBTX) (PlanSettings, error) {
+	s, err := labdb.New(dbtx).ExperimentPlanSettings(ctx)
+	if err != nil {
+		return PlanSettings{}, fmt.Errorf("read the plan settings: %w", err)
+	}
+	return PlanSettings{PlanCacheMode: s.PlanCacheMode, JIT: s.Jit}, nil
 }

@@ -20,6 +20,8 @@ import (
 // wrapped in a stopwatch, through a queue of jobs: it shows where a job's
 // cycle goes outside the handler, which the database's timestamps cannot.
 type WorkerTrace struct {
+	// PlanSettings are those of the worker's pool.
+	PlanSettings
 	// Jobs is how many jobs were traced.
 	Jobs int `json:"jobs"`
 	// Handler is the wrapped handler's run time: sleep, timer lateness, hash.
@@ -56,6 +58,10 @@ func traceWorker(ctx context.Context, adminURL string, workload builtin.HashPayl
 		return nil, fmt.Errorf("trace: %w", err)
 	}
 	defer pool.Close()
+	plans, err := readPlanSettings(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
 
 	type times struct{ start, end, ack time.Time }
 	var mu sync.Mutex
@@ -153,6 +159,7 @@ func traceWorker(ctx context.Context, adminURL string, workload builtin.HashPayl
 		}
 	}
 	return &WorkerTrace{
+		PlanSettings:   plans,
 		Jobs:           len(order),
 		Handler:        harness.PercentilesOf(handler),
 		EndToAck:       harness.PercentilesOf(endToAck),
