@@ -292,10 +292,11 @@ func (e *Enqueuer) store(group []*pendingJob) {
 	}
 	announced := e.announcer.lead()
 	rows, err := insertAll(ctx, e.pool, jobs, announced)
-	if !announced && (err == nil || !RefusedAValue(err)) {
+	refused := RefusedAValue(err) // false for nil
+	if !announced && !refused {
 		e.announcer.owe(jobs, rows) // committed, or its outcome unknown
 	}
-	if err != nil && len(group) > 1 && RefusedAValue(err) {
+	if refused && len(group) > 1 {
 		// Nothing of the statement was stored: store each job alone, so
 		// that the one the database refuses fails alone.
 		for _, p := range group {
