@@ -31,7 +31,9 @@ type Job struct {
 // with the completed job. ctx is cancelled when the job's lease is lost,
 // when someone cancels the job, and when the worker gives up waiting for
 // it at shutdown; context.Cause(ctx) says which (ErrLeaseLost,
-// ErrJobCancelled or ErrShutdown). A handler should return promptly then.
+// ErrJobCancelled or ErrShutdown). A handler should return promptly then,
+// with ctx's error: a handler that returns no error has succeeded, even
+// after its job was cancelled, and its job ends succeeded with its result.
 type Handler interface {
 	Work(ctx context.Context, job *Job) (result any, err error)
 }

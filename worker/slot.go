@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -29,15 +30,24 @@ type outcome struct {
 // moment the one before it returns. It hands each outcome to the
 // dispatcher.
 func (s slot) run() {
-	w := s.w
-	e := w.nextForSlot(nil)
+	s.runFrom(s.w.nextForSlot(nil))
+}
+
+// runFrom runs e, then every job waiting for the slot after it.
+func (s slot) runFrom(e *execution) {
 	for e != nil {
 		o := s.execute(e)
-		e = w.nextForSlot(e)
-		// The channel holds an outcome for every job held, so this never
-		// blocks.
-		w.outcomes <- o
+		e = s.handOver(o)
 	}
+}
+
+// handOver marks o's job returned, takes the next job waiting for the
+// slot, and gives o to the dispatcher. The channel holds an outcome for
+// every job held, so this never blocks.
+func (s slot) handOver(o outcome) *execution {
+	next := s.w.nextForSlot(o.exec)
+	s.w.outcomes <- o
+	return next
 }
 
 // execute runs one job's handler, unless its lease was lost or someone
@@ -47,7 +57,7 @@ func (s slot) execute(e *execution) outcome {
 		return outcome{exec: e, err: context.Cause(e.ctx), ran: -1}
 	}
 	began := time.Now()
-	result, err := s.call(e)
+	result, err := s.call(e, began)
 	o := outcome{exec: e, err: err, ran: time.Since(began)}
 	if err == nil && result != nil {
 		o.result, o.err = s.encodeResult(result)
@@ -76,23 +86,34 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 // jsonb cannot hold.
 const errResultNotStorable = "result is not storable as jsonb"
 
-// call runs the handler, turning a panic or a missing handler into an error.
-func (s slot) call(e *execution) (result any, err error) {
+// call runs the handler, begun at began, turning a panic or a missing
+// handler into an error. A handler that ends its goroutine with
+// runtime.Goexit (as testing.T.FailNow does) rather than returning cannot
+// be stopped from ending it: its attempt fails with errHandlerExited, and a
+// new goroutine hands that outcome over and carries on the slot's work.
+func (s slot) call(e *execution, began time.Time) (result any, err error) {
 	h, ok := s.w.handler(e.job.Kind)
 	if !ok {
 		return nil, Permanent(fmt.Errorf("no handler registered for kind %q", e.job.Kind))
 	}
+	returned := false
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
 			result = nil
+			return
+		}
+		if !returned {
+			o := outcome{exec: e, err: errHandlerExited, ran: time.Since(began)}
+			go func() { s.runFrom(s.handOver(o)) }()
 		}
 	}()
 	job := e.job
 	result, err = h.Work(e.ctx, &job)
-	if err == nil && e.ctx.Err() != nil && context.Cause(e.ctx) == ErrJobCancelled {
-		// A handler that swallowed its cancellation still ends cancelled.
-		err = ErrJobCancelled
-	}
+	returned = true
 	return result, err
 }
+
+// errHandlerExited is the error of an attempt whose handler ended its
+// goroutine with runtime.Goexit instead of returning.
+var errHandlerExited = errors.New("handler exited its goroutine (runtime.Goexit) without returning")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -263,6 +264,54 @@ func TestWorker_RecordsPanicAndUnknownKindAndKeepsWorking(t *testing.T) {
 		t.Errorf("unknown kind: attempt %d error %q; want dead on attempt 1", got.Attempt, deref(got.LastError))
 	}
 	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
+}
+
+func TestWorker_HandlerThatEndsItsGoroutineFailsItsAttemptAndTheSlotCarriesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	exits := b.enqueue(t, "exits", `{}`, 1)
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("exits", func(ctx context.Context, j *worker.Job) (any, error) {
+			runtime.Goexit() // as t.FailNow does
+			return "never", nil
+		})
+		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
+	})
+
+	got := b.waitForState(t, exits.ID, db.JobStateDead, 10*time.Second)
+	if got.Attempt != 1 || !strings.Contains(deref(got.LastError), "runtime.Goexit") {
+		t.Errorf("attempt %d error %q; want dead on attempt 1, the Goexit recorded", got.Attempt, deref(got.LastError))
+	}
+	// The worker's only slot runs the next job.
+	fine := b.enqueue(t, "fine", `{}`, 1)
+	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
+}
+
+func TestWorker_HandlerThatIgnoresItsCancellationAndSucceedsEndsSucceeded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "ignores", `{}`, 5)
+	started := make(chan struct{})
+	b.startWorker(t, worker.Config{Slots: 1, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("ignores", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(started)
+			<-ctx.Done() // told, and finishes its work all the same
+			return map[string]bool{"done": true}, nil
+		})
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never started")
+	}
+	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := b.waitFor(t, job.ID, 10*time.Second, "finished", func(j db.Job) bool { return j.FinishedAt != nil })
+	if got.State != db.JobStateSucceeded || string(got.Result) != `{"done": true}` || got.CancelRequestedAt != nil {
+		t.Errorf("state %s result %s cancel requested at %v; want succeeded with the handler's result",
+			got.State, got.Result, got.CancelRequestedAt)
+	}
 }
 
 func TestWorker_CancelReachesRunningHandler(t *testing.T) {
