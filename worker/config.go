@@ -121,8 +121,10 @@ type Config struct {
 	// PollInterval is how often an idle worker checks for ready jobs when no
 	// notification woke it. While notifications tell it of new jobs, a
 	// worker of a fleet of more than 16 live workers on its queue waits
-	// longer in proportion, so that the fleet as a whole still checks the
-	// queue 16 times per interval.
+	// longer, in proportion to the whole fleet: a fleet that all listens
+	// (QueueListeners negative) checks the queue 16 times per interval,
+	// and one with 16 seats, fewer. A worker without a seat checks every
+	// interval, since its polls are how it finds new jobs.
 	PollInterval time.Duration
 	// QueueListeners is how many workers of the queue, at most, listen for
 	// its notifications, each in a seat its session holds. PostgreSQL

@@ -302,8 +302,9 @@ func (w *Worker) jobReturned() {
 // pollEvery is how long the worker waits between two polls for jobs no
 // notification announced: PollInterval; while notifications tell it of new
 // jobs, in a fleet of more than fleetShare live workers on its queue,
-// longer in proportion, so that the fleet polls the queue as often as
-// fleetShare workers would. A worker that is not told polls at
+// longer in proportion to the fleet, so that the workers told of new
+// jobs poll the queue together at most as often as fleetShare workers
+// would (as often, when every worker is told). A worker that is not told polls at
 // PollInterval, since polls are then how it finds every new job.
 func (w *Worker) pollEvery() time.Duration {
 	if !w.session.told() {
