@@ -40,7 +40,8 @@ const (
 )
 
 // earliestRunAt is the earliest run_at accepted: anything before is surely
-// a mistake, and a run_at in the past only means "now" anyway.
+// a mistake. A run_at in the past makes the job ready at once, and orders it
+// by that run_at among the ready jobs of its priority.
 var earliestRunAt = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Request is one job to enqueue, as a client asks for it. A nil field was

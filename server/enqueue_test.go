@@ -206,6 +206,10 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 		{name: "run_at as number", body: `{"kind":"a","run_at":1700000000}`, status: 400, field: "run_at"},
 		{name: "run_at before 1970", body: `{"kind":"a","run_at":"1969-12-31T23:59:59Z"}`, status: 400, field: "run_at"},
 		{name: "run_at over a year ahead", body: fmt.Sprintf(`{"kind":"a","run_at":%q}`, time.Now().AddDate(1, 1, 0).Format(time.RFC3339)), status: 400, field: "run_at"},
+		{name: "run_at offset of 24 hours", body: `{"kind":"a","run_at":"2030-01-01T12:00:00+24:00"}`, status: 400, field: "run_at"},
+		{name: "run_at offset of 60 minutes", body: `{"kind":"a","run_at":"2030-01-01T12:00:00+23:60"}`, status: 400, field: "run_at"},
+		{name: "run_at comma before the fraction", body: `{"kind":"a","run_at":"2030-01-01T12:00:00,5Z"}`, status: 400, field: "run_at"},
+		{name: "run_at leap second", body: `{"kind":"a","run_at":"2030-12-31T23:59:60Z"}`, status: 400, field: "run_at"},
 		{name: "run_at and delay", body: `{"kind":"a","run_at":"2030-01-01T00:00:00Z","delay":"5s"}`, status: 400, field: "delay"},
 		{name: "delay negative", body: `{"kind":"a","delay":"-1s"}`, status: 400, field: "delay"},
 		{name: "delay without unit", body: `{"kind":"a","delay":"5"}`, status: 400, field: "delay"},
@@ -263,6 +267,7 @@ func TestEnqueue_AcceptsBoundaryValues(t *testing.T) {
 		`{"kind":"a","priority":32767,"max_attempts":1000}`,
 		`{"kind":"a","delay":"8760h"}`,
 		`{"kind":"a","run_at":"1970-01-01T00:00:00Z"}`,
+		`{"kind":"a","run_at":"2027-06-01t12:00:00z"}`,
 		`{"kind":"a","payload":[1e131071, 1e-16383, -0, 0e999999]}`,
 		`{"kind":"a","queue":null,"run_at":null,"delay":null,"priority":null,"max_attempts":null}`,
 	}

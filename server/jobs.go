@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -312,7 +315,8 @@ func jobNotFound(ctx context.Context, queries *db.Queries, id int64) error {
 	}
 	if issued {
 		return notFound(fmt.Sprintf("job %d not found: it finished and was deleted once its retention passed "+
-			"(the workers' --retain-succeeded, --retain-dead and --retain-cancelled), or its enqueue was rolled back", id))
+			"(the workers' --retain-succeeded, --retain-dead and --retain-cancelled), or no job took this id "+
+			"(its enqueue was rolled back, or was an idempotent replay)", id))
 	}
 	return notFound(fmt.Sprintf("job %d not found: no job with this id was ever enqueued", id))
 }
@@ -416,10 +420,24 @@ func listJobs(ctx context.Context, queries *db.Queries, f listFilter) ([]db.JobS
 	}
 }
 
+// listParameters are the parameters a job listing takes.
+var listParameters = []string{"state", "queue", "kind", "limit", "after"}
+
 // listParams parses the query of a job listing. It asks for one job more
-// than the limit, to know whether there is a next page.
+// than the limit, to know whether there is a next page. A parameter it
+// does not know, or a query it cannot parse, is refused rather than
+// ignored: a misspelt filter would otherwise answer with other jobs than
+// those asked for.
 func listParams(r *http.Request) (listFilter, int, error) {
-	query := r.URL.Query()
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return listFilter{}, 0, badRequest("", "the query string is malformed: %v", err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(query)) {
+		if !slices.Contains(listParameters, name) {
+			return listFilter{}, 0, badRequest(name, "unknown parameter %q: a listing takes %s", name, strings.Join(listParameters, ", "))
+		}
+	}
 	get := func(name string) (string, error) {
 		if len(query[name]) > 1 {
 			return "", badRequest(name, "%s must be given at most once", name)

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"log/slog"
 	"net/http"
+	"path"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -109,15 +110,43 @@ func requireBearer(token string) func(http.Handler) http.Handler {
 
 // jsonMuxErrors makes the 404 (no route) and 405 (no route for the method,
 // with its Allow header) responses of mux JSON like every other response.
+//
+// Two more of its answers are made JSON here. The mux would answer a
+// request for /v1/jobs/batch by any method but POST with GET /v1/jobs/{id}
+// (a 400 for the id "batch") or with a 405 that allows GET: it is a 405
+// that allows POST alone. And it redirects a path that is not in its
+// canonical form, such as /v1//jobs, with an HTML body.
 func jsonMuxErrors(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == batchPath && r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "method not allowed"})
+			return
+		}
 		h, pattern := mux.Handler(r)
-		if pattern != "" {
+		if pattern != "" && (r.Method == http.MethodConnect || canonicalPath(r.URL.Path)) {
 			mux.ServeHTTP(w, r)
 			return
 		}
 		h.ServeHTTP(&muxErrorWriter{ResponseWriter: w}, r)
 	})
+}
+
+// batchPath is the path of POST /v1/jobs/batch.
+const batchPath = "/v1/jobs/batch"
+
+// canonicalPath reports whether the mux serves p as it is, rather than
+// redirecting to its cleaned form (as net/http's ServeMux cleans the path
+// of every method but CONNECT).
+func canonicalPath(p string) bool {
+	if p == "" || p[0] != '/' {
+		return false
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean == p
 }
 
 // muxErrorWriter replaces the plain-text body of the mux's own error

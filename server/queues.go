@@ -20,7 +20,9 @@ type queueStats struct {
 	Queue  string      `json:"queue"`
 	Counts queueCounts `json:"counts"`
 	// OldestReadyAgeSeconds is how long the oldest job that is ready to run
-	// has waited for a worker, by the database clock; 0 when none waits.
+	// has waited for a worker, by the database clock, counted from its
+	// run_at: from its enqueue, unless it was given a run_at or a delay, or
+	// was retried; 0 when none waits.
 	OldestReadyAgeSeconds float64 `json:"oldest_ready_age_seconds"`
 }
 

@@ -23,7 +23,7 @@ func addRoutes(mux *http.ServeMux, logger *slog.Logger, pool *pgxpool.Pool, cfg 
 	mux.Handle("GET /readyz", handleReadyz(logger, pool))
 
 	mux.Handle("POST /v1/jobs", auth(handleEnqueue(logger, pool, e, maxBody)))
-	mux.Handle("POST /v1/jobs/batch", auth(handleEnqueueBatch(logger, pool, maxBody)))
+	mux.Handle("POST "+batchPath, auth(handleEnqueueBatch(logger, pool, maxBody)))
 	mux.Handle("GET /v1/jobs", auth(handleListJobs(logger, queries)))
 	mux.Handle("GET /v1/jobs/{id}", auth(handleGetJob(logger, queries)))
 	mux.Handle("POST /v1/jobs/{id}/cancel", auth(handleCancelJob(logger, queries)))

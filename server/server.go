@@ -21,7 +21,10 @@
 // leaves out the payload, the result and the error history. When Config.APIToken is set, every /v1 route needs
 // "Authorization: Bearer <token>".
 //
-// Every response body is JSON. Errors have the shape
+// Every response body the server writes is JSON (net/http itself answers
+// a request it cannot parse, such as one with a malformed header or
+// headers over its limit, in plain text, before any handler). A listing
+// refuses a parameter it does not know. Errors have the shape
 //
 //	{"error": "a message for people", "field": "the offending input, when there is one"}
 //

@@ -272,6 +272,9 @@ func TestRoutes_WrongMethodIs405JSONWithAllow(t *testing.T) {
 		{"POST", "/v1/queues", "GET, HEAD"},
 		{"POST", "/healthz", "GET, HEAD"},
 		{"DELETE", "/readyz", "GET, HEAD"},
+		{"GET", "/v1/jobs/batch", "POST"},
+		{"HEAD", "/v1/jobs/batch", "POST"},
+		{"DELETE", "/v1/jobs/batch", "POST"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
@@ -281,6 +284,21 @@ func TestRoutes_WrongMethodIs405JSONWithAllow(t *testing.T) {
 				t.Errorf("Allow = %q, want %q", got, tt.allow)
 			}
 		})
+	}
+}
+
+func TestRoutes_PathNotInCanonicalFormIsRedirectedWithJSON(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := e.do(t, "GET", "/v1//jobs/1", "")
+	if rec.Code < 300 || rec.Code > 399 || rec.Header().Get("Location") != "/v1/jobs/1" {
+		t.Fatalf("status %d Location %q, want a redirect to /v1/jobs/1", rec.Code, rec.Header().Get("Location"))
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q, want application/json: %s", ct, rec.Body)
+	}
+	if got := decode[errorBody](t, rec); got.Error == "" {
+		t.Errorf("body %s, want a JSON message", rec.Body)
 	}
 }
 

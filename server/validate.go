@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/internal/rfc3339"
 )
 
 // jobRequest is one job to enqueue, as sent by a client: the body of
@@ -57,9 +58,11 @@ func validateJob(req jobRequest, key *string, now time.Time) (client.Job, error)
 		r.Kind = *req.Kind
 	}
 	if req.RunAt != nil {
-		t, err := time.Parse(time.RFC3339, *req.RunAt)
-		if err != nil {
+		t, err := rfc3339.Parse(*req.RunAt)
+		if errors.Is(err, rfc3339.ErrSyntax) {
 			return client.Job{}, badRequest("run_at", "run_at must be an RFC 3339 timestamp such as 2030-01-02T15:04:05Z")
+		} else if err != nil {
+			return client.Job{}, badRequest("run_at", "run_at must be an RFC 3339 timestamp: %v", err)
 		}
 		r.RunAt = &t
 	}

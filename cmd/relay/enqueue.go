@@ -14,6 +14,7 @@ import (
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/cli"
+	"github.com/relayq/relay/internal/rfc3339"
 	"github.com/relayq/relay/server"
 )
 
@@ -86,9 +87,11 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 
 	req := client.Request{Kind: kind, Queue: &f.queue, Priority: ptr(int64(f.priority)), MaxAttempts: ptr(int64(f.maxAttempts))}
 	if f.runAt != "" {
-		t, err := time.Parse(time.RFC3339, f.runAt)
-		if err != nil {
+		t, err := rfc3339.Parse(f.runAt)
+		if errors.Is(err, rfc3339.ErrSyntax) {
 			return cli.Usagef("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", f.runAt)
+		} else if err != nil {
+			return cli.Usagef("--run-at %q: %v", f.runAt, err)
 		}
 		req.RunAt = &t
 	}
