@@ -50,21 +50,24 @@ WITH completions AS (
            unnest($2::uuid[]) AS token,
            unnest($3::jsonb[]) AS result
 ),
+lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST($4::integer AS text), true) AS setting
+),
 session AS (
     -- Taking a shared lock on the key succeeds only if no session holds
     -- it: then the session has ended (and this transaction holds the
     -- shared lock until it commits, which harms no one). CASE takes the
     -- claim lock (1380273244) first.
-    SELECT $4::integer IS NULL
-        OR CASE WHEN pg_try_advisory_xact_lock_shared(1380273244, $4::integer)
-                THEN NOT pg_try_advisory_xact_lock_shared(1380273241, $4::integer)
+    SELECT $5::integer IS NULL
+        OR CASE WHEN pg_try_advisory_xact_lock_shared(1380273244, $5::integer)
+                THEN NOT pg_try_advisory_xact_lock_shared(1380273241, $5::integer)
                 ELSE false
            END AS alive
 ),
 cursors AS (
     SELECT DISTINCT ON (c.priority) c.priority, c.since
-    FROM (SELECT unnest($5::smallint[]) AS priority,
-          unnest($6::timestamptz[]) AS since) AS c
+    FROM (SELECT unnest($6::smallint[]) AS priority,
+          unnest($7::timestamptz[]) AS since) AS c
     ORDER BY c.priority, c.since
 ),
 segments AS (
@@ -89,17 +92,17 @@ ready AS (
         -- jobs_claim_idx's predicate, not by the state, so that no other
         -- index can serve the claim (see migrations/00010).
         WHERE j.lease_token IS NULL AND j.finished_at IS NULL
-          AND j.queue = $7
+          AND j.queue = $8
           AND (j.priority, j.run_at) >= (seg.lo, seg.since)
           AND j.priority <= seg.hi
           AND j.run_at <= now()
         ORDER BY j.priority, j.run_at, j.id
-        LIMIT COALESCE(cardinality($8::uuid[]), 0)
+        LIMIT COALESCE(cardinality($9::uuid[]), 0)
         FOR UPDATE SKIP LOCKED
     ) AS r
     WHERE (SELECT s.alive FROM session AS s)
     ORDER BY seg.lo
-    LIMIT COALESCE(cardinality($8::uuid[]), 0)
+    LIMIT COALESCE(cardinality($9::uuid[]), 0)
 ),
 picked AS (
     SELECT ARRAY(SELECT ready.id FROM ready ORDER BY ready.priority, ready.run_at, ready.id) AS ids
@@ -109,10 +112,10 @@ claimed AS (
     SET state            = 'running',
         attempt          = j.attempt + 1,
         fence            = j.fence + 1,
-        lease_token      = ($8::uuid[])[array_position((SELECT p.ids FROM picked AS p), j.id)],
-        lease_expires_at = now() + interval '1 millisecond' * $9::bigint,
-        leased_by        = $10::text,
-        lease_session    = $4::integer,
+        lease_token      = ($9::uuid[])[array_position((SELECT p.ids FROM picked AS p), j.id)],
+        lease_expires_at = now() + interval '1 millisecond' * $10::bigint,
+        leased_by        = $11::text,
+        lease_session    = $5::integer,
         started_at       = now()
     -- By primary key, one probe per job, whatever plan the connection
     -- keeps: a join with the jobs taken may be planned as a hash join
@@ -135,6 +138,8 @@ completed AS (
     WHERE j.id = c.id
       -- Always true: it makes the claim run first (see above).
       AND (SELECT count(*) FROM claimed) >= 0
+      -- Always true: it sets the lock wait before any row is updated.
+      AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
       -- The fence: the same claim, still running, lease not yet expired.
       --
       -- Only a running job holds a lease (jobs_lease_iff_running), so the
@@ -165,6 +170,7 @@ type JobCompleteAndClaimParams struct {
 	CompleteIDs      []int64
 	CompleteTokens   []pgtype.UUID
 	CompleteResults  []json.RawMessage
+	LockWaitMs       int32
 	SessionKey       *int32
 	CursorPriorities []int16
 	CursorSince      []time.Time
@@ -227,6 +233,14 @@ type JobCompleteAndClaimRow struct {
 // waits on this one to complete it (docs/experiments.md, "The claim
 // before the completions").
 //
+// A completion waits for a row another transaction holds for lock_wait_ms
+// at most (lock_timeout, for this statement alone): an operator's SELECT
+// ... FOR UPDATE of one job's row must not hold up the round's other
+// completions, which would otherwise wait with it and lose their leases.
+// The statement then fails (SQLSTATE 55P03) and commits nothing, and the
+// worker asks which rows are held (JobHeldElsewhere), sets their outcomes
+// aside and sends the others again.
+//
 // The statement always returns at least one row. Each claimed job fills the
 // columns of one row, in the order of the claim (all null when nothing was
 // claimed). completed_ids lists the completions that passed the fence, on
@@ -261,6 +275,7 @@ func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndCla
 		arg.CompleteIDs,
 		arg.CompleteTokens,
 		arg.CompleteResults,
+		arg.LockWaitMs,
 		arg.SessionKey,
 		arg.CursorPriorities,
 		arg.CursorSince,
@@ -303,6 +318,9 @@ func (q *Queries) JobCompleteAndClaim(ctx context.Context, arg JobCompleteAndCla
 }
 
 const jobCompleteMany = `-- name: JobCompleteMany :many
+WITH lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST($4::integer AS text), true) AS setting
+)
 UPDATE jobs AS j
 SET state            = 'succeeded',
     result           = c.result,
@@ -315,6 +333,7 @@ FROM (SELECT unnest($1::bigint[]) AS id,
       unnest($2::uuid[]) AS token,
       unnest($3::jsonb[]) AS result) AS c
 WHERE j.id = c.id
+  AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
   -- The fence, written as JobCompleteAndClaim's is.
   AND j.lease_token IS NOT DISTINCT FROM c.token
   AND j.lease_expires_at > now()
@@ -322,9 +341,10 @@ RETURNING j.id
 `
 
 type JobCompleteManyParams struct {
-	IDs     []int64
-	Tokens  []pgtype.UUID
-	Results []json.RawMessage
+	IDs        []int64
+	Tokens     []pgtype.UUID
+	Results    []json.RawMessage
+	LockWaitMs int32
 }
 
 // Completes the finished jobs given (id, token, result), as
@@ -336,10 +356,16 @@ type JobCompleteManyParams struct {
 // completion"). Its SET and fence repeat the completed
 // part of JobCompleteAndClaim, since a statement cannot share SQL with
 // another; TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt and the
-// fence tests hold the two alike. Returns the completions that passed the
-// fence.
+// fence tests hold the two alike. It waits for a row another transaction
+// holds for lock_wait_ms at most, as JobCompleteAndClaim does. Returns the
+// completions that passed the fence.
 func (q *Queries) JobCompleteMany(ctx context.Context, arg JobCompleteManyParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, jobCompleteMany, arg.IDs, arg.Tokens, arg.Results)
+	rows, err := q.db.Query(ctx, jobCompleteMany,
+		arg.IDs,
+		arg.Tokens,
+		arg.Results,
+		arg.LockWaitMs,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -359,6 +385,9 @@ func (q *Queries) JobCompleteMany(ctx context.Context, arg JobCompleteManyParams
 }
 
 const jobFailMany = `-- name: JobFailMany :many
+WITH lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST($6::integer AS text), true) AS setting
+)
 UPDATE jobs AS j
 SET state = CASE
         WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
@@ -387,6 +416,7 @@ FROM (SELECT unnest($1::bigint[]) AS id,
           unnest($4::boolean[]) AS permanent,
           unnest($5::bigint[]) AS retry_in_ms) AS f
 WHERE j.id = f.id
+  AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
   -- The fence, written as JobCompleteAndClaim's is.
   AND j.lease_token IS NOT DISTINCT FROM f.token
   AND j.lease_expires_at > now()
@@ -394,11 +424,12 @@ RETURNING j.id, j.state
 `
 
 type JobFailManyParams struct {
-	IDs       []int64
-	Tokens    []pgtype.UUID
-	Errors    []string
-	Permanent []bool
-	RetryInMs []int64
+	IDs        []int64
+	Tokens     []pgtype.UUID
+	Errors     []string
+	Permanent  []bool
+	RetryInMs  []int64
+	LockWaitMs int32
 }
 
 type JobFailManyRow struct {
@@ -411,8 +442,9 @@ type JobFailManyRow struct {
 // entries: see job_errors_append) and its error_count. The job then ends cancelled if
 // someone asked to cancel it, dead if the error is permanent or it has used
 // its last attempt, and otherwise becomes available again retry_in_ms after
-// now() in the database. Returns the jobs whose failure was recorded, with
-// the state each went to.
+// now() in the database. It waits for a row another transaction holds for
+// lock_wait_ms at most, as JobCompleteAndClaim does. Returns the jobs whose
+// failure was recorded, with the state each went to.
 func (q *Queries) JobFailMany(ctx context.Context, arg JobFailManyParams) ([]JobFailManyRow, error) {
 	rows, err := q.db.Query(ctx, jobFailMany,
 		arg.IDs,
@@ -420,6 +452,7 @@ func (q *Queries) JobFailMany(ctx context.Context, arg JobFailManyParams) ([]Job
 		arg.Errors,
 		arg.Permanent,
 		arg.RetryInMs,
+		arg.LockWaitMs,
 	)
 	if err != nil {
 		return nil, err
@@ -582,6 +615,52 @@ func (q *Queries) JobHeartbeatMany(ctx context.Context, arg JobHeartbeatManyPara
 			&i.CancelRequested,
 			&i.Renewed,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const jobHeldElsewhere = `-- name: JobHeldElsewhere :many
+WITH free AS (
+    SELECT j.id
+    FROM jobs AS j
+    WHERE j.id = ANY ($1::bigint[])
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+)
+SELECT j.id, NOT EXISTS (SELECT FROM free AS f WHERE f.id = j.id) AS held
+FROM jobs AS j
+WHERE j.id = ANY ($1::bigint[])
+ORDER BY j.id
+`
+
+type JobHeldElsewhereRow struct {
+	ID   int64
+	Held bool
+}
+
+// Says, for each job given that still exists, whether another transaction
+// holds its row, as a completion or a failure would wait for: an operator's
+// SELECT ... FOR UPDATE, or a transaction that updated the row and has not
+// ended. A worker asks this of the outcomes of a round that waited too long
+// for a row (lock_wait_ms), to set aside those whose rows are held and send
+// the others, and again of those set aside before it sends them. It never
+// waits: it locks the rows no one holds, as the completion's update would,
+// and lets the locks go as it commits, which costs a WAL record a row.
+func (q *Queries) JobHeldElsewhere(ctx context.Context, ids []int64) ([]JobHeldElsewhereRow, error) {
+	rows, err := q.db.Query(ctx, jobHeldElsewhere, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []JobHeldElsewhereRow{}
+	for rows.Next() {
+		var i JobHeldElsewhereRow
+		if err := rows.Scan(&i.ID, &i.Held); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

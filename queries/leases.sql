@@ -35,6 +35,14 @@
 -- waits on this one to complete it (docs/experiments.md, "The claim
 -- before the completions").
 --
+-- A completion waits for a row another transaction holds for lock_wait_ms
+-- at most (lock_timeout, for this statement alone): an operator's SELECT
+-- ... FOR UPDATE of one job's row must not hold up the round's other
+-- completions, which would otherwise wait with it and lose their leases.
+-- The statement then fails (SQLSTATE 55P03) and commits nothing, and the
+-- worker asks which rows are held (JobHeldElsewhere), sets their outcomes
+-- aside and sends the others again.
+--
 -- The statement always returns at least one row. Each claimed job fills the
 -- columns of one row, in the order of the claim (all null when nothing was
 -- claimed). completed_ids lists the completions that passed the fence, on
@@ -44,6 +52,9 @@ WITH completions AS (
     SELECT unnest(@complete_ids::bigint[]) AS id,
            unnest(@complete_tokens::uuid[]) AS token,
            unnest(@complete_results::jsonb[]) AS result
+),
+lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST(@lock_wait_ms::integer AS text), true) AS setting
 ),
 session AS (
     -- Taking a shared lock on the key succeeds only if no session holds
@@ -154,6 +165,8 @@ completed AS (
     WHERE j.id = c.id
       -- Always true: it makes the claim run first (see above).
       AND (SELECT count(*) FROM claimed) >= 0
+      -- Always true: it sets the lock wait before any row is updated.
+      AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
       -- The fence: the same claim, still running, lease not yet expired.
       --
       -- Only a running job holds a lease (jobs_lease_iff_running), so the
@@ -212,8 +225,12 @@ SELECT ((
 -- completion"). Its SET and fence repeat the completed
 -- part of JobCompleteAndClaim, since a statement cannot share SQL with
 -- another; TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt and the
--- fence tests hold the two alike. Returns the completions that passed the
--- fence.
+-- fence tests hold the two alike. It waits for a row another transaction
+-- holds for lock_wait_ms at most, as JobCompleteAndClaim does. Returns the
+-- completions that passed the fence.
+WITH lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST(@lock_wait_ms::integer AS text), true) AS setting
+)
 UPDATE jobs AS j
 SET state            = 'succeeded',
     result           = c.result,
@@ -226,6 +243,7 @@ FROM (SELECT unnest(@ids::bigint[]) AS id,
       unnest(@tokens::uuid[]) AS token,
       unnest(@results::jsonb[]) AS result) AS c
 WHERE j.id = c.id
+  AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
   -- The fence, written as JobCompleteAndClaim's is.
   AND j.lease_token IS NOT DISTINCT FROM c.token
   AND j.lease_expires_at > now()
@@ -300,8 +318,12 @@ WHERE NOT EXISTS (SELECT FROM renewed AS r WHERE r.id = h.id)
 -- entries: see job_errors_append) and its error_count. The job then ends cancelled if
 -- someone asked to cancel it, dead if the error is permanent or it has used
 -- its last attempt, and otherwise becomes available again retry_in_ms after
--- now() in the database. Returns the jobs whose failure was recorded, with
--- the state each went to.
+-- now() in the database. It waits for a row another transaction holds for
+-- lock_wait_ms at most, as JobCompleteAndClaim does. Returns the jobs whose
+-- failure was recorded, with the state each went to.
+WITH lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST(@lock_wait_ms::integer AS text), true) AS setting
+)
 UPDATE jobs AS j
 SET state = CASE
         WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
@@ -330,10 +352,31 @@ FROM (SELECT unnest(@ids::bigint[]) AS id,
           unnest(@permanent::boolean[]) AS permanent,
           unnest(@retry_in_ms::bigint[]) AS retry_in_ms) AS f
 WHERE j.id = f.id
+  AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
   -- The fence, written as JobCompleteAndClaim's is.
   AND j.lease_token IS NOT DISTINCT FROM f.token
   AND j.lease_expires_at > now()
 RETURNING j.id, j.state;
+
+-- name: JobHeldElsewhere :many
+-- Says, for each job given that still exists, whether another transaction
+-- holds its row, as a completion or a failure would wait for: an operator's
+-- SELECT ... FOR UPDATE, or a transaction that updated the row and has not
+-- ended. A worker asks this of the outcomes of a round that waited too long
+-- for a row (lock_wait_ms), to set aside those whose rows are held and send
+-- the others, and again of those set aside before it sends them. It never
+-- waits: it locks the rows no one holds, as the completion's update would,
+-- and lets the locks go as it commits, which costs a WAL record a row.
+WITH free AS (
+    SELECT j.id
+    FROM jobs AS j
+    WHERE j.id = ANY (@ids::bigint[])
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+)
+SELECT j.id, NOT EXISTS (SELECT FROM free AS f WHERE f.id = j.id) AS held
+FROM jobs AS j
+WHERE j.id = ANY (@ids::bigint[])
+ORDER BY j.id;
 
 -- name: JobReleaseMany :many
 -- Releases jobs from the worker that holds them, so that others can run

@@ -320,3 +320,18 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
+
+// maxLockWait bounds how long a completion or failure waits for a job's
+// row another transaction holds before its round gives up, sets that
+// outcome aside and sends the others: longer than PostgreSQL's default
+// deadlock_timeout (1 s), so that a circle of waits is still broken as a
+// deadlock where leases allow.
+const maxLockWait = 2 * time.Second
+
+// lockWaitMs is how long, in milliseconds, a round's completions and
+// failures wait for a row another transaction holds: a quarter of the
+// lease, at most maxLockWait, so that the other outcomes of a round that
+// waits keep their leases.
+func (c Config) lockWaitMs() int32 {
+	return int32(min(c.Lease/4, maxLockWait).Milliseconds())
+}

@@ -37,13 +37,25 @@ type dispatcher struct {
 	// rechecks were made for.
 	recheckedFor int64
 	rechecks     int
+	// held holds the outcomes set aside because another transaction held
+	// their jobs' rows (round.heldAside), and heldAt when a round last
+	// found one held: a round sent heldRecheck after that asks again.
+	held   []outcome
+	heldAt time.Time
 }
+
+// heldRecheck is how long outcomes set aside for a row another
+// transaction holds wait before a round asks again whether it is held.
+const heldRecheck = 250 * time.Millisecond
 
 // newRound takes what is pending, and the claims to look for, into a round
 // that claims claim jobs.
 func (d *dispatcher) newRound(claim int) *round {
 	r := &round{batch: d.p.take(), claim: claim, adopt: d.lostClaims, adoptSentAt: d.lostSentAt}
 	d.lostClaims = nil
+	if len(d.held) > 0 && time.Since(d.heldAt) >= heldRecheck {
+		r.recheck, d.held = d.held, nil
+	}
 	return r
 }
 
@@ -152,7 +164,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			}
 			if send {
 				r := d.newRound(claim)
-				r.probe = want == claimPolled && claim > 0 && r.batch.empty() && len(r.adopt) == 0
+				r.probe = want == claimPolled && claim > 0 && r.batch.empty() && len(r.adopt) == 0 && len(r.recheck) == 0
 				roundsOut++
 				claimsOut += claim + len(r.adopt)
 				finishedOut += r.carried()
@@ -461,6 +473,9 @@ func (d *dispatcher) finish(r *round) {
 	retry.done = append(retry.done, r.unsettled.done...)
 	retry.failed = append(retry.failed, r.unsettled.failed...)
 	d.p.restore(retry)
+	if len(r.heldAside) > 0 || len(r.heldAgain) > 0 {
+		d.setAside(r)
+	}
 	if len(r.adopt) > 0 && !r.adoptedOK {
 		d.loseClaim(r.adopt, r.adoptSentAt)
 	}
@@ -546,6 +561,16 @@ func (d *dispatcher) drain(ctx context.Context) {
 		d.collectReturned(returned)
 		d.acknowledgeAtShutdown(ctx)
 	}
+	for _, o := range d.held {
+		w.log.Warn("acknowledgement left unsent at shutdown: another transaction holds the job's row; the job runs again once taken back",
+			"job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+		kind := OutcomeCompleted
+		if o.err != nil {
+			kind = OutcomeFailed
+		}
+		w.report(o, kind, false)
+	}
+	d.held = nil
 }
 
 // collectReturned collects the outcomes of the handlers that had returned
@@ -564,10 +589,32 @@ func (d *dispatcher) collectReturned(returned map[*execution]bool) {
 	}
 }
 
+// setAside keeps outcomes whose jobs' rows another transaction holds for
+// a later round to send, once a row is free: the completion of such a job
+// lands if its lease still holds then, and is refused otherwise, as the
+// job has been taken back to run again. Either way the row held costs that
+// job alone.
+func (d *dispatcher) setAside(r *round) {
+	d.held = append(d.held, r.heldAgain...)
+	d.held = append(d.held, r.heldAside...)
+	d.heldAt = time.Now()
+	if len(r.heldAside) == 0 {
+		return
+	}
+	ids := make([]int64, len(r.heldAside))
+	for i, o := range r.heldAside {
+		ids[i] = o.exec.job.ID
+	}
+	d.w.log.Warn("another transaction holds the row of a finished job; its acknowledgement waits for the row, the others are sent",
+		"jobs", ids, "lock_wait", time.Duration(d.w.cfg.lockWaitMs())*time.Millisecond)
+}
+
 // acknowledgeAtShutdown sends what is pending, and looks for the jobs of
 // claims whose answer was lost, in up to three rounds that claim nothing.
+// Each asks again whether the rows of outcomes set aside are still held.
 func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
-	for attempt := 0; (!d.p.empty() || len(d.lostClaims) > 0) && attempt < 3; attempt++ {
+	for attempt := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held) > 0) && attempt < 3; attempt++ {
+		d.heldAt = time.Time{}
 		r := d.newRound(0)
 		r.acknowledge(ctx, d.w)
 		d.finish(r)

@@ -337,6 +337,88 @@ func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T)
 	first.waitLeaseLost(t)
 }
 
+// TestWorker_ARowHeldElsewhereCostsOnlyItsOwnJob holds one finished job's
+// row, as an operator's SELECT ... FOR UPDATE would, for three leases. The
+// completion of another job, finished just after it, waits behind the
+// round that waits for that row. That round gives up after lock_wait_ms,
+// sets the held job aside and the other job's completion goes, before its
+// lease, which no heartbeat renews once its handler returned, runs out;
+// the worker goes on claiming and completing jobs meanwhile.
+func TestWorker_ARowHeldElsewhereCostsOnlyItsOwnJob(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		outcome error // of the held job's first run
+	}{
+		{"a completion waits for the row", nil},
+		{"a failure waits for the row", errors.New("the held job failed")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var logs syncBuffer
+			var runs [3]atomic.Int32
+			started := make(chan struct{}, 2)
+			finish := make(chan struct{})
+			b.startWorker(t, worker.Config{
+				Slots: 2, Lease: 2 * time.Second, Prefetch: -1,
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+			}, func(w *worker.Worker) {
+				for i, kind := range []string{"held", "beside", "later"} {
+					w.HandleFunc(kind, func(ctx context.Context, j *worker.Job) (any, error) {
+						if runs[i].Add(1) > 1 || i == 2 {
+							return "done", nil
+						}
+						started <- struct{}{}
+						<-finish
+						if kind == "held" {
+							return nil, tc.outcome
+						}
+						// After the held job's round has gone out, so that
+						// this job's completion waits behind it.
+						time.Sleep(20 * time.Millisecond)
+						return "done", nil
+					})
+				}
+			})
+			held := b.enqueue(t, "held", `{}`, 5)
+			beside := b.enqueue(t, "beside", `{}`, 5)
+			for range 2 {
+				select {
+				case <-started:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the first two jobs did not start")
+				}
+			}
+			blocker := b.holdRow(t, held.ID)
+			close(finish)
+
+			if got := b.waitForState(t, beside.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
+				t.Errorf("the job beside the held one succeeded on attempt %d, want 1", got.Attempt)
+			}
+			later := b.enqueue(t, "later", `{}`, 5)
+			if got := b.waitForState(t, later.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
+				t.Errorf("a job enqueued while the row was held succeeded on attempt %d, want 1", got.Attempt)
+			}
+			// Three leases, as the row is held: the held job's lease runs out.
+			time.Sleep(6 * time.Second)
+			if err := blocker.Commit(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			b.waitForState(t, held.ID, db.JobStateSucceeded, 20*time.Second)
+			if n := runs[1].Load(); n != 1 {
+				t.Errorf("the job beside the held one ran %d times, want once", n)
+			}
+			if n := runs[2].Load(); n != 1 {
+				t.Errorf("the job enqueued while the row was held ran %d times, want once", n)
+			}
+			if !strings.Contains(logs.String(), "another transaction holds the row of a finished job") {
+				t.Errorf("the worker did not say it set a job aside; the logs:\n%s", logs.String())
+			}
+		})
+	}
+}
+
 func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -86,6 +86,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 		return nil, l.completeMany(ctx, r, done)
 	}
 	params := db.JobCompleteAndClaimParams{
+		LockWaitMs:  w.cfg.lockWaitMs(),
 		SessionKey:  session,
 		Queue:       w.cfg.Queue,
 		ClaimTokens: make([]pgtype.UUID, claim),
@@ -132,7 +133,7 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 	if len(done) == 0 {
 		return nil
 	}
-	var params db.JobCompleteManyParams
+	params := db.JobCompleteManyParams{LockWaitMs: l.w.cfg.lockWaitMs()}
 	params.IDs, params.Tokens, params.Results = completions(done)
 	r.sentAt = time.Now()
 	ids, err := l.w.q.JobCompleteMany(ctx, params)
@@ -239,11 +240,12 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 	states = make(map[int64]db.JobState, len(failed))
 	refused, settled, err := sendIsolating(ctx, failed, func(ctx context.Context, part []outcome) error {
 		params := db.JobFailManyParams{
-			IDs:       make([]int64, len(part)),
-			Tokens:    make([]pgtype.UUID, len(part)),
-			Errors:    make([]string, len(part)),
-			Permanent: make([]bool, len(part)),
-			RetryInMs: make([]int64, len(part)),
+			LockWaitMs: w.cfg.lockWaitMs(),
+			IDs:        make([]int64, len(part)),
+			Tokens:     make([]pgtype.UUID, len(part)),
+			Errors:     make([]string, len(part)),
+			Permanent:  make([]bool, len(part)),
+			RetryInMs:  make([]int64, len(part)),
 		}
 		for i, o := range part {
 			params.IDs[i] = o.exec.job.ID
@@ -265,6 +267,34 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 		return states, settled, fmt.Errorf("record failures: %w", err)
 	}
 	return states, settled, nil
+}
+
+// heldElsewhere returns the outcomes whose jobs' rows another transaction
+// holds (JobHeldElsewhere), by job id. It never waits for a row.
+func (l leases) heldElsewhere(ctx context.Context, outcomes []outcome) (map[int64]bool, error) {
+	ids := make([]int64, len(outcomes))
+	for i, o := range outcomes {
+		ids[i] = o.exec.job.ID
+	}
+	rows, err := l.w.q.JobHeldElsewhere(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("ask which jobs' rows another transaction holds: %w", err)
+	}
+	held := make(map[int64]bool)
+	for _, r := range rows {
+		if r.Held {
+			held[r.ID] = true
+		}
+	}
+	return held, nil
+}
+
+// isLockTimeout reports whether err is a statement that waited lock_wait_ms
+// for a row another transaction holds, and gave up (SQLSTATE 55P03,
+// lock_not_available).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // errorText makes an error message safe to store: valid UTF-8, no NUL

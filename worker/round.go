@@ -54,6 +54,17 @@ type round struct {
 	adopt       []pgtype.UUID
 	adoptSentAt time.Time
 
+	// recheck holds outcomes an earlier round set aside because another
+	// transaction held their jobs' rows: this round asks again which are
+	// held, sends the others with its own and sets the rest aside again.
+	recheck []outcome
+	// heldAside holds, once the round is back, the outcomes whose jobs'
+	// rows another transaction holds, found after a completion or failure
+	// waited lock_wait_ms for one (see setAsideHeld), and heldAgain those
+	// of recheck still held. Neither is sent again until a later round
+	// finds its rows free.
+	heldAside, heldAgain []outcome
+
 	// Filled in by acknowledge: what the database answered for. released
 	// stays nil unless its statement succeeded, completed unless the
 	// completions' statement, or the isolation of a row the database
@@ -77,8 +88,10 @@ type round struct {
 }
 
 // carried counts the outcomes the round carries, whether the database
-// answered for them or they are to be sent again.
-func (r *round) carried() int { return r.batch.finished() + r.unsettled.finished() }
+// answered for them, they are to be sent again, or they are set aside.
+func (r *round) carried() int {
+	return r.batch.finished() + r.unsettled.finished() + len(r.recheck) + len(r.heldAside) + len(r.heldAgain)
+}
 
 // acknowledge sends a round: jobs released in a statement of their own,
 // then completions and the claim together in one (for a round a poll
@@ -86,12 +99,91 @@ func (r *round) carried() int { return r.batch.finished() + r.unsettled.finished
 // the common case, a job finished and a slot to fill, costs one round trip
 // and one commit. A row the database refuses never holds up the others
 // (see sendIsolating): a completion whose result it refuses becomes a
-// permanent failure of that job. It touches nothing but r, so that it can
-// run beside the dispatcher.
+// permanent failure of that job. A row another transaction holds holds
+// up only its own outcome: a completion or failure waits lock_wait_ms for
+// it, then the round sets that outcome aside (setAsideHeld) and its others
+// are sent again. It touches nothing but r, so that it can run beside the
+// dispatcher.
 func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
 	defer cancel()
 
+	r.takeBackFree(ctx, w)
+	r.send(ctx, w)
+	if r.err != nil && isLockTimeout(r.err) {
+		r.setAsideHeld(ctx, w)
+	}
+}
+
+// takeBackFree asks which of the outcomes set aside earlier (recheck)
+// still have their jobs' rows held by another transaction, adds the others
+// to the round's batch and sets the rest aside again. If it cannot ask, it
+// sets them all aside again.
+func (r *round) takeBackFree(ctx context.Context, w *Worker) {
+	if len(r.recheck) == 0 {
+		return
+	}
+	recheck := r.recheck
+	r.recheck = nil
+	held, err := w.leases.heldElsewhere(ctx, recheck)
+	if err != nil {
+		r.heldAgain = recheck
+		return
+	}
+	for _, o := range recheck {
+		switch {
+		case held[o.exec.job.ID]:
+			r.heldAgain = append(r.heldAgain, o)
+		case o.err == nil:
+			r.batch.done = append(r.batch.done, o)
+		default:
+			r.batch.failed = append(r.batch.failed, o)
+		}
+	}
+}
+
+// setAsideHeld runs after a completion or failure of the round gave up
+// waiting for a row: it asks which of the outcomes still to be sent have
+// their jobs' rows held by another transaction, and moves those to
+// heldAside, so that the others go again without them. If it cannot ask,
+// every outcome stays to be sent again.
+func (r *round) setAsideHeld(ctx context.Context, w *Worker) {
+	// The outcomes to be sent again, as finish will find them.
+	var unsent []*[]outcome
+	if r.completed == nil {
+		unsent = append(unsent, &r.batch.done)
+	}
+	unsent = append(unsent, &r.unsettled.done)
+	if r.failStates == nil {
+		unsent = append(unsent, &r.batch.failed)
+	}
+	unsent = append(unsent, &r.unsettled.failed)
+	var all []outcome
+	for _, s := range unsent {
+		all = append(all, *s...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	held, err := w.leases.heldElsewhere(ctx, all)
+	if err != nil || len(held) == 0 {
+		return
+	}
+	for _, s := range unsent {
+		kept := make([]outcome, 0, len(*s))
+		for _, o := range *s {
+			if held[o.exec.job.ID] {
+				r.heldAside = append(r.heldAside, o)
+			} else {
+				kept = append(kept, o)
+			}
+		}
+		*s = kept
+	}
+}
+
+// send makes the round's statements, in the order acknowledge describes.
+func (r *round) send(ctx context.Context, w *Worker) {
 	if len(r.adopt) > 0 {
 		adopted, err := w.leases.getClaimed(ctx, r.adopt)
 		if err != nil {
