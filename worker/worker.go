@@ -162,6 +162,9 @@ func (w *Worker) handler(kind string) (Handler, bool) {
 // claiming, lets running handlers finish for up to Config.ShutdownGrace,
 // cancels the rest and releases their jobs at once, and returns nil.
 // Database errors while running are logged and retried, never returned.
+// Run does not wait for the handlers it cancelled to return: one that
+// ignores its context goes on after Run has returned, while its released
+// job may already run elsewhere.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return errors.New("worker: Run called more than once")
