@@ -330,6 +330,20 @@ func nextRound(worker string, held []db.JobCompleteAndClaimRow, claim int) db.Jo
 	return params
 }
 
+// cancelOnceStarted asks to cancel job id once its handler has closed
+// started, as an operator would while it runs.
+func (b *bundle) cancelOnceStarted(t *testing.T, started <-chan struct{}, id int64) {
+	t.Helper()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never started")
+	}
+	if _, err := b.q.JobCancel(b.ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // holdRow locks job id's row in a transaction of its own, as a claim that
 // followed the row's update chain, a cancel or an operator's SELECT ... FOR
 // UPDATE does, until the caller commits the transaction returned (rolled

@@ -299,14 +299,7 @@ func TestWorker_HandlerThatIgnoresItsCancellationAndSucceedsEndsSucceeded(t *tes
 			return map[string]bool{"done": true}, nil
 		})
 	})
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("handler never started")
-	}
-	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
-		t.Fatal(err)
-	}
+	b.cancelOnceStarted(t, started, job.ID)
 	got := b.waitFor(t, job.ID, 10*time.Second, "finished", func(j db.Job) bool { return j.FinishedAt != nil })
 	if got.State != db.JobStateSucceeded || string(got.Result) != `{"done": true}` || got.CancelRequestedAt != nil {
 		t.Errorf("state %s result %s cancel requested at %v; want succeeded with the handler's result",
@@ -328,14 +321,7 @@ func TestWorker_CancelReachesRunningHandler(t *testing.T) {
 			return nil, ctx.Err()
 		})
 	})
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("handler never started")
-	}
-	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
-		t.Fatal(err)
-	}
+	b.cancelOnceStarted(t, started, job.ID)
 	select {
 	case cause := <-causes:
 		if !errors.Is(cause, worker.ErrJobCancelled) {
