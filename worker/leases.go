@@ -289,10 +289,11 @@ func (l leases) heldElsewhere(ctx context.Context, outcomes []outcome) (map[int6
 	return held, nil
 }
 
-// isLockTimeout reports whether err is a statement that waited lock_wait_ms
-// for a row another transaction holds, and gave up (SQLSTATE 55P03,
-// lock_not_available).
-func isLockTimeout(err error) bool {
+// lockNotAvailable reports whether err is a statement refused a lock that
+// another transaction holds (SQLSTATE 55P03, lock_not_available): one that
+// asked with NOWAIT, or one that waited for a row until lock_timeout, as a
+// round's completions and failures do for lock_wait_ms.
+func lockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

@@ -110,7 +110,7 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 
 	r.takeBackFree(ctx, w)
 	r.send(ctx, w)
-	if r.err != nil && isLockTimeout(r.err) {
+	if r.err != nil && lockNotAvailable(r.err) {
 		r.setAsideHeld(ctx, w)
 	}
 }

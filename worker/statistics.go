@@ -2,11 +2,8 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // statisticsInterval is how often, at most, a worker looks whether the
@@ -83,8 +80,7 @@ func (s statistician) analyze(ctx context.Context) (string, error) {
 		return "", nil
 	}
 	if err := q.JobLockForAnalyze(ctx); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+		if lockNotAvailable(err) {
 			w.log.Debug("analyze jobs deferred", "reason", due.Reason, "holder", "another session, such as autovacuum")
 			return "", nil
 		}
@@ -98,7 +94,3 @@ func (s statistician) analyze(ctx context.Context) (string, error) {
 	}
 	return due.Reason, nil
 }
-
-// lockNotAvailable is the SQLSTATE of a lock taken with NOWAIT that
-// another session holds.
-const lockNotAvailable = "55P03"
