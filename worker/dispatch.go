@@ -533,14 +533,15 @@ func (d *dispatcher) finish(r *round) {
 
 // drain runs after dispatch, which stopped slots from starting jobs: it
 // releases the jobs claimed ahead, acknowledges what finishes within the
-// grace period, then releases the rest.
+// grace period, then releases the rest. Outcomes it could not send by the
+// end are reported unsent.
 func (d *dispatcher) drain(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
 	d.p.toRelease = append(d.p.toRelease, w.ahead...)
 	w.ahead = nil
 	w.mu.Unlock()
-	d.acknowledgeAtShutdown(ctx)
+	d.acknowledgeAtShutdown(ctx, false)
 	grace := time.NewTimer(max(w.cfg.ShutdownGrace, 0))
 	defer grace.Stop()
 	if n := w.numStarted(); n > 0 {
@@ -550,27 +551,19 @@ func (d *dispatcher) drain(ctx context.Context) {
 		select {
 		case o := <-w.outcomes:
 			d.collect(o)
-			d.acknowledgeAtShutdown(ctx)
+			d.acknowledgeAtShutdown(ctx, false)
 			continue
 		case <-grace.C:
 		}
 		break
 	}
-	d.acknowledgeAtShutdown(ctx)
-	if returned := d.releaseAtShutdown(ctx); len(returned) > 0 {
-		d.collectReturned(returned)
-		d.acknowledgeAtShutdown(ctx)
-	}
-	for _, o := range d.held {
-		w.log.Warn("acknowledgement left unsent at shutdown: another transaction holds the job's row; the job runs again once taken back",
-			"job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
-		kind := OutcomeCompleted
-		if o.err != nil {
-			kind = OutcomeFailed
-		}
-		w.report(o, kind, false)
-	}
+	d.acknowledgeAtShutdown(ctx, false)
+	d.collectReturned(d.releaseAtShutdown(ctx))
+	d.acknowledgeAtShutdown(ctx, true)
+	d.reportUnsent(d.held, "another transaction holds the job's row")
 	d.held = nil
+	d.reportUnsent(append(d.p.done, d.p.failed...), "the database could not be reached")
+	d.p = pending{}
 }
 
 // collectReturned collects the outcomes of the handlers that had returned
@@ -610,18 +603,92 @@ func (d *dispatcher) setAside(r *round) {
 }
 
 // acknowledgeAtShutdown sends what is pending, and looks for the jobs of
-// claims whose answer was lost, in up to three rounds that claim nothing.
-// Each asks again whether the rows of outcomes set aside are still held.
-func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context) {
-	for attempt := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held) > 0) && attempt < 3; attempt++ {
+// claims whose answer was lost, in up to shutdownRounds rounds that claim
+// nothing, each asking again whether the rows of outcomes set aside are
+// still held. On the last call of a shutdown (final), a round the database
+// does not answer does not count: it is sent again, backing off, for as
+// long as something it carries may still land, until the latest of their
+// leases has surely run out by this process's clock (leasesLastUntil),
+// after which the database would refuse it all. So a database that is
+// down for a moment as the worker stops costs no job a second run. The
+// calls before the last try only briefly, as handlers may still be
+// running, and each is to be cancelled when ShutdownGrace ends.
+func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, final bool) {
+	w := d.w
+	delay := minRetryDelay
+	for rounds := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held) > 0) && rounds < shutdownRounds; {
 		d.heldAt = time.Time{}
 		r := d.newRound(0)
-		r.acknowledge(ctx, d.w)
+		r.acknowledge(ctx, w)
 		d.finish(r)
-		if r.err != nil {
-			d.w.log.Warn("acknowledge at shutdown failed", "err", r.err)
-			time.Sleep(minRetryDelay)
+		if r.err == nil {
+			rounds++
+			delay = minRetryDelay
+			continue
 		}
+		if !final {
+			rounds++
+			w.log.Warn("acknowledge at shutdown failed", "err", r.err)
+			time.Sleep(minRetryDelay)
+			continue
+		}
+		until := d.leasesLastUntil()
+		wait := min(delay, time.Until(until))
+		if wait <= 0 {
+			w.log.Warn("acknowledge at shutdown failed; giving up, as the leases have run out", "err", r.err)
+			return
+		}
+		w.log.Warn("acknowledge at shutdown failed; will retry while the leases last", "err", r.err,
+			"retry_in", wait, "leases_until", until)
+		time.Sleep(wait)
+		delay = min(2*delay, maxRetryDelay)
+	}
+}
+
+// shutdownRounds is how many answered rounds a shutdown sends at most to
+// acknowledge what is pending: more are needed only for outcomes set aside
+// while another transaction holds their jobs' rows.
+const shutdownRounds = 3
+
+// leasesLastUntil returns when the latest lease of the jobs a round at
+// shutdown would carry surely runs out by this process's clock: a lease
+// period after the statement that last renewed it was sent, or after the
+// first lost claim was sent. An acknowledgement sent later is refused.
+func (d *dispatcher) leasesLastUntil() time.Time {
+	w := d.w
+	var until time.Time
+	if len(d.lostClaims) > 0 {
+		until = d.lostSentAt.Add(w.cfg.Lease)
+	}
+	later := func(e *execution) {
+		if t := e.renewedAt.Add(w.cfg.Lease); t.After(until) {
+			until = t
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, outcomes := range [][]outcome{d.p.done, d.p.failed, d.held} {
+		for _, o := range outcomes {
+			later(o.exec)
+		}
+	}
+	for _, e := range d.p.toRelease {
+		later(e)
+	}
+	return until
+}
+
+// reportUnsent reports the outcomes a shutdown could not send, with a
+// warning for each: their jobs run again once taken back.
+func (d *dispatcher) reportUnsent(outcomes []outcome, why string) {
+	for _, o := range outcomes {
+		d.w.log.Warn("acknowledgement left unsent at shutdown: "+why+"; the job runs again once taken back",
+			"job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+		kind := OutcomeCompleted
+		if o.err != nil {
+			kind = OutcomeFailed
+		}
+		d.w.report(o, kind, false)
 	}
 }
 

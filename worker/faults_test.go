@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -155,6 +156,82 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 	}
 	if len(rows) != 1 || rows[0].ID != job.ID || deref(rows[0].LastError) != "worker session ended" {
 		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, job.ID)
+	}
+}
+
+// TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts has a worker stop
+// just after its handler succeeded, while the database cannot be reached.
+// If the database is back a second later, within the job's lease, the
+// worker keeps sending the completion until it lands: the job succeeds at
+// its first attempt and runs once, rather than being taken back and run
+// again. If it is not back before the lease runs out, the worker stops
+// trying then, and reports the completion unsent.
+func TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		lease    time.Duration
+		back     bool
+		state    db.JobState
+		result   string
+		reported []string
+	}{
+		{"database back within the lease", time.Minute, true, db.JobStateSucceeded, `"done"`, []string{"completed accepted=true"}},
+		{"database still away when the lease runs out", 2 * time.Second, false, db.JobStateRunning, "", []string{"completed accepted=false"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			job := b.enqueue(t, "task", `{}`, 3)
+			proxy, through := b.proxied(t)
+			started, finish := make(chan int64, 1), make(chan struct{})
+			var runs atomic.Int32
+			acks := make(chan worker.Ack, 10)
+			// The worker's statements go through the proxy; its session
+			// does not, so no reclaim takes the job back meanwhile.
+			_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+				Slots: 1, Lease: tc.lease, SessionDatabaseURL: b.url,
+				OnAck: func(a worker.Ack) { acks <- a },
+			}, func(w *worker.Worker) {
+				w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
+					runs.Add(1)
+					started <- j.ID
+					<-finish
+					return "done", nil
+				})
+			})
+			<-started
+			proxy.Cut()
+			close(finish)
+			stopped := make(chan error, 1)
+			go func() { stopped <- run.stop() }()
+			if tc.back {
+				time.Sleep(time.Second)
+				proxy.Heal()
+			}
+			select {
+			case err := <-stopped:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the worker had not stopped after 20s")
+			}
+			got := b.get(t, job.ID)
+			if got.State != tc.state || got.Attempt != 1 || string(got.Result) != tc.result || runs.Load() != 1 {
+				t.Errorf("job %d: %s at attempt %d with result %q, run %d times; want %s at attempt 1 with result %q, run once",
+					job.ID, got.State, got.Attempt, got.Result, runs.Load(), tc.state, tc.result)
+			}
+			// Run has returned: every acknowledgement is reported.
+			close(acks)
+			var reported []string
+			for a := range acks {
+				reported = append(reported, fmt.Sprintf("%s accepted=%t", a.Outcome, a.Accepted))
+			}
+			if !slices.Equal(reported, tc.reported) {
+				t.Errorf("reported %q, want %q", reported, tc.reported)
+			}
+		})
 	}
 }
 

@@ -162,6 +162,10 @@ func (w *Worker) handler(kind string) (Handler, bool) {
 // claiming, lets running handlers finish for up to Config.ShutdownGrace,
 // cancels the rest and releases their jobs at once, and returns nil.
 // Database errors while running are logged and retried, never returned.
+// At shutdown, acknowledgements the database does not take are sent again
+// for as long as their leases may last, so that a database away for a
+// moment costs no job a second run: a worker stopping while its database
+// cannot be reached may take up to Config.Lease to return.
 // Run does not wait for the handlers it cancelled to return: one that
 // ignores its context goes on after Run has returned, while its released
 // job may already run elsewhere.
