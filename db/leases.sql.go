@@ -810,6 +810,9 @@ func (q *Queries) JobReclaim(ctx context.Context, arg JobReclaimParams) ([]JobRe
 }
 
 const jobReleaseMany = `-- name: JobReleaseMany :many
+WITH lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST($4::integer AS text), true) AS setting
+)
 UPDATE jobs AS j
 SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
     finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
@@ -827,6 +830,7 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
 FROM (SELECT unnest($2::bigint[]) AS id,
           unnest($3::uuid[]) AS token) AS r
 WHERE j.id = r.id
+  AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
   -- The fence, written as JobCompleteAndClaim's is.
   AND j.lease_token IS NOT DISTINCT FROM r.token
   AND j.lease_expires_at > now()
@@ -834,9 +838,10 @@ RETURNING j.id
 `
 
 type JobReleaseManyParams struct {
-	Note   *string
-	IDs    []int64
-	Tokens []pgtype.UUID
+	Note       *string
+	IDs        []int64
+	Tokens     []pgtype.UUID
+	LockWaitMs int32
 }
 
 // Releases jobs from the worker that holds them, so that others can run
@@ -848,8 +853,17 @@ type JobReleaseManyParams struct {
 // a job someone asked to cancel ends cancelled. Fenced like an
 // acknowledgement; returns the jobs released. The job keeps its run_at,
 // and so its place in the queue ahead of jobs that became ready after it.
+// It waits for a row another transaction holds for lock_wait_ms at most,
+// as JobCompleteAndClaim does (zero: as long as it takes), so that a held
+// row of a job claimed ahead holds back no other acknowledgement of the
+// worker's round for longer.
 func (q *Queries) JobReleaseMany(ctx context.Context, arg JobReleaseManyParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, jobReleaseMany, arg.Note, arg.IDs, arg.Tokens)
+	rows, err := q.db.Query(ctx, jobReleaseMany,
+		arg.Note,
+		arg.IDs,
+		arg.Tokens,
+		arg.LockWaitMs,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -388,6 +388,13 @@ ORDER BY j.id;
 -- a job someone asked to cancel ends cancelled. Fenced like an
 -- acknowledgement; returns the jobs released. The job keeps its run_at,
 -- and so its place in the queue ahead of jobs that became ready after it.
+-- It waits for a row another transaction holds for lock_wait_ms at most,
+-- as JobCompleteAndClaim does (zero: as long as it takes), so that a held
+-- row of a job claimed ahead holds back no other acknowledgement of the
+-- worker's round for longer.
+WITH lock_wait AS MATERIALIZED (
+    SELECT set_config('lock_timeout', CAST(@lock_wait_ms::integer AS text), true) AS setting
+)
 UPDATE jobs AS j
 SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_state ELSE 'cancelled'::job_state END,
     finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
@@ -405,6 +412,7 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
 FROM (SELECT unnest(@ids::bigint[]) AS id,
           unnest(@tokens::uuid[]) AS token) AS r
 WHERE j.id = r.id
+  AND (SELECT w.setting FROM lock_wait AS w) IS NOT NULL
   -- The fence, written as JobCompleteAndClaim's is.
   AND j.lease_token IS NOT DISTINCT FROM r.token
   AND j.lease_expires_at > now()

@@ -42,6 +42,10 @@ type dispatcher struct {
 	// found one held: a round sent heldRecheck after that asks again.
 	held   []outcome
 	heldAt time.Time
+	// heldReleases holds the jobs claimed ahead whose release was set
+	// aside for the same reason (round.releaseHeldAside), asked about again
+	// with held.
+	heldReleases []*execution
 }
 
 // heldRecheck is how long outcomes set aside for a row another
@@ -53,8 +57,9 @@ const heldRecheck = 250 * time.Millisecond
 func (d *dispatcher) newRound(claim int) *round {
 	r := &round{batch: d.p.take(), claim: claim, adopt: d.lostClaims, adoptSentAt: d.lostSentAt}
 	d.lostClaims = nil
-	if len(d.held) > 0 && time.Since(d.heldAt) >= heldRecheck {
+	if len(d.held)+len(d.heldReleases) > 0 && time.Since(d.heldAt) >= heldRecheck {
 		r.recheck, d.held = d.held, nil
+		r.releaseRecheck, d.heldReleases = d.heldReleases, nil
 	}
 	return r
 }
@@ -148,6 +153,9 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 
 	for {
 		held, waiting, oldest := w.holding()
+		// A job whose release is set aside is held on its way out: it
+		// takes no slot and is not waiting for one.
+		held -= len(d.heldReleases)
 		// No round starts once ctx is done, though select may still pick
 		// other ready cases before ctx.Done ends the loop: the jobs such a
 		// round claimed would only be released.
@@ -473,7 +481,7 @@ func (d *dispatcher) finish(r *round) {
 	retry.done = append(retry.done, r.unsettled.done...)
 	retry.failed = append(retry.failed, r.unsettled.failed...)
 	d.p.restore(retry)
-	if len(r.heldAside) > 0 || len(r.heldAgain) > 0 {
+	if len(r.heldAside) > 0 || len(r.heldAgain) > 0 || len(r.releaseHeldAside)+len(r.releaseHeldAgain) > 0 {
 		d.setAside(r)
 	}
 	if len(r.adopt) > 0 && !r.adoptedOK {
@@ -586,20 +594,22 @@ func (d *dispatcher) collectReturned(returned map[*execution]bool) {
 // a later round to send, once a row is free: the completion of such a job
 // lands if its lease still holds then, and is refused otherwise, as the
 // job has been taken back to run again. Either way the row held costs that
-// job alone.
+// job alone. Releases of jobs claimed ahead are kept alike; a heartbeat
+// renews those jobs' leases meanwhile, as the worker still holds them.
 func (d *dispatcher) setAside(r *round) {
 	d.held = append(d.held, r.heldAgain...)
 	d.held = append(d.held, r.heldAside...)
+	d.heldReleases = append(d.heldReleases, r.releaseHeldAgain...)
+	d.heldReleases = append(d.heldReleases, r.releaseHeldAside...)
 	d.heldAt = time.Now()
-	if len(r.heldAside) == 0 {
-		return
+	if len(r.heldAside) > 0 {
+		d.w.log.Warn("another transaction holds the row of a finished job; its acknowledgement waits for the row, the others are sent",
+			"jobs", outcomeJobs(r.heldAside), "lock_wait", time.Duration(d.w.cfg.lockWaitMs())*time.Millisecond)
 	}
-	ids := make([]int64, len(r.heldAside))
-	for i, o := range r.heldAside {
-		ids[i] = o.exec.job.ID
+	if len(r.releaseHeldAside) > 0 {
+		d.w.log.Warn("another transaction holds the row of a job claimed ahead; its release waits for the row, the others are sent",
+			"jobs", executionJobs(r.releaseHeldAside), "lock_wait", time.Duration(d.w.cfg.lockWaitMs())*time.Millisecond)
 	}
-	d.w.log.Warn("another transaction holds the row of a finished job; its acknowledgement waits for the row, the others are sent",
-		"jobs", ids, "lock_wait", time.Duration(d.w.cfg.lockWaitMs())*time.Millisecond)
 }
 
 // acknowledgeAtShutdown sends what is pending, and looks for the jobs of
@@ -616,7 +626,7 @@ func (d *dispatcher) setAside(r *round) {
 func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, final bool) {
 	w := d.w
 	delay := minRetryDelay
-	for rounds := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held) > 0) && rounds < shutdownRounds; {
+	for rounds := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held)+len(d.heldReleases) > 0) && rounds < shutdownRounds; {
 		d.heldAt = time.Time{}
 		r := d.newRound(0)
 		r.acknowledge(ctx, w)
@@ -672,8 +682,10 @@ func (d *dispatcher) leasesLastUntil() time.Time {
 			later(o.exec)
 		}
 	}
-	for _, e := range d.p.toRelease {
-		later(e)
+	for _, execs := range [][]*execution{d.p.toRelease, d.heldReleases} {
+		for _, e := range execs {
+			later(e)
+		}
 	}
 	return until
 }
@@ -725,10 +737,14 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execu
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
 	defer cancel()
 	note := releaseNote
-	released, err := w.leases.releaseMany(ctx, left, &note)
+	released, held, err := w.leases.releaseMany(ctx, left, &note)
 	if err != nil {
 		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", len(left))
 		return returned
+	}
+	if len(held) > 0 {
+		w.log.Warn("another transaction holds the rows of jobs to release; they will be reclaimed when this worker's session ends",
+			"jobs", executionJobs(held))
 	}
 	for _, e := range left {
 		w.log.Info("released job", "job", e.job.ID, "accepted", released[e.job.ID])

@@ -496,6 +496,76 @@ func TestWorker_ARowHeldElsewhereCostsOnlyItsOwnJob(t *testing.T) {
 	}
 }
 
+// TestWorker_AHeldRowOfAJobClaimedAheadHoldsBackOnlyItsRelease has a
+// worker of one slot claim a job ahead while a long job fills its slot,
+// and another transaction hold that job's row as the worker releases it,
+// having waited PrefetchWait for the slot. The release waits lock_wait_ms
+// for the row, then is set aside: the long job, finishing meanwhile, is
+// completed at its first attempt and runs once, a job enqueued while the
+// row is held runs, and the job claimed ahead runs once its row is free.
+func TestWorker_AHeldRowOfAJobClaimedAheadHoldsBackOnlyItsRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs syncBuffer
+	var runs [3]atomic.Int32
+	blocking, finish := make(chan struct{}), make(chan struct{})
+	b.startWorker(t, worker.Config{
+		Slots: 1, Lease: 4 * time.Second, PrefetchWait: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}, func(w *worker.Worker) {
+		w.HandleFunc("quick", quick)
+		for i, kind := range []string{"block", "next", "later"} {
+			w.HandleFunc(kind, func(ctx context.Context, j *worker.Job) (any, error) {
+				if runs[i].Add(1) == 1 && kind == "block" {
+					close(blocking)
+					<-finish
+				}
+				return "done", nil
+			})
+		}
+	})
+	for range 12 {
+		b.enqueue(t, "quick", `{}`, 1)
+	}
+	// One attempt: a long job whose completion came too late would end
+	// dead. The job claimed ahead may be taken back after its lease, if
+	// the row is held that long, and still run once.
+	blocker, next := b.enqueue(t, "block", `{}`, 1), b.enqueue(t, "next", `{}`, 3)
+	<-blocking
+	// The quick jobs made the worker claim ahead: next, while blocker fills
+	// the slot. Its row is held before it has waited PrefetchWait.
+	b.waitFor(t, next.ID, 10*time.Second, "claimed ahead", func(j db.Job) bool { return j.Fence > 0 })
+	held := b.holdRow(t, next.ID)
+	b.waitFor(t, next.ID, 10*time.Second, "still claimed", func(j db.Job) bool { return j.State == db.JobStateRunning })
+	// The long job finishes while the release waits for the row.
+	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, held); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no release waited for the held row within 10s")
+		}
+	}
+	close(finish)
+
+	if got := b.waitForState(t, blocker.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
+		t.Errorf("the long job succeeded on attempt %d, want 1", got.Attempt)
+	}
+	later := b.enqueue(t, "later", `{}`, 1)
+	if got := b.waitForState(t, later.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
+		t.Errorf("a job enqueued while the row was held succeeded on attempt %d, want 1", got.Attempt)
+	}
+	if err := held.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitForState(t, next.ID, db.JobStateSucceeded, 20*time.Second)
+	for i, name := range []string{"the long job", "the job claimed ahead", "the job enqueued while the row was held"} {
+		if n := runs[i].Load(); n != 1 {
+			t.Errorf("%s ran %d times, want once", name, n)
+		}
+	}
+	if !strings.Contains(logs.String(), "another transaction holds the row of a job claimed ahead") {
+		t.Errorf("the worker did not say it set a release aside; the logs:\n%s", logs.String())
+	}
+}
+
 func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

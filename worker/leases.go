@@ -269,13 +269,9 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 	return states, settled, nil
 }
 
-// heldElsewhere returns the outcomes whose jobs' rows another transaction
-// holds (JobHeldElsewhere), by job id. It never waits for a row.
-func (l leases) heldElsewhere(ctx context.Context, outcomes []outcome) (map[int64]bool, error) {
-	ids := make([]int64, len(outcomes))
-	for i, o := range outcomes {
-		ids[i] = o.exec.job.ID
-	}
+// heldElsewhere returns which of the jobs ids another transaction holds
+// the rows of (JobHeldElsewhere), without waiting for any.
+func (l leases) heldElsewhere(ctx context.Context, ids []int64) (map[int64]bool, error) {
 	rows, err := l.w.q.JobHeldElsewhere(ctx, ids)
 	if err != nil {
 		return nil, fmt.Errorf("ask which jobs' rows another transaction holds: %w", err)
@@ -287,6 +283,24 @@ func (l leases) heldElsewhere(ctx context.Context, outcomes []outcome) (map[int6
 		}
 	}
 	return held, nil
+}
+
+// outcomeJobs returns the ids of the jobs of outcomes.
+func outcomeJobs(outcomes []outcome) []int64 {
+	ids := make([]int64, len(outcomes))
+	for i, o := range outcomes {
+		ids[i] = o.exec.job.ID
+	}
+	return ids
+}
+
+// executionJobs returns the ids of the jobs of execs.
+func executionJobs(execs []*execution) []int64 {
+	ids := make([]int64, len(execs))
+	for i, e := range execs {
+		ids[i] = e.job.ID
+	}
+	return ids
 }
 
 // lockNotAvailable reports whether err is a statement refused a lock that
@@ -315,14 +329,51 @@ func errorText(err error, n int) string {
 // releaseMany releases the jobs of execs to the queue (JobReleaseMany),
 // with note in their error history if it is not nil, and returns those the
 // database released. A job the database refuses to release is left to its
-// lease.
-func (l leases) releaseMany(ctx context.Context, execs []*execution, note *string) (map[int64]bool, error) {
+// lease. A row another transaction holds is waited for lock_wait_ms at
+// most; then the jobs whose rows are held are left out, returned in held,
+// and the others sent again, so that a held row holds back only its own
+// job's release.
+func (l leases) releaseMany(ctx context.Context, execs []*execution, note *string) (released map[int64]bool, held []*execution, err error) {
+	released = make(map[int64]bool, len(execs))
+	err = l.release(ctx, execs, note, released)
+	if err == nil || !lockNotAvailable(err) {
+		if err != nil {
+			return nil, nil, err
+		}
+		return released, nil, nil
+	}
+	isHeld, herr := l.heldElsewhere(ctx, executionJobs(execs))
+	if herr != nil || len(isHeld) == 0 {
+		return nil, nil, err
+	}
+	var free []*execution
+	for _, e := range execs {
+		switch {
+		case isHeld[e.job.ID]:
+			held = append(held, e)
+		case !released[e.job.ID]:
+			free = append(free, e)
+		}
+	}
+	if err := l.release(ctx, free, note, released); err != nil {
+		return nil, nil, err
+	}
+	return released, held, nil
+}
+
+// release sends the releases of execs (JobReleaseMany) and records in
+// released the jobs the database released, in the parts it answered for
+// even if it did not answer for all.
+func (l leases) release(ctx context.Context, execs []*execution, note *string, released map[int64]bool) error {
 	w := l.w
-	released := make(map[int64]bool, len(execs))
 	refused, _, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
-		params := db.JobReleaseManyParams{Note: note, IDs: make([]int64, len(part)), Tokens: make([]pgtype.UUID, len(part))}
+		params := db.JobReleaseManyParams{
+			LockWaitMs: w.cfg.lockWaitMs(),
+			Note:       note,
+			IDs:        executionJobs(part),
+			Tokens:     make([]pgtype.UUID, len(part)),
+		}
 		for i, e := range part {
-			params.IDs[i] = e.job.ID
 			params.Tokens[i] = e.token
 		}
 		ids, err := w.q.JobReleaseMany(ctx, params)
@@ -332,12 +383,12 @@ func (l leases) releaseMany(ctx context.Context, execs []*execution, note *strin
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for i, rerr := range refused {
 		w.log.Error("the database refused to release a job; its lease will expire", "job", execs[i].job.ID, "err", rerr)
 	}
-	return released, nil
+	return nil
 }
 
 // reclaim takes back up to DefaultReclaimBatch jobs of dead workers and

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -64,6 +65,13 @@ type round struct {
 	// of recheck still held. Neither is sent again until a later round
 	// finds its rows free.
 	heldAside, heldAgain []outcome
+	// releaseRecheck holds jobs claimed ahead whose release an earlier
+	// round set aside, for the same reason, to be asked about again. Once
+	// the round is back, releaseHeldAside holds those found held when this
+	// round's release waited lock_wait_ms for them, and releaseHeldAgain
+	// those of releaseRecheck still held.
+	releaseRecheck                     []*execution
+	releaseHeldAside, releaseHeldAgain []*execution
 
 	// Filled in by acknowledge: what the database answered for. released
 	// stays nil unless its statement succeeded, completed unless the
@@ -102,7 +110,8 @@ func (r *round) carried() int {
 // permanent failure of that job. A row another transaction holds holds
 // up only its own outcome: a completion or failure waits lock_wait_ms for
 // it, then the round sets that outcome aside (setAsideHeld) and its others
-// are sent again. It touches nothing but r, so that it can run beside the
+// are sent again; a release waits as long, then is set aside alike
+// (leases.releaseMany). It touches nothing but r, so that it can run beside the
 // dispatcher.
 func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
@@ -115,19 +124,19 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	}
 }
 
-// takeBackFree asks which of the outcomes set aside earlier (recheck)
-// still have their jobs' rows held by another transaction, adds the others
-// to the round's batch and sets the rest aside again. If it cannot ask, it
-// sets them all aside again.
+// takeBackFree asks which of the outcomes and releases set aside earlier
+// (recheck, releaseRecheck) still have their jobs' rows held by another
+// transaction, adds the others to the round's batch and sets the rest
+// aside again. If it cannot ask, it sets them all aside again.
 func (r *round) takeBackFree(ctx context.Context, w *Worker) {
-	if len(r.recheck) == 0 {
+	if len(r.recheck) == 0 && len(r.releaseRecheck) == 0 {
 		return
 	}
-	recheck := r.recheck
-	r.recheck = nil
-	held, err := w.leases.heldElsewhere(ctx, recheck)
+	recheck, releases := r.recheck, r.releaseRecheck
+	r.recheck, r.releaseRecheck = nil, nil
+	held, err := w.leases.heldElsewhere(ctx, append(outcomeJobs(recheck), executionJobs(releases)...))
 	if err != nil {
-		r.heldAgain = recheck
+		r.heldAgain, r.releaseHeldAgain = recheck, releases
 		return
 	}
 	for _, o := range recheck {
@@ -138,6 +147,13 @@ func (r *round) takeBackFree(ctx context.Context, w *Worker) {
 			r.batch.done = append(r.batch.done, o)
 		default:
 			r.batch.failed = append(r.batch.failed, o)
+		}
+	}
+	for _, e := range releases {
+		if held[e.job.ID] {
+			r.releaseHeldAgain = append(r.releaseHeldAgain, e)
+		} else {
+			r.batch.toRelease = append(r.batch.toRelease, e)
 		}
 	}
 }
@@ -165,7 +181,7 @@ func (r *round) setAsideHeld(ctx context.Context, w *Worker) {
 	if len(all) == 0 {
 		return
 	}
-	held, err := w.leases.heldElsewhere(ctx, all)
+	held, err := w.leases.heldElsewhere(ctx, outcomeJobs(all))
 	if err != nil || len(held) == 0 {
 		return
 	}
@@ -194,12 +210,16 @@ func (r *round) send(ctx context.Context, w *Worker) {
 		r.adoptedOK = true
 	}
 	if len(r.batch.toRelease) > 0 {
-		ids, err := w.leases.releaseMany(ctx, r.batch.toRelease, nil)
+		ids, held, err := w.leases.releaseMany(ctx, r.batch.toRelease, nil)
 		if err != nil {
 			r.err = fmt.Errorf("release jobs claimed ahead: %w", err)
 			return
 		}
 		r.released = ids
+		if len(held) > 0 {
+			r.releaseHeldAside = held
+			r.batch.toRelease = slices.DeleteFunc(r.batch.toRelease, func(e *execution) bool { return slices.Contains(held, e) })
+		}
 	}
 	if r.probe {
 		r.sentAt = time.Now()
