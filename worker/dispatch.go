@@ -716,10 +716,20 @@ const releaseNote = "released: worker shutting down"
 func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execution]bool) {
 	w := d.w
 	returned = map[*execution]bool{}
+	// Jobs claimed ahead still to be released go with the acknowledgements
+	// that follow, untouched: they never started.
+	unstarted := map[*execution]bool{}
+	for _, execs := range [][]*execution{d.p.toRelease, d.heldReleases} {
+		for _, e := range execs {
+			unstarted[e] = true
+		}
+	}
 	w.mu.Lock()
 	var left []*execution
 	for _, e := range w.held {
 		switch {
+		case unstarted[e]:
+			continue
 		case e.returned:
 			// Collected and reported, as lost if its lease was lost.
 			returned[e] = true

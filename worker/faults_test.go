@@ -566,6 +566,55 @@ func TestWorker_AHeldRowOfAJobClaimedAheadHoldsBackOnlyItsRelease(t *testing.T) 
 	}
 }
 
+// TestWorker_StopsPromptlyThoughAJobClaimedAheadHasItsRowHeld stops a
+// worker whose job claimed ahead has its row held by another transaction.
+// The release waits lock_wait_ms (2 s here) for the row, not the round's
+// time limit of a lease, and the worker returns, leaving that job to be
+// taken back once its session has ended; the job never runs on it.
+func TestWorker_StopsPromptlyThoughAJobClaimedAheadHasItsRowHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	blocker, next := b.queueBehindBlocker(t)
+	w, run := b.runWorker(t, b.pool, worker.Config{Slots: 1, Lease: 30 * time.Second, ShutdownGrace: -1, PrefetchWait: 10 * time.Second},
+		func(w *worker.Worker) {
+			w.HandleFunc("quick", quick)
+			w.HandleFunc("block", blockUntilCancelled(nil))
+			w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
+				t.Errorf("next started")
+				return nil, nil
+			})
+		})
+	b.waitHeldBy(t, blocker.ID, w.ID())
+	b.waitHeldBy(t, next.ID, w.ID())
+	held := b.holdRow(t, next.ID)
+	stopped := make(chan error, 1)
+	go func() { stopped <- run.stop() }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the worker had not stopped 15s after it was told to, with a 2s lock wait")
+	}
+	if err := held.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.get(t, blocker.ID); got.State != db.JobStateAvailable {
+		t.Errorf("the interrupted job is %s after the shutdown, want released (available)", got.State)
+	}
+	var rows []db.JobReclaimRow
+	for deadline := time.Now().Add(5 * time.Second); len(rows) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var err error
+		if rows, err = b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(rows) != 1 || rows[0].ID != next.ID || deref(rows[0].LastError) != "worker session ended" {
+		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, next.ID)
+	}
+}
+
 func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
