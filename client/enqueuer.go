@@ -298,10 +298,11 @@ func (e *Enqueuer) store(group []*pendingJob) {
 	}
 	if refused && len(group) > 1 {
 		// Nothing of the statement was stored: store each job alone, so
-		// that the one the database refuses fails alone.
+		// that the one the database refuses fails alone, each as a group
+		// of its own: in a statement of its own time, StoreTimeout, and
+		// announced as the spacing allows.
 		for _, p := range group {
-			job, _, err := Insert(ctx, e.pool, p.job)
-			p.done <- stored{job: job, err: err}
+			e.store([]*pendingJob{p})
 		}
 		return
 	}

@@ -274,6 +274,50 @@ func TestEnqueuer_AGroupWithAJobTheDatabaseRefusesIsStoredOneJobAtATime(t *testi
 	}
 }
 
+// TestEnqueuer_TheJobsOfARefusedGroupAreStoredEachInItsOwnTimeAndSpaced
+// has the database refuse a group of five jobs for one of them, with a
+// commit that takes 150 ms and a StoreTimeout of 400 ms. Each of the four
+// others is stored alone within a StoreTimeout of its own, though the
+// five take longer than one, and their notifications keep the spacing
+// the refused statement began: owed, and sent together at Close.
+func TestEnqueuer_TheJobsOfARefusedGroupAreStoredEachInItsOwnTimeAndSpaced(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	if _, err := pool.Exec(t.Context(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind <> 'forbidden')`); err != nil {
+		t.Fatal(err)
+	}
+	dbtest.SlowCommits(t, pool, 150*time.Millisecond)
+	listener, _ := dbtest.Listen(t, pool, "spaced")
+	queue := "spaced"
+	kinds := []string{"forbidden", "k1", "k2", "k3", "k4"}
+	group := make([]*pendingJob, len(kinds))
+	for i, kind := range kinds {
+		job, err := Validate(Request{Kind: kind, Queue: &queue, Payload: json.RawMessage(`{"slow_commit": true}`)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
+	}
+	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: time.Hour, StoreTimeout: 400 * time.Millisecond})
+	enq.store(group)
+	for i, p := range group {
+		s := <-p.done
+		var pgErr *pgconn.PgError
+		refused := errors.As(s.err, &pgErr) && pgErr.ConstraintName == "no_forbidden"
+		if want := kinds[i] == "forbidden"; refused != want || !want && (s.err != nil || s.job.Kind != kinds[i]) {
+			t.Errorf("job %d (%s): stored %+v, %v", i, kinds[i], s.job, s.err)
+		}
+	}
+	// The refused statement was to notify, and began the spacing.
+	if heard := dbtest.Heard(t, t.Context(), listener); len(heard) != 0 {
+		t.Errorf("heard %d notifications of the four jobs stored within an hour's spacing, want none yet", len(heard))
+	}
+	enq.Close(t.Context())
+	if heard := dbtest.Heard(t, t.Context(), listener); len(heard) != 1 {
+		t.Errorf("heard %d notifications once the Enqueuer closed, want 1 for the queue", len(heard))
+	}
+}
+
 // TestInsertAll_UnannouncedIsHeardOnlyOnceItsQueuesAreAnnounced specifies
 // the store an Enqueuer makes while it owes notifications: a group stored
 // unannounced is not heard at its commit, its queues announced after it
