@@ -57,6 +57,12 @@ const idempotencyAttempts = 3
 // ALL or a migration that changed a column it returns, is prepared again
 // and sent once more: refused, it stored nothing. Otherwise, as in a
 // transaction, which the refusal has failed, its error is returned.
+//
+// Outside a transaction of the caller's, an error does not always mean
+// that nothing was stored: if ctx ends or the connection is lost while the
+// insert commits, the job may have committed all the same, and a caller
+// that tries again stores it twice unless it gives an idempotency key
+// (docs/failure-semantics.md, "An enqueue's answer is lost").
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	tx, inTx := dbtx.(*Tx)
 	ownCommit := commitsOnItsOwn(dbtx)

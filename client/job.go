@@ -147,6 +147,9 @@ func Validate(r Request, now time.Time) (Job, error) {
 		job.Queue = *r.Queue
 	}
 	if len(r.Payload) > 0 {
+		if !json.Valid(r.Payload) {
+			return job, fieldError(FieldPayload, "is not valid JSON")
+		}
 		if err := jsonb.Check(r.Payload); err != nil {
 			return job, fieldError(FieldPayload, "%v", err)
 		}
