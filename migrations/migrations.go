@@ -12,10 +12,12 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 )
 
 // FS holds the migration files.
@@ -35,15 +37,35 @@ type Migrator struct {
 
 // NewMigrator returns a Migrator for the database behind pool. Close it when
 // done; it does not close the pool.
+//
+// Migrators of one database take turns: each applies or rolls back
+// migrations, or lists them, under goose's lock, a row of the table
+// goose_lock held on a lease its holder renews, so that processes that
+// migrate at once, as the replicas of one deployment may, apply each
+// migration once and the others wait. Unlike an advisory lock held by a
+// session, it holds behind a transaction-mode pooler. A migrator that dies
+// holding it keeps the others waiting for its lease, 30 s; one waits for
+// the lock for up to lockWaitLimit, trying every lockTry.
 func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
+	locker, err := lock.NewPostgresTableLocker(lock.WithTableLockTimeout(lockTry, uint64(lockWaitLimit/lockTry)))
+	if err != nil {
+		return nil, fmt.Errorf("make the migration lock: %w", err)
+	}
 	db := stdlib.OpenDBFromPool(pool)
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS)
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithLocker(locker))
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("load migrations: %w", err)
 	}
 	return &Migrator{db: db, provider: provider}, nil
 }
+
+// lockTry and lockWaitLimit are how often a Migrator tries to take the
+// migration lock while another holds it, and for how long.
+const (
+	lockTry       = 500 * time.Millisecond
+	lockWaitLimit = 15 * time.Minute
+)
 
 // Up applies every pending migration to the database behind pool and
 // returns the versions applied.
@@ -74,9 +96,19 @@ func (m *Migrator) Close() error { return m.db.Close() }
 func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
 	results, err := m.provider.Up(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("migrate up: %w", err)
+		return nil, fmt.Errorf("migrate up: %w%s", err, appliedBefore(err))
 	}
 	return versions(results), nil
+}
+
+// appliedBefore says which migrations were applied before the one that
+// failed, for the error of a run that applied some, and nothing otherwise.
+func appliedBefore(err error) string {
+	var partial *goose.PartialError
+	if !errors.As(err, &partial) || len(partial.Applied) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (applied before it: %v)", versions(partial.Applied))
 }
 
 // UpTo applies the pending migrations up to and including version, and
@@ -84,7 +116,7 @@ func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
 func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
 	results, err := m.provider.UpTo(ctx, version)
 	if err != nil {
-		return nil, fmt.Errorf("migrate up to %d: %w", version, err)
+		return nil, fmt.Errorf("migrate up to %d: %w%s", version, err, appliedBefore(err))
 	}
 	return versions(results), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,50 @@ import (
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/migrations"
 )
+
+// TestMigrations_MigratorsOfOneDatabaseAtOnceApplyEachMigrationOnce runs
+// three migrators, each with a pool of its own as three processes would,
+// against one empty database at once. Every one succeeds, and each
+// migration is applied by exactly one of them.
+func TestMigrations_MigratorsOfOneDatabaseAtOnceApplyEachMigrationOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := dbtest.NewURL(t)
+	m, err := migrations.NewMigrator(dbtest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := m.DownTo(ctx, 0)
+	m.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const migrators = 3
+	applied := make([][]int64, migrators)
+	errs := make([]error, migrators)
+	var wg sync.WaitGroup
+	for i := range migrators {
+		pool := dbtest.Connect(t, url)
+		wg.Go(func() { applied[i], errs[i] = migrations.Up(ctx, pool) })
+	}
+	wg.Wait()
+	times := map[int64]int{}
+	for i := range migrators {
+		if errs[i] != nil {
+			t.Errorf("migrator %d: %v", i, errs[i])
+		}
+		for _, v := range applied[i] {
+			times[v]++
+		}
+	}
+	want := map[int64]int{}
+	for _, v := range all {
+		want[v] = 1
+	}
+	if diff := cmp.Diff(want, times); diff != "" {
+		t.Errorf("times each migration was applied (-want +got):\n%s", diff)
+	}
+}
 
 // TestMigrations_CarryAPopulatedDatabaseUpAndDown applies each migration to a
 // database that already holds jobs and workers, checks what it made of
