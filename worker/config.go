@@ -250,6 +250,13 @@ func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration
 
 // withDefaults returns c with every zero field set to its default, or an
 // error naming the first invalid field.
+// Validate reports what New would refuse in c, without a pool: the error
+// New returns for it.
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.Queue == "" {
 		c.Queue = DefaultQueue

@@ -75,6 +75,11 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 	if s.worker.Slots < 0 {
 		return cli.Usagef("--slots must not be negative, got %d", s.worker.Slots)
 	}
+	// Checked with or without a worker to run, so that a flag given wrong
+	// is never silently ignored.
+	if _, err := s.worker.Config(nil); err != nil {
+		return err
+	}
 	if s.shutdownTimeout <= 0 {
 		return cli.Usagef("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
 	}

@@ -208,7 +208,7 @@ func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) 
 	fs.IntVar(&w.QueueListeners, "queue-listeners", worker.DefaultQueueListeners, "how many workers of the queue, at most, listen for its new jobs (each is woken by every commit of the database that notifies); the others look every --poll and with every completion (-1: every worker listens)")
 	fs.IntVar(&w.Prefetch, "prefetch", 0, fmt.Sprintf("jobs claimed ahead of a free slot while jobs are short (default: as many as --slots, at least %d; -1: none)", worker.DefaultMinPrefetch))
 	fs.DurationVar(&w.PrefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is released")
-	fs.DurationVar(&w.ShutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (negative: release at once)")
+	fs.DurationVar(&w.ShutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (0: release at once)")
 	fs.DurationVar(&w.RetainSucceeded, "retain-succeeded", worker.DefaultRetainSucceeded, "how long a succeeded job is kept after it finished, then deleted (0: forever)")
 	fs.DurationVar(&w.RetainDead, "retain-dead", worker.DefaultRetainDead, "how long a dead job is kept after it finished, then deleted (0: forever)")
 	fs.DurationVar(&w.RetainCancelled, "retain-cancelled", worker.DefaultRetainCancelled, "how long a cancelled job is kept after it finished, then deleted (0: forever)")
@@ -224,8 +224,30 @@ func (w *WorkerFlags) ResolveEnv(getenv func(string) string) {
 	}
 }
 
-// Config returns the worker configuration the flags describe.
+// Config returns the worker configuration the flags describe, or a usage
+// error for anything worker.New would refuse in it. A flag given zero
+// means zero, never the package's default: --shutdown-grace 0 releases at
+// once, and the others must be positive (--heartbeat 0 is its default,
+// lease/3).
 func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
+	if w.Queue == "" {
+		return worker.Config{}, Usagef("--queue must not be empty")
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"--lease", w.Lease}, {"--poll", w.Poll}, {"--reclaim-interval", w.ReclaimInterval}, {"--prefetch-wait", w.PrefetchWait}} {
+		if f.d <= 0 {
+			return worker.Config{}, Usagef("%s must be positive, got %s", f.name, f.d)
+		}
+	}
+	if w.Heartbeat < 0 {
+		return worker.Config{}, Usagef("--heartbeat must be positive, or 0 for a third of --lease, got %s", w.Heartbeat)
+	}
+	grace := w.ShutdownGrace
+	if grace == 0 {
+		grace = -1 // worker.Config's zero is its default
+	}
 	if w.QueueListeners == 0 || w.QueueListeners < -1 {
 		return worker.Config{}, Usagef("--queue-listeners must be positive, or -1 for every worker, got %d", w.QueueListeners)
 	}
@@ -246,7 +268,7 @@ func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 			retain[i] = f.d
 		}
 	}
-	return worker.Config{
+	cfg := worker.Config{
 		SessionDatabaseURL: w.SessionURL,
 		Queue:              w.Queue,
 		Slots:              w.Slots,
@@ -258,11 +280,15 @@ func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 		QueueListeners:     w.QueueListeners,
 		Prefetch:           w.Prefetch,
 		PrefetchWait:       w.PrefetchWait,
-		ShutdownGrace:      w.ShutdownGrace,
+		ShutdownGrace:      grace,
 		RetainSucceeded:    retain[0],
 		RetainDead:         retain[1],
 		RetainCancelled:    retain[2],
 		Backoff:            worker.ExponentialBackoff(w.BackoffBase, worker.DefaultBackoffMax),
 		Logger:             logger,
-	}, nil
+	}
+	if err := cfg.Validate(); err != nil {
+		return worker.Config{}, Usagef("%s", err)
+	}
+	return cfg, nil
 }

@@ -80,3 +80,31 @@ func TestWorkerFlags_RetentionZeroKeepsForeverNegativeIsAUsageError(t *testing.T
 		}
 	}
 }
+
+func TestWorkerFlags_ShutdownGraceZeroReleasesAtOnce(t *testing.T) {
+	tests := []struct {
+		args     []string
+		released bool // at once, as a negative worker.Config.ShutdownGrace does
+		grace    time.Duration
+	}{
+		{nil, false, worker.DefaultShutdownGrace},
+		{[]string{"--shutdown-grace", "3s"}, false, 3 * time.Second},
+		{[]string{"--shutdown-grace", "0"}, true, 0},
+		{[]string{"--shutdown-grace", "-1s"}, true, 0},
+	}
+	for _, tt := range tests {
+		var w WorkerFlags
+		fs := NewFlagSet("work", "relay work [flags]", "")
+		w.Register(fs, 1, "")
+		if _, err := fs.Parse(tt.args, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := w.Config(nil)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		if released := cfg.ShutdownGrace < 0; released != tt.released || !released && cfg.ShutdownGrace != tt.grace {
+			t.Errorf("%q: ShutdownGrace %s, want release at once %t, else %s", tt.args, cfg.ShutdownGrace, tt.released, tt.grace)
+		}
+	}
+}
