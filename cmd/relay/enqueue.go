@@ -56,7 +56,8 @@ func newEnqueueFlagSet(f *enqueueFlags) *cli.FlagSet {
 prints it as JSON. With an idempotency key already used in the queue, nothing
 is enqueued: if the job holding the key is the same job, it is printed, with
 "existing": true; if it is a different job, enqueue fails, as the API answers
-409.`)
+409. Jobs are compared by kind, queue, payload (as JSON values), priority and
+max attempts: a replay's --run-at or --delay is not compared, nor applied.`)
 	f.logs.Register(fs)
 	f.db.Register(fs)
 	fs.StringVar(&f.payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
@@ -103,7 +104,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	}
 	raw := []byte(f.payload)
 	if f.payload == "-" {
-		if raw, err = io.ReadAll(io.LimitReader(env.stdin, maxPayloadBytes+1)); err != nil {
+		if raw, err = readAll(ctx, io.LimitReader(env.stdin, maxPayloadBytes+1)); err != nil {
 			return fmt.Errorf("read the payload from standard input: %w", err)
 		}
 		if len(raw) > maxPayloadBytes {
@@ -148,6 +149,27 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	}
 	_, err = fmt.Fprintf(env.stdout, "%s\n", out)
 	return err
+}
+
+// readAll reads r to its end, or returns ctx's cause once ctx ends first,
+// as when a signal stops the program while standard input stays open: a
+// read cannot be interrupted, so it is left to the program's exit.
+func readAll(ctx context.Context, r io.Reader) ([]byte, error) {
+	type read struct {
+		b   []byte
+		err error
+	}
+	done := make(chan read, 1)
+	go func() {
+		b, err := io.ReadAll(r)
+		done <- read{b, err}
+	}()
+	select {
+	case got := <-done:
+		return got.b, got.err
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 }
 
 // compactPayload returns the f.payload compacted, or a clear error if it is

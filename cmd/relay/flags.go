@@ -68,6 +68,9 @@ func open(ctx context.Context, logger *slog.Logger, dsn, appName string, minConn
 		return nil, err
 	}
 	if err := adaptToPooler(ctx, logger, cfg); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to the database: %w", context.Cause(ctx))
+		}
 		return nil, &connectError{dsn: pgurl.Redact(dsn), err: err}
 	}
 	if adjust != nil {

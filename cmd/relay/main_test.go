@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -632,4 +633,58 @@ func deref(s *string) string {
 		return "<nil>"
 	}
 	return *s
+}
+
+// TestRun_EnqueueStopsWaitingForStandardInputWhenSignalled gives relay
+// enqueue --payload - a standard input that stays open, and stops it as a
+// signal does, by ending its context: it returns at once, saying why,
+// rather than waiting for input that never comes.
+func TestRun_EnqueueStopsWaitingForStandardInputWhenSignalled(t *testing.T) {
+	stdin, writer := io.Pipe()
+	defer writer.Close()
+	ctx, stop := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		var stdout, stderr syncBuffer
+		done <- run(ctx, []string{"relay", "enqueue", "hash", "--payload", "-"},
+			func(k string) string { return map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}[k] },
+			stdin, &stdout, &stderr)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	stop()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "standard input") {
+			t.Errorf("error %v, want the read of standard input cancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay enqueue still waited for standard input 10s after its context ended")
+	}
+}
+
+// TestRun_StoppedWhileConnectingSaysSo stops relay enqueue while its
+// server accepts the connection and never answers: the error says the
+// connection was given up, not that the database cannot be reached.
+func TestRun_StoppedWhileConnectingSaysSo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close() // held open, unanswered, until the test ends
+		}
+	}()
+	ctx, stop := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer stop()
+	r := runRelay(ctx, map[string]string{"DATABASE_URL": "postgres://postgres@" + ln.Addr().String() + "/x"}, "", "enqueue", "hash")
+	var unreachable *connectError
+	if errors.As(r.err, &unreachable) || !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Errorf("error %v, want the connection given up as the context ended", r.err)
+	}
 }
