@@ -244,27 +244,11 @@ func TestRefusedAValue_IsTheServersRefusalOfAValueOnly(t *testing.T) {
 func TestEnqueuer_AGroupWithAJobTheDatabaseRefusesIsStoredOneJobAtATime(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
-	if _, err := pool.Exec(t.Context(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind <> 'forbidden')`); err != nil {
-		t.Fatal(err)
-	}
+	forbidKind(t, pool)
 	kinds := []string{"k0", "forbidden", "k2"}
-	group := make([]*pendingJob, len(kinds))
-	for i, kind := range kinds {
-		job, err := Validate(Request{Kind: kind}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
-	}
+	group := groupOf(t, kinds, func(kind string) Request { return Request{Kind: kind} })
 	NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1}).store(group)
-	for i, p := range group {
-		s := <-p.done
-		var pgErr *pgconn.PgError
-		refused := errors.As(s.err, &pgErr) && pgErr.ConstraintName == "no_forbidden"
-		if want := kinds[i] == "forbidden"; refused != want || !want && (s.err != nil || s.job.Kind != kinds[i]) {
-			t.Errorf("job %d (%s): stored %+v, %v", i, kinds[i], s.job, s.err)
-		}
-	}
+	wantOnlyForbiddenRefused(t, kinds, group)
 	var stored, statements int
 	if err := pool.QueryRow(t.Context(), `SELECT count(*), count(DISTINCT xmin::text) FROM jobs`).Scan(&stored, &statements); err != nil {
 		t.Fatal(err)
@@ -283,31 +267,17 @@ func TestEnqueuer_AGroupWithAJobTheDatabaseRefusesIsStoredOneJobAtATime(t *testi
 func TestEnqueuer_TheJobsOfARefusedGroupAreStoredEachInItsOwnTimeAndSpaced(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
-	if _, err := pool.Exec(t.Context(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind <> 'forbidden')`); err != nil {
-		t.Fatal(err)
-	}
+	forbidKind(t, pool)
 	dbtest.SlowCommits(t, pool, 150*time.Millisecond)
 	listener, _ := dbtest.Listen(t, pool, "spaced")
 	queue := "spaced"
 	kinds := []string{"forbidden", "k1", "k2", "k3", "k4"}
-	group := make([]*pendingJob, len(kinds))
-	for i, kind := range kinds {
-		job, err := Validate(Request{Kind: kind, Queue: &queue, Payload: json.RawMessage(`{"slow_commit": true}`)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
-	}
+	group := groupOf(t, kinds, func(kind string) Request {
+		return Request{Kind: kind, Queue: &queue, Payload: json.RawMessage(`{"slow_commit": true}`)}
+	})
 	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: time.Hour, StoreTimeout: 400 * time.Millisecond})
 	enq.store(group)
-	for i, p := range group {
-		s := <-p.done
-		var pgErr *pgconn.PgError
-		refused := errors.As(s.err, &pgErr) && pgErr.ConstraintName == "no_forbidden"
-		if want := kinds[i] == "forbidden"; refused != want || !want && (s.err != nil || s.job.Kind != kinds[i]) {
-			t.Errorf("job %d (%s): stored %+v, %v", i, kinds[i], s.job, s.err)
-		}
-	}
+	wantOnlyForbiddenRefused(t, kinds, group)
 	// The refused statement was to notify, and began the spacing.
 	if heard := dbtest.Heard(t, t.Context(), listener); len(heard) != 0 {
 		t.Errorf("heard %d notifications of the four jobs stored within an hour's spacing, want none yet", len(heard))
@@ -315,6 +285,45 @@ func TestEnqueuer_TheJobsOfARefusedGroupAreStoredEachInItsOwnTimeAndSpaced(t *te
 	enq.Close(t.Context())
 	if heard := dbtest.Heard(t, t.Context(), listener); len(heard) != 1 {
 		t.Errorf("heard %d notifications once the Enqueuer closed, want 1 for the queue", len(heard))
+	}
+}
+
+// forbidKind makes the database refuse every job of kind "forbidden", by
+// a constraint named no_forbidden.
+func forbidKind(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(t.Context(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind <> 'forbidden')`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// groupOf makes a group of jobs for an Enqueuer to store, one of each
+// kind, each asked for as request says.
+func groupOf(t *testing.T, kinds []string, request func(kind string) Request) []*pendingJob {
+	t.Helper()
+	group := make([]*pendingJob, len(kinds))
+	for i, kind := range kinds {
+		job, err := Validate(request(kind), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		group[i] = &pendingJob{job: job, done: make(chan stored, 1)}
+	}
+	return group
+}
+
+// wantOnlyForbiddenRefused fails the test unless every job of the group
+// stored was stored as asked, but those of kind "forbidden", which
+// no_forbidden refused (see forbidKind).
+func wantOnlyForbiddenRefused(t *testing.T, kinds []string, group []*pendingJob) {
+	t.Helper()
+	for i, p := range group {
+		s := <-p.done
+		var pgErr *pgconn.PgError
+		refused := errors.As(s.err, &pgErr) && pgErr.ConstraintName == "no_forbidden"
+		if want := kinds[i] == "forbidden"; refused != want || !want && (s.err != nil || s.job.Kind != kinds[i]) {
+			t.Errorf("job %d (%s): stored %+v, %v", i, kinds[i], s.job, s.err)
+		}
 	}
 }
 

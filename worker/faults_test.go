@@ -147,6 +147,13 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 	// The release failed; the session is gone (once the server has seen
 	// its connection close): any worker takes the job back at once, not
 	// after its lease.
+	b.wantReclaimedForItsEndedSession(t, job.ID)
+}
+
+// wantReclaimedForItsEndedSession fails the test unless a reclaim within
+// 5s takes back job id, and it alone, because its worker's session ended.
+func (b *bundle) wantReclaimedForItsEndedSession(t *testing.T, id int64) {
+	t.Helper()
 	var rows []db.JobReclaimRow
 	for deadline := time.Now().Add(5 * time.Second); len(rows) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		var err error
@@ -154,8 +161,8 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 			t.Fatal(err)
 		}
 	}
-	if len(rows) != 1 || rows[0].ID != job.ID || deref(rows[0].LastError) != "worker session ended" {
-		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, job.ID)
+	if len(rows) != 1 || rows[0].ID != id || deref(rows[0].LastError) != "worker session ended" {
+		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, id)
 	}
 }
 
@@ -470,13 +477,9 @@ func TestWorker_ARowHeldElsewhereCostsOnlyItsOwnJob(t *testing.T) {
 			blocker := b.holdRow(t, held.ID)
 			close(finish)
 
-			if got := b.waitForState(t, beside.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
-				t.Errorf("the job beside the held one succeeded on attempt %d, want 1", got.Attempt)
-			}
+			b.wantSucceededAtFirstAttempt(t, beside.ID, "the job beside the held one")
 			later := b.enqueue(t, "later", `{}`, 5)
-			if got := b.waitForState(t, later.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
-				t.Errorf("a job enqueued while the row was held succeeded on attempt %d, want 1", got.Attempt)
-			}
+			b.wantSucceededAtFirstAttempt(t, later.ID, "a job enqueued while the row was held")
 			// Three leases, as the row is held: the held job's lease runs out.
 			time.Sleep(6 * time.Second)
 			if err := blocker.Commit(b.ctx); err != nil {
@@ -545,13 +548,9 @@ func TestWorker_AHeldRowOfAJobClaimedAheadHoldsBackOnlyItsRelease(t *testing.T) 
 	}
 	close(finish)
 
-	if got := b.waitForState(t, blocker.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
-		t.Errorf("the long job succeeded on attempt %d, want 1", got.Attempt)
-	}
+	b.wantSucceededAtFirstAttempt(t, blocker.ID, "the long job")
 	later := b.enqueue(t, "later", `{}`, 1)
-	if got := b.waitForState(t, later.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
-		t.Errorf("a job enqueued while the row was held succeeded on attempt %d, want 1", got.Attempt)
-	}
+	b.wantSucceededAtFirstAttempt(t, later.ID, "a job enqueued while the row was held")
 	if err := held.Commit(b.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -603,16 +602,7 @@ func TestWorker_StopsPromptlyThoughAJobClaimedAheadHasItsRowHeld(t *testing.T) {
 	if got := b.get(t, blocker.ID); got.State != db.JobStateAvailable {
 		t.Errorf("the interrupted job is %s after the shutdown, want released (available)", got.State)
 	}
-	var rows []db.JobReclaimRow
-	for deadline := time.Now().Add(5 * time.Second); len(rows) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var err error
-		if rows, err = b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if len(rows) != 1 || rows[0].ID != next.ID || deref(rows[0].LastError) != "worker session ended" {
-		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, next.ID)
-	}
+	b.wantReclaimedForItsEndedSession(t, next.ID)
 }
 
 func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *testing.T) {
@@ -683,5 +673,14 @@ func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *tes
 	}
 	if !strings.Contains(logs.String(), "40P01") {
 		t.Errorf("no round failed as a deadlock (SQLSTATE 40P01); the logs:\n%s", logs.String())
+	}
+}
+
+// wantSucceededAtFirstAttempt waits up to 10s for job id, which what
+// names, to succeed, and fails the test unless it did at its first attempt.
+func (b *bundle) wantSucceededAtFirstAttempt(t *testing.T, id int64, what string) {
+	t.Helper()
+	if got := b.waitForState(t, id, db.JobStateSucceeded, 10*time.Second); got.Attempt != 1 {
+		t.Errorf("%s succeeded on attempt %d, want 1", what, got.Attempt)
 	}
 }

@@ -61,13 +61,7 @@ func TestWorkerFlags_RetentionZeroKeepsForeverNegativeIsAUsageError(t *testing.T
 		{[]string{"--retain-cancelled", "-1s"}, [3]time.Duration{}, "--retain-cancelled must be 0 (keep forever) or positive, got -1s"},
 	}
 	for _, tt := range tests {
-		var w WorkerFlags
-		fs := NewFlagSet("work", "relay work [flags]", "")
-		w.Register(fs, 1, "")
-		if _, err := fs.Parse(tt.args, io.Discard); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := w.Config(nil)
+		cfg, err := workerConfig(t, tt.args)
 		if tt.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || ExitCode(err) != 2 {
 				t.Errorf("%q: %v, want a usage error %q", tt.args, err, tt.wantErr)
@@ -93,13 +87,7 @@ func TestWorkerFlags_ShutdownGraceZeroReleasesAtOnce(t *testing.T) {
 		{[]string{"--shutdown-grace", "-1s"}, true, 0},
 	}
 	for _, tt := range tests {
-		var w WorkerFlags
-		fs := NewFlagSet("work", "relay work [flags]", "")
-		w.Register(fs, 1, "")
-		if _, err := fs.Parse(tt.args, io.Discard); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := w.Config(nil)
+		cfg, err := workerConfig(t, tt.args)
 		if err != nil {
 			t.Fatalf("%q: %v", tt.args, err)
 		}
@@ -107,4 +95,17 @@ func TestWorkerFlags_ShutdownGraceZeroReleasesAtOnce(t *testing.T) {
 			t.Errorf("%q: ShutdownGrace %s, want release at once %t, else %s", tt.args, cfg.ShutdownGrace, tt.released, tt.grace)
 		}
 	}
+}
+
+// workerConfig parses args as relay work's worker flags and returns the
+// configuration they describe.
+func workerConfig(t *testing.T, args []string) (worker.Config, error) {
+	t.Helper()
+	var w WorkerFlags
+	fs := NewFlagSet("work", "relay work [flags]", "")
+	w.Register(fs, 1, "")
+	if _, err := fs.Parse(args, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	return w.Config(nil)
 }
