@@ -177,10 +177,10 @@ type Config struct {
 	// off, or once the table outgrew them. Default: DefaultPruneInterval.
 	PruneInterval time.Duration
 	// ShutdownGrace is how long Run lets running handlers finish once its
-	// context is cancelled. Negative means release at once. Run may take
-	// longer to return while the database cannot be reached: it keeps
-	// sending the outcomes of the handlers that finished for as long as
-	// their leases last (see Run).
+	// context is cancelled. Negative means release at once. Run may take up
+	// to a lease longer to return while the database cannot be reached: it
+	// keeps sending the outcomes of the handlers that finished for as long
+	// as their leases last (see Run).
 	ShutdownGrace time.Duration
 	// MaxResultBytes is the largest result, encoded as JSON, that a
 	// handler may return: a job whose result is larger fails permanently,
@@ -248,8 +248,6 @@ func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration
 	}
 }
 
-// withDefaults returns c with every zero field set to its default, or an
-// error naming the first invalid field.
 // Validate reports what New would refuse in c, without a pool: the error
 // New returns for it.
 func (c Config) Validate() error {
@@ -257,6 +255,8 @@ func (c Config) Validate() error {
 	return err
 }
 
+// withDefaults returns c with every zero field set to its default, or an
+// error naming the first invalid field.
 func (c Config) withDefaults() (Config, error) {
 	if c.Queue == "" {
 		c.Queue = DefaultQueue

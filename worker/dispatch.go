@@ -155,7 +155,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		held, waiting, oldest := w.holding()
 		// A job whose release is set aside is held on its way out: it
 		// takes no slot and is not waiting for one.
-		held -= len(d.heldReleases)
+		held -= w.stillHolding(d.heldReleases)
 		// No round starts once ctx is done, though select may still pick
 		// other ready cases before ctx.Done ends the loop: the jobs such a
 		// round claimed would only be released.
@@ -549,8 +549,9 @@ func (d *dispatcher) drain(ctx context.Context) {
 	d.p.toRelease = append(d.p.toRelease, w.ahead...)
 	w.ahead = nil
 	w.mu.Unlock()
-	d.acknowledgeAtShutdown(ctx, false)
-	grace := time.NewTimer(max(w.cfg.ShutdownGrace, 0))
+	graceEnd := time.Now().Add(max(w.cfg.ShutdownGrace, 0))
+	d.acknowledgeAtShutdown(ctx, graceEnd, false)
+	grace := time.NewTimer(time.Until(graceEnd))
 	defer grace.Stop()
 	if n := w.numStarted(); n > 0 {
 		w.log.Info("waiting for running jobs", "running", n, "grace", w.cfg.ShutdownGrace)
@@ -559,19 +560,22 @@ func (d *dispatcher) drain(ctx context.Context) {
 		select {
 		case o := <-w.outcomes:
 			d.collect(o)
-			d.acknowledgeAtShutdown(ctx, false)
+			d.acknowledgeAtShutdown(ctx, graceEnd, false)
 			continue
 		case <-grace.C:
 		}
 		break
 	}
-	d.acknowledgeAtShutdown(ctx, false)
 	d.collectReturned(d.releaseAtShutdown(ctx))
-	d.acknowledgeAtShutdown(ctx, true)
+	d.acknowledgeAtShutdown(ctx, time.Time{}, true)
 	d.reportUnsent(d.held, "another transaction holds the job's row")
 	d.held = nil
 	d.reportUnsent(append(d.p.done, d.p.failed...), "the database could not be reached")
-	d.p = pending{}
+	for _, e := range append(d.p.toRelease, d.heldReleases...) {
+		w.log.Warn("release left unsent at shutdown: the job claimed ahead is taken back once this worker's session ends",
+			"job", e.job.ID)
+	}
+	d.p, d.heldReleases = pending{}, nil
 }
 
 // collectReturned collects the outcomes of the handlers that had returned
@@ -614,21 +618,32 @@ func (d *dispatcher) setAside(r *round) {
 
 // acknowledgeAtShutdown sends what is pending, and looks for the jobs of
 // claims whose answer was lost, in up to shutdownRounds rounds that claim
-// nothing, each asking again whether the rows of outcomes set aside are
-// still held. On the last call of a shutdown (final), a round the database
-// does not answer does not count: it is sent again, backing off, for as
-// long as something it carries may still land, until the latest of their
-// leases has surely run out by this process's clock (leasesLastUntil),
-// after which the database would refuse it all. So a database that is
-// down for a moment as the worker stops costs no job a second run. The
-// calls before the last try only briefly, as handlers may still be
-// running, and each is to be cancelled when ShutdownGrace ends.
-func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, final bool) {
+// nothing, each asking again whether the rows of outcomes and releases set
+// aside are still held, and each given up at until. The calls a shutdown
+// makes while handlers may still run give up when the grace period ends.
+// On its last call (final, until zero), a round the database does not
+// answer does not count: it is sent again, backing off, for as long as
+// something it carries may still land, until the latest of their leases,
+// as the call begins, has surely run out by this process's clock
+// (leasesLastUntil), after which the database would refuse it all. So a
+// database that is away for a moment as the worker stops costs no job a
+// second run, and the call lasts a lease at most.
+func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, until time.Time, final bool) {
 	w := d.w
+	if final {
+		until = d.leasesLastUntil()
+	}
 	delay := minRetryDelay
 	for rounds := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held)+len(d.heldReleases) > 0) && rounds < shutdownRounds; {
+		if !time.Now().Before(until) {
+			if final {
+				w.log.Warn("acknowledge at shutdown: giving up, as the leases have run out")
+			}
+			return
+		}
 		d.heldAt = time.Time{}
 		r := d.newRound(0)
+		r.deadline = until
 		r.acknowledge(ctx, w)
 		d.finish(r)
 		if r.err == nil {
@@ -639,15 +654,10 @@ func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, final bool) {
 		if !final {
 			rounds++
 			w.log.Warn("acknowledge at shutdown failed", "err", r.err)
-			time.Sleep(minRetryDelay)
+			time.Sleep(min(minRetryDelay, max(time.Until(until), 0)))
 			continue
 		}
-		until := d.leasesLastUntil()
-		wait := min(delay, time.Until(until))
-		if wait <= 0 {
-			w.log.Warn("acknowledge at shutdown failed; giving up, as the leases have run out", "err", r.err)
-			return
-		}
+		wait := min(delay, max(time.Until(until), 0))
 		w.log.Warn("acknowledge at shutdown failed; will retry while the leases last", "err", r.err,
 			"retry_in", wait, "leases_until", until)
 		time.Sleep(wait)

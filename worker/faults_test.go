@@ -242,6 +242,72 @@ func TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts(t *testing.T) {
 	}
 }
 
+// TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs stops a
+// worker of two slots, has one job's handler return within the grace
+// period while the database answers nothing, and leaves the other running.
+// The acknowledgement that hangs does not stretch the grace period (300
+// ms here, against a lease of a minute): the running handler is cancelled
+// as it ends. Once the database answers again, the first job is
+// acknowledged, at its first attempt.
+func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.enqueue(t, "first", `{}`, 1)
+	b.enqueue(t, "second", `{}`, 1)
+	proxy, through := b.proxied(t)
+	started, finishFirst := make(chan struct{}, 2), make(chan struct{})
+	cancelled := make(chan error, 1)
+	draining := &logSignal{want: "waiting for running jobs", seen: make(chan struct{})}
+	// The worker's statements go through the proxy; its session does not.
+	_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 2, Lease: time.Minute, ShutdownGrace: 300 * time.Millisecond, SessionDatabaseURL: b.url,
+		Logger: slog.New(slog.NewTextHandler(draining, nil)),
+	}, func(w *worker.Worker) {
+		w.HandleFunc("first", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- struct{}{}
+			<-finishFirst
+			return "done", nil
+		})
+		w.HandleFunc("second", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- struct{}{}
+			<-ctx.Done()
+			cancelled <- context.Cause(ctx)
+			return nil, context.Cause(ctx)
+		})
+	})
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("handlers never started")
+		}
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- run.stop() }()
+	select {
+	case <-draining.seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker never began to wait for its running jobs")
+	}
+	proxy.Blackhole()
+	close(finishFirst)
+	select {
+	case cause := <-cancelled:
+		if !errors.Is(cause, worker.ErrShutdown) {
+			t.Errorf("the running handler stopped with %v, want %v", cause, worker.ErrShutdown)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the running handler was not cancelled 10s after a grace period of 300ms")
+	}
+	proxy.Heal()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if got := b.get(t, first.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
+		t.Errorf("first job after shutdown: state %s attempt %d, want succeeded at attempt 1", got.State, got.Attempt)
+	}
+}
+
 func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -574,16 +640,19 @@ func TestWorker_StopsPromptlyThoughAJobClaimedAheadHasItsRowHeld(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	blocker, next := b.queueBehindBlocker(t)
-	w, run := b.runWorker(t, b.pool, worker.Config{Slots: 1, Lease: 30 * time.Second, ShutdownGrace: -1, PrefetchWait: 10 * time.Second},
+	acks := make(chan worker.Ack, 100) // more than the jobs
+	blocking := make(chan int64, 1)
+	w, run := b.runWorker(t, b.pool, worker.Config{Slots: 1, Lease: 30 * time.Second, ShutdownGrace: -1, PrefetchWait: 10 * time.Second,
+		OnAck: func(a worker.Ack) { acks <- a }},
 		func(w *worker.Worker) {
 			w.HandleFunc("quick", quick)
-			w.HandleFunc("block", blockUntilCancelled(nil))
+			w.HandleFunc("block", blockUntilCancelled(blocking))
 			w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
 				t.Errorf("next started")
 				return nil, nil
 			})
 		})
-	b.waitHeldBy(t, blocker.ID, w.ID())
+	<-blocking
 	b.waitHeldBy(t, next.ID, w.ID())
 	held := b.holdRow(t, next.ID)
 	stopped := make(chan error, 1)
@@ -601,6 +670,18 @@ func TestWorker_StopsPromptlyThoughAJobClaimedAheadHasItsRowHeld(t *testing.T) {
 	}
 	if got := b.get(t, blocker.ID); got.State != db.JobStateAvailable {
 		t.Errorf("the interrupted job is %s after the shutdown, want released (available)", got.State)
+	}
+	// Run has returned: every acknowledgement is reported. The job claimed
+	// ahead ran no handler, and is released untouched or not at all.
+	close(acks)
+	var reported []string
+	for a := range acks {
+		if a.Job.ID == blocker.ID || a.Job.ID == next.ID {
+			reported = append(reported, fmt.Sprintf("job %d %s accepted=%t", a.Job.ID, a.Outcome, a.Accepted))
+		}
+	}
+	if want := []string{fmt.Sprintf("job %d released accepted=true", blocker.ID)}; !slices.Equal(reported, want) {
+		t.Errorf("reported %q, want %q", reported, want)
 	}
 	b.wantReclaimedForItsEndedSession(t, next.ID)
 }

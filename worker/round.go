@@ -93,6 +93,10 @@ type round struct {
 	lostClaim []pgtype.UUID
 	sentAt    time.Time
 	err       error
+	// deadline, if set, is when the round gives up, if sooner than a
+	// lease after it is sent: a round at shutdown gives up when the
+	// grace period ends, or when its leases run out.
+	deadline time.Time
 }
 
 // carried counts the outcomes the round carries, whether the database
@@ -114,7 +118,11 @@ func (r *round) carried() int {
 // (leases.releaseMany). It touches nothing but r, so that it can run beside the
 // dispatcher.
 func (r *round) acknowledge(ctx context.Context, w *Worker) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
+	deadline := time.Now().Add(w.cfg.Lease)
+	if !r.deadline.IsZero() && r.deadline.Before(deadline) {
+		deadline = r.deadline
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 
 	r.takeBackFree(ctx, w)

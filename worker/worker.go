@@ -165,7 +165,9 @@ func (w *Worker) handler(kind string) (Handler, bool) {
 // At shutdown, acknowledgements the database does not take are sent again
 // for as long as their leases may last, so that a database away for a
 // moment costs no job a second run: a worker stopping while its database
-// cannot be reached may take up to Config.Lease to return.
+// cannot be reached may take up to a Config.Lease longer to return, after
+// the grace period and the release of the handlers still running (which
+// waits a HeartbeatInterval at most).
 // Run does not wait for the handlers it cancelled to return: one that
 // ignores its context goes on after Run has returned, while its released
 // job may already run elsewhere.
@@ -234,6 +236,23 @@ func (w *Worker) unhold(e *execution) {
 	if w.held[e.job.ID] == e {
 		delete(w.held, e.job.ID)
 	}
+}
+
+// stillHolding counts the executions of execs the worker still holds: not
+// superseded by a newer claim of the same job.
+func (w *Worker) stillHolding(execs []*execution) int {
+	if len(execs) == 0 {
+		return 0
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, e := range execs {
+		if w.held[e.job.ID] == e {
+			n++
+		}
+	}
+	return n
 }
 
 // holding returns how many jobs the worker holds, how many of them wait for

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -436,78 +435,6 @@ func TestWorker_ShutdownWaitsForHandlersWithinGrace(t *testing.T) {
 	stop()
 	if got := b.get(t, job.ID); got.State != db.JobStateSucceeded {
 		t.Errorf("state %s after graceful shutdown, want succeeded", got.State)
-	}
-}
-
-// TestWorker_ShutdownAcknowledgesAHandlerThatReturnedWithinGraceLate stops
-// a worker while the acknowledgement of one job waits on its row past the
-// end of the grace period, and a second job's handler returns within that
-// wait: the second job is acknowledged, not released to run again. Once
-// the first acknowledgement returns, the shutdown sees both the second
-// outcome and the end of the grace period ready, and select picks either;
-// each run reproduces the choice of the grace period about half the time,
-// so there are several.
-func TestWorker_ShutdownAcknowledgesAHandlerThatReturnedWithinGraceLate(t *testing.T) {
-	t.Parallel()
-	for run := range 6 {
-		t.Run(fmt.Sprintf("run %d", run+1), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			first := b.enqueue(t, "first", `{}`, 1)
-			second := b.enqueue(t, "second", `{}`, 1)
-			started := make(chan struct{}, 2)
-			finishFirst, finishSecond := make(chan struct{}), make(chan struct{})
-			draining := &logSignal{want: "waiting for running jobs", seen: make(chan struct{})}
-			const grace = 300 * time.Millisecond
-			_, stop := b.startWorker(t, worker.Config{
-				Slots: 2, ShutdownGrace: grace, Logger: slog.New(slog.NewTextHandler(draining, nil)),
-			}, func(w *worker.Worker) {
-				for kind, finish := range map[string]chan struct{}{"first": finishFirst, "second": finishSecond} {
-					w.HandleFunc(kind, func(ctx context.Context, j *worker.Job) (any, error) {
-						started <- struct{}{}
-						<-finish
-						return nil, nil
-					})
-				}
-			})
-			for range 2 {
-				select {
-				case <-started:
-				case <-time.After(10 * time.Second):
-					t.Fatal("handlers never started")
-				}
-			}
-			tx := b.holdRow(t, first.ID)
-			stopped := make(chan struct{})
-			go func() {
-				defer close(stopped)
-				stop()
-			}()
-			select {
-			case <-draining.seen:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the worker never began to wait for its running jobs")
-			}
-			close(finishFirst)
-			for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, tx); time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the first job's acknowledgement never waited for its row")
-				}
-			}
-			time.Sleep(grace + 100*time.Millisecond)
-			close(finishSecond)
-			// The second outcome is sent as its handler returns.
-			time.Sleep(100 * time.Millisecond)
-			if err := tx.Commit(b.ctx); err != nil {
-				t.Fatal(err)
-			}
-			<-stopped
-			for _, job := range []db.Job{first, second} {
-				if got := b.get(t, job.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
-					t.Errorf("%s job after shutdown: state %s attempt %d, want succeeded at attempt 1", job.Kind, got.State, got.Attempt)
-				}
-			}
-		})
 	}
 }
 
