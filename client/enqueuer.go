@@ -168,6 +168,11 @@ func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
 // Insert function, which looks up the key. If ctx ends before a statement
 // takes the job, nothing is stored and Insert returns ctx's error; once
 // taken, it waits for the statement's outcome, which StoreTimeout bounds.
+// When the database refuses a job of the group, the group's jobs are
+// stored again one at a time, each within a StoreTimeout of its own, so
+// that a job late in such a group waits for those before it; if one of
+// them fails for another reason than a refusal, those after it fail at
+// once, unsent.
 func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 	if job.IdempotencyKey != nil {
 		return db.Job{}, fmt.Errorf("insert job: %w", ErrNoIdempotencyInBatch)
@@ -282,8 +287,9 @@ func size(job Job) int {
 	return len(job.Payload) + len(job.Queue) + len(job.Kind)
 }
 
-// store stores a group in one statement, and answers each of its callers.
-func (e *Enqueuer) store(group []*pendingJob) {
+// store stores a group in one statement, answers each of its callers, and
+// returns the statement's error.
+func (e *Enqueuer) store(group []*pendingJob) error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.storeTimeout)
 	defer cancel()
 	jobs := make([]Job, len(group))
@@ -300,11 +306,21 @@ func (e *Enqueuer) store(group []*pendingJob) {
 		// Nothing of the statement was stored: store each job alone, so
 		// that the one the database refuses fails alone, each as a group
 		// of its own: in a statement of its own time, StoreTimeout, and
-		// announced as the spacing allows.
+		// announced as the spacing allows. Once one fails for another
+		// reason than a refusal, as when the database stops answering,
+		// those after it fail at once, unsent, rather than each waiting
+		// out a StoreTimeout of its own.
+		var failed error
 		for _, p := range group {
-			e.store([]*pendingJob{p})
+			if failed != nil {
+				p.done <- stored{err: fmt.Errorf("insert job: not sent, as a job before it in its group failed: %w", failed)}
+				continue
+			}
+			if err := e.store([]*pendingJob{p}); err != nil && !RefusedAValue(err) {
+				failed = err
+			}
 		}
-		return
+		return err
 	}
 	for i, p := range group {
 		if err != nil {
@@ -313,6 +329,7 @@ func (e *Enqueuer) store(group []*pendingJob) {
 		}
 		p.done <- stored{job: rows[i]}
 	}
+	return err
 }
 
 // RefusedAValue reports whether err is PostgreSQL refusing a value a

@@ -288,6 +288,60 @@ func TestEnqueuer_TheJobsOfARefusedGroupAreStoredEachInItsOwnTimeAndSpaced(t *te
 	}
 }
 
+// TestEnqueuer_AJobOfARefusedGroupThatFailsOtherwiseStopsTheRest has the
+// database refuse a group for one job (a constraint), so that its jobs are
+// stored one at a time, and then fail one of them for another reason (an
+// error a trigger raises, as a database that stops answering would fail
+// it): the jobs after that one fail at once, unsent, and are not stored.
+func TestEnqueuer_AJobOfARefusedGroupThatFailsOtherwiseStopsTheRest(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	forbidKind(t, pool)
+	if _, err := pool.Exec(t.Context(), `
+		CREATE FUNCTION test_broken() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.kind = 'broken' THEN RAISE EXCEPTION 'broken on purpose'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER test_broken BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION test_broken()`); err != nil {
+		t.Fatal(err)
+	}
+	kinds := []string{"forbidden", "k1", "broken", "k3", "k4"}
+	group := groupOf(t, kinds, func(kind string) Request { return Request{Kind: kind} })
+	NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1}).store(group)
+	var got []string
+	for i, p := range group {
+		s := <-p.done
+		switch {
+		case s.err == nil:
+			got = append(got, kinds[i]+": stored")
+		case strings.Contains(s.err.Error(), "not sent"):
+			got = append(got, kinds[i]+": not sent")
+		default:
+			got = append(got, kinds[i]+": failed")
+		}
+	}
+	want := []string{"forbidden: failed", "k1: stored", "broken: failed", "k3: not sent", "k4: not sent"}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	var stored []string
+	rows, _ := pool.Query(t.Context(), `SELECT kind FROM jobs ORDER BY id`)
+	for rows.Next() {
+		var kind string
+		if err := rows.Scan(&kind); err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, kind)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(stored, []string{"k1"}) {
+		t.Errorf("stored %q, want only k1", stored)
+	}
+}
+
 // forbidKind makes the database refuse every job of kind "forbidden", by
 // a constraint named no_forbidden.
 func forbidKind(t *testing.T, pool *pgxpool.Pool) {
