@@ -567,7 +567,7 @@ func (d *dispatcher) drain(ctx context.Context) {
 		break
 	}
 	d.collectReturned(d.releaseAtShutdown(ctx))
-	d.acknowledgeAtShutdown(ctx, time.Time{}, true)
+	d.acknowledgeAtShutdown(ctx, d.leasesLastUntil(), true)
 	d.reportUnsent(d.held, "another transaction holds the job's row")
 	d.held = nil
 	d.reportUnsent(append(d.p.done, d.p.failed...), "the database could not be reached")
@@ -621,18 +621,15 @@ func (d *dispatcher) setAside(r *round) {
 // nothing, each asking again whether the rows of outcomes and releases set
 // aside are still held, and each given up at until. The calls a shutdown
 // makes while handlers may still run give up when the grace period ends.
-// On its last call (final, until zero), a round the database does not
-// answer does not count: it is sent again, backing off, for as long as
-// something it carries may still land, until the latest of their leases,
-// as the call begins, has surely run out by this process's clock
-// (leasesLastUntil), after which the database would refuse it all. So a
+// On its last call (final), a round the database does not answer does not
+// count: it is sent again, backing off, for as long as something it
+// carries may still land, until the latest of their leases, as the call
+// begins, has surely run out by this process's clock (until is then
+// leasesLastUntil), after which the database would refuse it all. So a
 // database that is away for a moment as the worker stops costs no job a
 // second run, and the call lasts a lease at most.
 func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, until time.Time, final bool) {
 	w := d.w
-	if final {
-		until = d.leasesLastUntil()
-	}
 	delay := minRetryDelay
 	for rounds := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held)+len(d.heldReleases) > 0) && rounds < shutdownRounds; {
 		if !time.Now().Before(until) {

@@ -210,19 +210,13 @@ func TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts(t *testing.T) {
 			<-started
 			proxy.Cut()
 			close(finish)
-			stopped := make(chan error, 1)
-			go func() { stopped <- run.stop() }()
+			run.cancel()
 			if tc.back {
 				time.Sleep(time.Second)
 				proxy.Heal()
 			}
-			select {
-			case err := <-stopped:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("the worker had not stopped after 20s")
+			if err := run.wait(t, 20*time.Second); err != nil {
+				t.Fatal(err)
 			}
 			got := b.get(t, job.ID)
 			if got.State != tc.state || got.Attempt != 1 || string(got.Result) != tc.result || runs.Load() != 1 {
@@ -282,8 +276,7 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) 
 			t.Fatal("handlers never started")
 		}
 	}
-	stopped := make(chan error, 1)
-	go func() { stopped <- run.stop() }()
+	run.cancel()
 	select {
 	case <-draining.seen:
 	case <-time.After(10 * time.Second):
@@ -300,7 +293,7 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) 
 		t.Error("the running handler was not cancelled 10s after a grace period of 300ms")
 	}
 	proxy.Heal()
-	if err := <-stopped; err != nil {
+	if err := run.wait(t, 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.get(t, first.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
@@ -655,15 +648,9 @@ func TestWorker_StopsPromptlyThoughAJobClaimedAheadHasItsRowHeld(t *testing.T) {
 	<-blocking
 	b.waitHeldBy(t, next.ID, w.ID())
 	held := b.holdRow(t, next.ID)
-	stopped := make(chan error, 1)
-	go func() { stopped <- run.stop() }()
-	select {
-	case err := <-stopped:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the worker had not stopped 15s after it was told to, with a 2s lock wait")
+	run.cancel() // the lock wait is 2 s
+	if err := run.wait(t, 15*time.Second); err != nil {
+		t.Fatal(err)
 	}
 	if err := held.Commit(b.ctx); err != nil {
 		t.Fatal(err)

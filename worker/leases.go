@@ -336,11 +336,11 @@ func errorText(err error, n int) string {
 func (l leases) releaseMany(ctx context.Context, execs []*execution, note *string) (released map[int64]bool, held []*execution, err error) {
 	released = make(map[int64]bool, len(execs))
 	err = l.release(ctx, execs, note, released)
-	if err == nil || !lockNotAvailable(err) {
-		if err != nil {
-			return nil, nil, err
-		}
+	switch {
+	case err == nil:
 		return released, nil, nil
+	case !lockNotAvailable(err):
+		return nil, nil, err
 	}
 	isHeld, herr := l.heldElsewhere(ctx, executionJobs(execs))
 	if herr != nil || len(isHeld) == 0 {

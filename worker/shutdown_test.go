@@ -65,7 +65,7 @@ func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T)
 			case <-time.After(10 * time.Second):
 				t.Fatal("the shutdown still waited for outcomes after 10 s, with both collectable")
 			}
-			d.acknowledgeAtShutdown(ctx, time.Time{}, true)
+			d.acknowledgeAtShutdown(ctx, d.leasesLastUntil(), true)
 
 			want := map[int64][]string{
 				held.job.ID: {"completed accepted=true"},
