@@ -7,16 +7,21 @@
 package migrations
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
 
@@ -33,6 +38,9 @@ var ErrNotMigrated = errors.New("database schema is not up to date: run `relay m
 type Migrator struct {
 	db       *sql.DB
 	provider *goose.Provider
+	// store reads goose's version table for Inspect, which neither
+	// creates it nor waits for the migration lock, as the provider would.
+	store database.Store
 }
 
 // NewMigrator returns a Migrator for the database behind pool. Close it when
@@ -52,12 +60,17 @@ func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 		return nil, fmt.Errorf("make the migration lock: %w", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithLocker(locker))
+	store, err := database.NewStore(database.DialectPostgres, goose.DefaultTablename)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open goose's version table: %w", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectCustom, db, FS, goose.WithStore(store), goose.WithLocker(locker))
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("load migrations: %w", err)
 	}
-	return &Migrator{db: db, provider: provider}, nil
+	return &Migrator{db: db, provider: provider, store: store}, nil
 }
 
 // lockTry and lockWaitLimit are how often a Migrator tries to take the
@@ -124,6 +137,9 @@ func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
 // DownTo rolls back every migration after version, newest first, and
 // returns the versions rolled back.
 func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
+	if err := m.refuseUnknownAbove(ctx, version); err != nil {
+		return nil, fmt.Errorf("migrate down to %d: %w", version, err)
+	}
 	results, err := m.provider.DownTo(ctx, version)
 	if err != nil {
 		return nil, fmt.Errorf("migrate down to %d: %w", version, err)
@@ -134,6 +150,9 @@ func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
 // Down rolls back the most recent migration and returns its version, or
 // nothing when no migration is applied.
 func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
+	if err := m.refuseUnknownAbove(ctx, 0); err != nil {
+		return nil, fmt.Errorf("migrate down: %w", err)
+	}
 	result, err := m.provider.Down(ctx)
 	if errors.Is(err, goose.ErrNoNextVersion) {
 		return nil, nil
@@ -147,37 +166,170 @@ func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
 // Status describes one migration and whether it is applied.
 type Status struct {
 	Version int64
+	// Source is the migration's file, or empty for a version the
+	// database records that this build does not carry.
 	Source  string
 	Applied bool
 }
 
-// Status lists every migration with whether it has been applied.
+// Status lists every migration this build carries with whether it is
+// applied, then any the database records that this build does not carry
+// (applied by a newer build), in order of version. Like Inspect, it creates
+// nothing and does not wait for a migration under way.
 func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
-	statuses, err := m.provider.Status(ctx)
+	s, err := m.Inspect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migration status: %w", err)
 	}
-	out := make([]Status, 0, len(statuses))
-	for _, s := range statuses {
-		out = append(out, Status{
-			Version: s.Source.Version,
-			Source:  s.Source.Path,
-			Applied: s.State == goose.StateApplied,
-		})
+	applied := make(map[int64]bool, len(s.Applied))
+	for _, v := range s.Applied {
+		applied[v] = true
 	}
+	out := make([]Status, 0, len(m.provider.ListSources())+len(s.Unknown))
+	for _, src := range m.provider.ListSources() {
+		out = append(out, Status{Version: src.Version, Source: src.Path, Applied: applied[src.Version]})
+	}
+	for _, v := range s.Unknown {
+		out = append(out, Status{Version: v, Applied: true})
+	}
+	slices.SortFunc(out, func(a, b Status) int { return cmp.Compare(a.Version, b.Version) })
 	return out, nil
 }
 
-// CheckCurrent returns ErrNotMigrated if any migration is pending.
+// Schema is what a database records of its migrations, beside those this
+// build carries.
+type Schema struct {
+	// Applied are the versions the database records as applied, in order.
+	Applied []int64
+	// Pending are the versions this build carries that are not applied.
+	Pending []int64
+	// Unknown are the applied versions this build does not carry: a newer
+	// build of Relay applied them.
+	Unknown []int64
+	// Newest is the newest version this build carries.
+	Newest int64
+}
+
+// Inspect reads which migrations the database records as applied. It only
+// reads: on a database never migrated it creates no table, and it does not
+// wait while another process holds the migration lock, so it sees the
+// versions a migration under way has recorded so far.
+func (m *Migrator) Inspect(ctx context.Context) (Schema, error) {
+	var s Schema
+	sources := m.provider.ListSources()
+	if len(sources) > 0 {
+		s.Newest = sources[len(sources)-1].Version
+	}
+	applied, err := m.applied(ctx)
+	if err != nil {
+		return Schema{}, err
+	}
+	carried := make(map[int64]bool, len(sources))
+	for _, src := range sources {
+		carried[src.Version] = true
+		if !applied[src.Version] {
+			s.Pending = append(s.Pending, src.Version)
+		}
+	}
+	for v := range applied {
+		s.Applied = append(s.Applied, v)
+		if !carried[v] {
+			s.Unknown = append(s.Unknown, v)
+		}
+	}
+	slices.Sort(s.Applied)
+	slices.Sort(s.Unknown)
+	return s, nil
+}
+
+// applied returns the versions goose's version table records as applied,
+// none if the table does not exist. Each version's newest row decides, as
+// goose itself reads the table; version 0 is the row goose writes when it
+// creates the table, not a migration.
+func (m *Migrator) applied(ctx context.Context) (map[int64]bool, error) {
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close()
+	exists, ok := m.store.(interface {
+		TableExists(context.Context, database.DBTxConn) (bool, error)
+	})
+	if !ok {
+		return nil, errors.New("goose's store cannot tell whether its version table exists")
+	}
+	found, err := exists.TableExists(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("look for the version table %s: %w", m.store.Tablename(), err)
+	}
+	applied := map[int64]bool{}
+	if !found {
+		return applied, nil
+	}
+	rows, err := m.store.ListMigrations(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("read the version table %s: %w", m.store.Tablename(), err)
+	}
+	seen := map[int64]bool{}
+	for _, r := range rows { // newest first
+		if seen[r.Version] {
+			continue
+		}
+		seen[r.Version] = true
+		if r.Version != 0 && r.IsApplied {
+			applied[r.Version] = true
+		}
+	}
+	return applied, nil
+}
+
+// CheckCurrent returns ErrNotMigrated if any migration this build carries
+// is pending. A database that also holds migrations of a newer build
+// passes; Inspect tells them. It creates nothing and does not wait for a
+// migration under way.
 func (m *Migrator) CheckCurrent(ctx context.Context) error {
-	pending, err := m.provider.HasPending(ctx)
+	s, err := m.Inspect(ctx)
 	if err != nil {
 		return fmt.Errorf("check migrations: %w", err)
 	}
-	if pending {
+	if len(s.Pending) > 0 {
 		return ErrNotMigrated
 	}
 	return nil
+}
+
+// ErrUnknownMigration reports a roll-back that would have to undo a
+// migration this build does not carry.
+var ErrUnknownMigration = errors.New("the database holds a migration this build of Relay does not carry")
+
+// refuseUnknownAbove returns ErrUnknownMigration, naming the versions, if
+// the database holds a migration after version that this build does not
+// carry: only the build that applied it knows how to roll it back.
+func (m *Migrator) refuseUnknownAbove(ctx context.Context, version int64) error {
+	s, err := m.Inspect(ctx)
+	if err != nil {
+		return err
+	}
+	var above []int64
+	for _, v := range s.Unknown {
+		if v > version {
+			above = append(above, v)
+		}
+	}
+	if len(above) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s, newer than this build's newest (%d); roll back with the build of relay that applied it",
+		ErrUnknownMigration, joinVersions(above), s.Newest)
+}
+
+// joinVersions lists versions as "17" or "17, 18".
+func joinVersions(vs []int64) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = strconv.FormatInt(v, 10)
+	}
+	return strings.Join(parts, ", ")
 }
 
 func versions(results []*goose.MigrationResult) []int64 {

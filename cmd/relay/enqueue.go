@@ -132,7 +132,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := requireMigrated(ctx, pool); err != nil {
+	if err := requireMigrated(ctx, logger, pool); err != nil {
 		return err
 	}
 	stored, existing, err := client.Insert(ctx, pool, job)

@@ -146,14 +146,24 @@ func (e *connectError) Unwrap() error { return e.err }
 var errNotMigrated = errors.New(`database not migrated: run "relay migrate up"`)
 
 // requireMigrated fails with errNotMigrated unless every migration this
-// build carries is applied.
-func requireMigrated(ctx context.Context, pool *pgxpool.Pool) error {
-	err := migrations.CheckCurrent(ctx, pool)
-	if errors.Is(err, migrations.ErrNotMigrated) {
-		return errNotMigrated
-	}
+// build carries is applied. A database that also holds migrations of a
+// newer build, as during a rolling upgrade, is served with a warning.
+func requireMigrated(ctx context.Context, logger *slog.Logger, pool *pgxpool.Pool) error {
+	m, err := migrations.NewMigrator(pool)
 	if err != nil {
 		return fmt.Errorf("check the schema: %w", err)
+	}
+	defer m.Close()
+	s, err := m.Inspect(ctx)
+	if err != nil {
+		return fmt.Errorf("check the schema: %w", err)
+	}
+	if len(s.Pending) > 0 {
+		return errNotMigrated
+	}
+	if len(s.Unknown) > 0 {
+		logger.Warn("the database holds migrations this build of relay does not carry: upgrade this process",
+			"unknown_migrations", s.Unknown, "newest_known", s.Newest)
 	}
 	return nil
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/migrations"
 )
 
 // syncBuffer is a bytes.Buffer safe to write from one goroutine while
@@ -330,6 +331,85 @@ func TestMigrate_UpStatusDownOnAFreshDatabase(t *testing.T) {
 		if diff := cmp.Diff(s.want+"\n", r.stdout); diff != "" {
 			t.Errorf("relay %s: stdout (-want +got):\n%s", strings.Join(s.args, " "), diff)
 		}
+	}
+}
+
+// TestMigrate_StatusAndTheSchemaCheckCreateNothing looks at a database
+// that was never migrated with relay migrate status and with a command
+// that needs the schema: both only read, so the database still holds no
+// table afterwards.
+func TestMigrate_StatusAndTheSchemaCheckCreateNothing(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := emptyDatabaseURL(t)
+	r := runRelay(ctx, nil, "", "migrate", "status", "--database-url", dsn)
+	if r.err != nil {
+		t.Fatalf("relay migrate status: %v", r.err)
+	}
+	if diff := cmp.Diff(migrateStatus(0)+"\n", r.stdout); diff != "" {
+		t.Errorf("relay migrate status: stdout (-want +got):\n%s", diff)
+	}
+	if r := runRelay(ctx, nil, "", "enqueue", "noop", "--database-url", dsn); !errors.Is(r.err, errNotMigrated) {
+		t.Fatalf("relay enqueue: error = %v, want %v", r.err, errNotMigrated)
+	}
+	var tables []string
+	rows, err := mustPool(t, dsn).Query(ctx, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+	if err == nil {
+		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) > 0 {
+		t.Errorf("the database holds %v after relay migrate status and relay enqueue, want no table", tables)
+	}
+}
+
+// TestMigrate_ADatabaseANewerBuildMigratedIsToldApartAndNotRolledBack
+// records in a migrated database a migration this build does not carry,
+// as a newer build of Relay would. Status lists it, up says the database
+// is ahead, down refuses to roll back what only the newer build knows how
+// to, and a command that needs the schema runs with a warning.
+func TestMigrate_ADatabaseANewerBuildMigratedIsToldApartAndNotRolledBack(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := dbtest.NewURL(t)
+	newer := len(migrationNames) + 1
+	if _, err := mustPool(t, dsn).Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)", newer); err != nil {
+		t.Fatal(err)
+	}
+	relay := func(args ...string) result {
+		t.Helper()
+		return runRelay(ctx, map[string]string{"DATABASE_URL": dsn}, "", args...)
+	}
+	wantStatus := fmt.Sprintf("%s\n%-9d%-9s%s\n", migrateStatus(len(migrationNames)), newer, "applied", "(not in this build: applied by a newer relay)")
+
+	r := relay("migrate", "status")
+	if r.err != nil {
+		t.Fatalf("relay migrate status: %v", r.err)
+	}
+	if diff := cmp.Diff(wantStatus, r.stdout); diff != "" {
+		t.Errorf("relay migrate status: stdout (-want +got):\n%s", diff)
+	}
+
+	r = relay("migrate", "up")
+	want := fmt.Sprintf("no migrations to apply: the database also holds migration %d, newer than this build's newest (%d)\n", newer, len(migrationNames))
+	if r.err != nil || r.stdout != want {
+		t.Errorf("relay migrate up: %v, stdout %q; want %q", r.err, r.stdout, want)
+	}
+
+	r = relay("migrate", "down")
+	if !errors.Is(r.err, migrations.ErrUnknownMigration) || !strings.Contains(r.err.Error(), fmt.Sprint(newer)) {
+		t.Errorf("relay migrate down: error = %v, want %v naming %d", r.err, migrations.ErrUnknownMigration, newer)
+	}
+	if r := relay("migrate", "status"); r.stdout != wantStatus {
+		t.Errorf("after relay migrate down, status:\n%s\nwant it unchanged:\n%s", r.stdout, wantStatus)
+	}
+
+	r = relay("enqueue", "noop")
+	if r.err != nil {
+		t.Fatalf("relay enqueue: %v", r.err)
+	}
+	if !strings.Contains(r.stderr, "does not carry") || !strings.Contains(r.stderr, fmt.Sprintf("unknown_migrations=[%d]", newer)) {
+		t.Errorf("relay enqueue warned nothing of migration %d; stderr:\n%s", newer, r.stderr)
 	}
 }
 

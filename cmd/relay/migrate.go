@@ -72,8 +72,7 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 			return err
 		}
 		if len(applied) == 0 {
-			fmt.Fprintln(env.stdout, "no migrations to apply: the database is up to date")
-			return nil
+			return printUpToDate(ctx, env, m)
 		}
 		return printVersions(ctx, env, m, "applied", applied)
 	case "down":
@@ -98,10 +97,38 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 			if s.Applied {
 				state = "applied"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, state, s.Source)
+			source := s.Source
+			if source == "" {
+				source = "(not in this build: applied by a newer relay)"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, state, source)
 		}
 		return tw.Flush()
 	}
+}
+
+// printUpToDate says that up had nothing to apply, and whether the
+// database is ahead of this build.
+func printUpToDate(ctx context.Context, env *environment, m *migrations.Migrator) error {
+	s, err := m.Inspect(ctx)
+	if err != nil {
+		return err
+	}
+	if len(s.Unknown) == 0 {
+		fmt.Fprintln(env.stdout, "no migrations to apply: the database is up to date")
+		return nil
+	}
+	fmt.Fprintf(env.stdout, "no migrations to apply: the database also holds %s, newer than this build's newest (%d)\n",
+		versionList(s.Unknown), s.Newest)
+	return nil
+}
+
+// versionList names migration versions in a sentence.
+func versionList(vs []int64) string {
+	if len(vs) == 1 {
+		return fmt.Sprintf("migration %d", vs[0])
+	}
+	return fmt.Sprintf("migrations %v", vs)
 }
 
 // printVersions prints one line per migration version, with its file name.

@@ -204,7 +204,7 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		return err
 	}
 	defer pool.Close()
-	if err := requireMigrated(ctx, pool); err != nil {
+	if err := requireMigrated(ctx, logger, pool); err != nil {
 		return err
 	}
 

@@ -60,7 +60,7 @@ func runWork(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := requireMigrated(ctx, pool); err != nil {
+	if err := requireMigrated(ctx, logger, pool); err != nil {
 		return err
 	}
 	w, err := worker.New(pool, cfg)
