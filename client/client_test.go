@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -432,6 +433,71 @@ func TestInsertMany_RefusesWhatABatchCannotHold(t *testing.T) {
 		}
 		if _, err := client.InsertAll(t.Context(), pool, jobs); err == nil {
 			t.Errorf("InsertAll, %s: no error", name)
+		}
+	}
+}
+
+// TestInsertManyAndAll_AFullBatchComesBackJobForJobInTheOrderGiven stores
+// a batch as large as one can be, each job numbered in its payload, and
+// reads each returned id back: the id at position i is the job given at
+// position i.
+func TestInsertManyAndAll_AFullBatchComesBackJobForJobInTheOrderGiven(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	jobs := make([]client.Job, client.MaxBatchJobs)
+	for i := range jobs {
+		job, err := client.Validate(client.Request{
+			Kind:     fmt.Sprintf("k%d", i%7),
+			Queue:    ptr(fmt.Sprintf("q%d", i%3)),
+			Priority: ptr(int64(i % 5)),
+			Payload:  json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)),
+		}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs[i] = job
+	}
+	insertAll := func(ctx context.Context, pool *pgxpool.Pool, jobs []client.Job) ([]int64, error) {
+		stored, err := client.InsertAll(ctx, pool, jobs)
+		ids := make([]int64, len(stored))
+		for i, j := range stored {
+			ids[i] = j.ID
+		}
+		return ids, err
+	}
+	for name, insert := range map[string]func(context.Context, *pgxpool.Pool, []client.Job) ([]int64, error){
+		"InsertMany": func(ctx context.Context, pool *pgxpool.Pool, jobs []client.Job) ([]int64, error) {
+			return client.InsertMany(ctx, pool, jobs)
+		},
+		"InsertAll": insertAll,
+	} {
+		ids, err := insert(ctx, pool, jobs)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(ids) != len(jobs) {
+			t.Fatalf("%s: %d ids for %d jobs", name, len(ids), len(jobs))
+		}
+		rows, err := db.New(pool).JobGetMany(ctx, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := make(map[int64]db.Job, len(rows))
+		for _, r := range rows {
+			byID[r.ID] = r
+		}
+		wrong := 0
+		for i, id := range ids {
+			got, want := byID[id], jobs[i]
+			if got.Queue != want.Queue || got.Kind != want.Kind || got.Priority != want.Priority || !jsonb.Equal(got.Payload, want.Payload) {
+				if wrong++; wrong <= 3 {
+					t.Errorf("%s: id %d at position %d is the job %s %s %s, want %s %s %s", name, id, i,
+						got.Queue, got.Kind, got.Payload, want.Queue, want.Kind, want.Payload)
+				}
+			}
+		}
+		if wrong > 0 {
+			t.Errorf("%s: %d of %d ids are another job's", name, wrong, len(ids))
 		}
 	}
 }
