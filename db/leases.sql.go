@@ -711,27 +711,32 @@ abandoned AS (
       AND (a.lease_expires_at <= now() OR a.lease_session IN (SELECT es.session_key FROM ended_sessions AS es))
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+),
+taken AS (
+    UPDATE jobs AS j
+    SET state = CASE
+            WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
+            WHEN j.attempt >= j.max_attempts THEN 'dead'::job_state
+            ELSE 'available'::job_state
+        END,
+        finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
+        lease_token         = NULL,
+        lease_expires_at    = NULL,
+        lease_session       = NULL,
+        cancel_requested_at = NULL,
+        last_error  = CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
+        error_count = j.error_count + 1,
+        errors = job_errors_append(j.errors, jsonb_build_object(
+            'attempt', j.attempt, 'worker', j.leased_by,
+            'error', CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
+            'at', now()))
+    FROM abandoned
+    WHERE j.id = abandoned.id
+    RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
 )
-UPDATE jobs AS j
-SET state = CASE
-        WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
-        WHEN j.attempt >= j.max_attempts THEN 'dead'::job_state
-        ELSE 'available'::job_state
-    END,
-    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
-    lease_token         = NULL,
-    lease_expires_at    = NULL,
-    lease_session       = NULL,
-    cancel_requested_at = NULL,
-    last_error  = CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
-    error_count = j.error_count + 1,
-    errors = job_errors_append(j.errors, jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.leased_by,
-        'error', CASE WHEN j.lease_expires_at <= now() THEN 'lease expired' ELSE 'worker session ended' END,
-        'at', now()))
-FROM abandoned
-WHERE j.id = abandoned.id
-RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
+SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, f.found
+FROM (SELECT count(*) AS found FROM candidates) AS f
+LEFT JOIN taken AS t ON true
 `
 
 type JobReclaimParams struct {
@@ -740,11 +745,12 @@ type JobReclaimParams struct {
 }
 
 type JobReclaimRow struct {
-	ID        int64
-	State     JobState
-	Attempt   int32
+	ID        *int64
+	State     *JobState
+	Attempt   *int32
 	LeasedBy  *string
 	LastError *string
+	Found     int64
 }
 
 // Takes back up to max_jobs running jobs whose worker can no longer finish
@@ -757,6 +763,13 @@ type JobReclaimRow struct {
 // crash does not send it behind the backlog that built up since. Rows
 // another reclaimer holds are skipped, so any number of workers can run
 // this at once.
+//
+// It answers one row per job taken back, or a single row with no job when
+// it took none, and every row says how many jobs it found to take back
+// (found): more than it took if rows another transaction held were
+// skipped, if some were claimed or renewed since it began, or past
+// max_jobs. A caller that reads only the leases that expired lately (see
+// expired_within_ms) then knows to look at them again.
 //
 // Whether a session ended is read from one scan of pg_locks per statement.
 // A session counts as ended only if it was registered when this statement
@@ -798,6 +811,7 @@ func (q *Queries) JobReclaim(ctx context.Context, arg JobReclaimParams) ([]JobRe
 			&i.Attempt,
 			&i.LeasedBy,
 			&i.LastError,
+			&i.Found,
 		); err != nil {
 			return nil, err
 		}

@@ -183,8 +183,8 @@ func TestNotifications_ReachTheirQueuesListenersAlone(t *testing.T) {
 			job := b.enqueue(t, "noop", `{}`, 3)
 			b.claimOne(t, "w", 50*time.Millisecond)
 			b.waitForLeaseExpiry(t, job.ID)
-			if rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil || len(rows) != 1 {
-				t.Fatalf("reclaim: %v, %v", rows, err)
+			if rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10}); len(rows) != 1 {
+				t.Fatalf("reclaim took %+v, want 1 job", rows)
 			}
 		}},
 		{name: "a job retried", heard: []string{available, available, returned}, do: func(t *testing.T, b *bundle) {

@@ -154,12 +154,9 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 // 5s takes back job id, and it alone, because its worker's session ended.
 func (b *bundle) wantReclaimedForItsEndedSession(t *testing.T, id int64) {
 	t.Helper()
-	var rows []db.JobReclaimRow
+	var rows []reclaimedJob
 	for deadline := time.Now().Add(5 * time.Second); len(rows) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var err error
-		if rows, err = b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {
-			t.Fatal(err)
-		}
+		rows = b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
 	}
 	if len(rows) != 1 || rows[0].ID != id || deref(rows[0].LastError) != "worker session ended" {
 		t.Errorf("reclaim after the shutdown: %+v, want job %d for its ended session", rows, id)

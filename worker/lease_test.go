@@ -437,12 +437,8 @@ func TestAcknowledgement_FromStaleClaimIsRejectedAndNewerOutcomeStands(t *testin
 
 			_, oldToken := b.claimOne(t, "zombie", 300*time.Millisecond)
 			b.waitForLeaseExpiry(t, job.ID)
-			reclaimed, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(reclaimed) != 1 || reclaimed[0].ID != job.ID {
-				t.Fatalf("reclaim took %+v, want job %d", reclaimed, job.ID)
+			if taken := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10}); len(taken) != 1 || taken[0].ID != job.ID {
+				t.Fatalf("reclaim took %+v, want job %d", taken, job.ID)
 			}
 			_, newToken := b.claimOne(t, "successor", time.Minute)
 
@@ -682,10 +678,7 @@ func TestReclaim_ExpiredLeaseOnLastAttemptGoesDead(t *testing.T) {
 	job := b.enqueue(t, "noop", `{}`, 1)
 	b.claimOne(t, "crashy", 100*time.Millisecond)
 	b.waitForLeaseExpiry(t, job.ID)
-	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
 	if len(rows) != 1 || rows[0].State != db.JobStateDead || deref(rows[0].LastError) != "lease expired" || deref(rows[0].LeasedBy) != "crashy" {
 		t.Fatalf("reclaim: %+v, want job dead with 'lease expired' from crashy", rows)
 	}
@@ -703,12 +696,8 @@ func TestReclaim_WithinAWindowTakesOnlyTheLeasesThatExpiredInIt(t *testing.T) {
 	}
 	reclaimed := func(window *int64) []int64 {
 		t.Helper()
-		rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10, ExpiredWithinMs: window})
-		if err != nil {
-			t.Fatal(err)
-		}
 		var ids []int64
-		for _, r := range rows {
+		for _, r := range b.reclaim(t, db.JobReclaimParams{MaxJobs: 10, ExpiredWithinMs: window}) {
 			ids = append(ids, r.ID)
 		}
 		return ids
@@ -727,11 +716,7 @@ func TestReclaim_LeavesLiveLeasesAlone(t *testing.T) {
 	b := setup(t)
 	b.enqueue(t, "noop", `{}`, 1)
 	b.claimOne(t, "healthy", time.Minute)
-	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rows) != 0 {
+	if rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10}); len(rows) != 0 {
 		t.Errorf("reclaimed %+v from a live lease of an unregistered worker", rows)
 	}
 }

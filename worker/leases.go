@@ -394,8 +394,8 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 // reclaim takes back up to DefaultReclaimBatch jobs of dead workers and
 // expired leases (JobReclaim), those whose lease expired within the window
 // given or, when it is zero, all of them; wakes the dispatcher if it took
-// any, and returns how many it took.
-func (l leases) reclaim(ctx context.Context, window time.Duration) (int, error) {
+// any, and returns how many it took and how many it found to take back.
+func (l leases) reclaim(ctx context.Context, window time.Duration) (taken int, found int64, err error) {
 	w := l.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
@@ -409,16 +409,21 @@ func (l leases) reclaim(ctx context.Context, window time.Duration) (int, error) 
 		if ctx.Err() == nil {
 			w.log.Warn("reclaim failed", "err", err)
 		}
-		return 0, err
+		return 0, 0, err
 	}
 	for _, r := range rows {
-		w.log.Info("reclaimed job", "job", r.ID, "reason", deref(r.LastError),
-			"from_worker", deref(r.LeasedBy), "attempt", r.Attempt, "now", r.State)
+		found = r.Found
+		if r.ID == nil {
+			continue // the row that stands for none taken
+		}
+		taken++
+		w.log.Info("reclaimed job", "job", *r.ID, "reason", deref(r.LastError),
+			"from_worker", deref(r.LeasedBy), "attempt", deref(r.Attempt), "now", deref(r.State))
 	}
-	if len(rows) > 0 {
+	if taken > 0 {
 		// They keep their run_at, behind the claim cursors.
 		w.jobReturned()
 		notify(w.wake)
 	}
-	return len(rows), nil
+	return taken, found, nil
 }

@@ -36,9 +36,18 @@ func (r reclaimer) run(ctx context.Context) {
 		}
 		for {
 			sent := time.Now()
-			n, err := w.leases.reclaim(ctx, window.at(sent))
-			window.record(sent, err == nil && n < DefaultReclaimBatch)
-			if err != nil || n < DefaultReclaimBatch {
+			taken, found, err := w.leases.reclaim(ctx, window.at(sent))
+			switch {
+			case err != nil || taken == DefaultReclaimBatch:
+				window.record(sent, reclaimPartial)
+			case found > int64(taken):
+				// Rows another transaction held were skipped: the next
+				// reclaims reach back to them.
+				window.record(sent, reclaimLeftSome)
+			default:
+				window.record(sent, reclaimComplete)
+			}
+			if err != nil || taken < DefaultReclaimBatch {
 				break
 			}
 		}
@@ -82,10 +91,12 @@ const reclaimWindowMargin = time.Second
 // reclaimWindow decides how far back in lease times a reclaim looks for
 // expired leases. Once a reclaim has taken every expired lease it found,
 // the next needs only those that expired since it began; a margin covers
-// the time it took to reach the database. Otherwise (at start, after a
-// failure, after a full batch, and every fullReclaimEvery rounds) it
-// looks at them all. Each worker keeps its own, so that what one worker
-// misses another's window cannot hide.
+// the time it took to reach the database. One that left some, whose rows
+// another transaction held, moves nothing: the next reach back as far as
+// before, until one takes them. Otherwise (at start, after a failure,
+// after a full batch, and every fullReclaimEvery rounds) it looks at them
+// all. Each worker keeps its own, so that what one worker misses
+// another's window cannot hide.
 type reclaimWindow struct {
 	// since is when the last reclaim that took every expired lease it
 	// found was sent; zero: none since the last full pass was due.
@@ -101,12 +112,27 @@ func (r *reclaimWindow) at(now time.Time) time.Duration {
 	return now.Sub(r.since) + reclaimWindowMargin
 }
 
-// record notes a reclaim sent at sent: complete if it succeeded and took
-// every expired lease it found.
-func (r *reclaimWindow) record(sent time.Time, complete bool) {
-	if complete {
+// reclaimOutcome is how a reclaim went, for its window.
+type reclaimOutcome int
+
+const (
+	// reclaimComplete: it took every job it found to take back.
+	reclaimComplete reclaimOutcome = iota
+	// reclaimLeftSome: it took fewer than it found, under its limit: it
+	// skipped rows another transaction held, or jobs renewed or claimed
+	// again since it began.
+	reclaimLeftSome
+	// reclaimPartial: it failed, or took a full batch.
+	reclaimPartial
+)
+
+// record notes the outcome of a reclaim sent at sent.
+func (r *reclaimWindow) record(sent time.Time, outcome reclaimOutcome) {
+	switch outcome {
+	case reclaimComplete:
 		r.since = sent
-	} else {
+	case reclaimLeftSome:
+	default:
 		r.since = time.Time{}
 	}
 }

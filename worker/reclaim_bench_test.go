@@ -51,8 +51,8 @@ func BenchmarkReclaim_RegisteredWorkers(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if len(rows) != 0 {
-					b.Fatalf("reclaimed %d jobs of live workers", len(rows))
+				if taken := reclaimed(rows); len(taken) != 0 {
+					b.Fatalf("reclaimed %d jobs of live workers", len(taken))
 				}
 			}
 		})

@@ -40,11 +40,8 @@ func TestReclaim_TakesJobsOfAnEndedSessionAtOnceButNotOfALiveOne(t *testing.T) {
 	}
 
 	doomed.end(t, b)
-	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []db.JobReclaimRow{{ID: dead.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("doomed"), LastError: ptr("worker session ended")}}
+	rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
+	want := []reclaimedJob{{ID: dead.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("doomed"), LastError: ptr("worker session ended")}}
 	if diff := cmp.Diff(want, rows); diff != "" {
 		t.Errorf("reclaim after the session ended (-want +got):\n%s", diff)
 	}
@@ -71,11 +68,8 @@ func TestReclaim_JudgesEachJobByTheSessionItWasClaimedUnder(t *testing.T) {
 	restarted := b.register(t, "pod-0", 0)
 	b.claimUnder(t, "pod-0", &restarted.key, 1, time.Hour)
 
-	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []db.JobReclaimRow{{ID: first.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("pod-0"), LastError: ptr("worker session ended")}}
+	rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
+	want := []reclaimedJob{{ID: first.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("pod-0"), LastError: ptr("worker session ended")}}
 	if diff := cmp.Diff(want, rows); diff != "" {
 		t.Errorf("reclaim after the restart (-want +got):\n%s", diff)
 	}
@@ -109,13 +103,12 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 
 		// A reclaim starts; meanwhile the worker registers a new session,
 		// hands the job back and claims it again under that session.
-		reclaimed := make(chan []db.JobReclaimRow, 1)
+		done := make(chan struct{})
 		go func() {
-			rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-			if err != nil {
+			defer close(done)
+			if _, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10}); err != nil {
 				t.Error(err)
 			}
-			reclaimed <- rows
 		}()
 		s2 := b.register(t, "w", s1.key)
 		released, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []pgtype.UUID{rows[0].LeaseToken}})
@@ -126,7 +119,7 @@ func TestReclaim_NeverTakesAJobClaimedAgainUnderALiveSessionWhileTheReclaimRuns(
 		if len(released) == 1 {
 			again = b.claimUnder(t, "w", &s2.key, 1, time.Hour)
 		}
-		<-reclaimed
+		<-done
 		got := b.get(t, job.ID)
 		if len(again) == 1 && (got.State != db.JobStateRunning || got.LeaseToken != again[0].LeaseToken) {
 			premature++
@@ -244,10 +237,7 @@ func TestUnregister_FreesTheIDAndLeavesTheSessionUntilItEnds(t *testing.T) {
 		t.Errorf("sessions after unregister: %v, %v; want the live session %d", keys, err, s.key)
 	}
 	s.end(t, b)
-	rows, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
 	if len(rows) != 1 || rows[0].ID != job.ID || deref(rows[0].LastError) != "worker session ended" {
 		t.Errorf("reclaim once the session closed: %+v, want job %d for its ended session", rows, job.ID)
 	}
@@ -310,12 +300,9 @@ func TestWorkerForgetEnded_KeepsTheSessionOfAClaimInFlight(t *testing.T) {
 	if err := tx.Commit(b.ctx); err != nil {
 		t.Fatal(err)
 	}
-	reclaimed, err := b.q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(reclaimed) != 1 || reclaimed[0].ID != job.ID || deref(reclaimed[0].LastError) != "worker session ended" {
-		t.Errorf("reclaim once the claim committed: %+v, want job %d for its ended session", reclaimed, job.ID)
+	taken := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
+	if len(taken) != 1 || taken[0].ID != job.ID || deref(taken[0].LastError) != "worker session ended" {
+		t.Errorf("reclaim once the claim committed: %+v, want job %d for its ended session", taken, job.ID)
 	}
 	if n, err := worker.ForgetEnded(b.ctx, b.pool); err != nil || n != 1 {
 		t.Errorf("forget ended sessions after the reclaim: %d, %v; want 1", n, err)

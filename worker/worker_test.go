@@ -180,6 +180,40 @@ func TestWorker_ReclaimsJobWhoseHeartbeatsStoppedAndRunsAttemptTwo(t *testing.T)
 	}
 }
 
+// TestWorker_ReclaimsAnExpiredLeaseSoonAfterTheTransactionHoldingItsRowEnds
+// holds the row of a silent worker's job in another transaction from
+// before its lease expires until 3 s after. The worker's reclaims skip the
+// held row meanwhile; once it is free, the next reclaim takes the job back,
+// not the full pass that comes once every 40 reclaims (10 s).
+func TestWorker_ReclaimsAnExpiredLeaseSoonAfterTheTransactionHoldingItsRowEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "once", `{}`, 3)
+	b.claimOne(t, "silent", 500*time.Millisecond)
+	holder, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(context.WithoutCancel(b.ctx))
+	if _, err := holder.Exec(b.ctx, "SELECT FROM jobs WHERE id = $1 FOR UPDATE", job.ID); err != nil {
+		t.Fatal(err)
+	}
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("once", func(ctx context.Context, j *worker.Job) (any, error) { return nil, nil })
+	})
+	time.Sleep(3500 * time.Millisecond)
+	if got := b.get(t, job.ID); got.State != db.JobStateRunning || got.Attempt != 1 {
+		t.Fatalf("while its row was held the job became %s at attempt %d, want still running at 1", got.State, got.Attempt)
+	}
+	if err := holder.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 4*time.Second)
+	if got.Attempt != 2 || !strings.Contains(string(got.Errors), "lease expired") {
+		t.Errorf("attempt %d, history %s; want attempt 2 after the expired lease", got.Attempt, got.Errors)
+	}
+}
+
 func TestWorker_RetriesWithBackoffThenDeadAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

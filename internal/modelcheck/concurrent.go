@@ -230,8 +230,9 @@ func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
 			if err != nil {
 				return fmt.Errorf("%s: reclaim: %w", w.id, err)
 			}
+			taken, _ := reclaimedOf(rows)
 			w.c.mu.Lock()
-			for _, r := range rows {
+			for _, r := range taken {
 				w.c.jobs[r.ID].reclaims++
 				w.c.counts["reclaim/jobs"]++
 			}
@@ -468,7 +469,8 @@ func (c *Concurrent) drain(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("drain: reclaim: %w", err)
 		}
-		for _, r := range rows {
+		taken, _ := reclaimedOf(rows)
+		for _, r := range taken {
 			c.jobs[r.ID].reclaims++
 		}
 		tokens := make([]pgtype.UUID, 100)

@@ -344,6 +344,19 @@ type Reclaimed struct {
 	LastError *string
 }
 
+// reclaimedOf returns the jobs the rows of a JobReclaim say it took back,
+// without the row that stands for none, and how many it found to take
+// back.
+func reclaimedOf(rows []db.JobReclaimRow) (taken []Reclaimed, found int64) {
+	for _, r := range rows {
+		found = r.Found
+		if r.ID != nil {
+			taken = append(taken, Reclaimed{ID: *r.ID, State: *r.State, Attempt: *r.Attempt, LeasedBy: r.LeasedBy, LastError: r.LastError})
+		}
+	}
+	return taken, found
+}
+
 // Reclaimable returns, by id, the running jobs a reclaim at now must take
 // back, each as the reclaim returns it: those whose lease expired, and
 // those whose session ended (and is still recorded in worker_sessions).

@@ -698,8 +698,14 @@ func (d *Driver) reclaim(ctx context.Context) error {
 		return fmt.Errorf("JobReclaim: %w", err)
 	}
 	can := d.model.Reclaimable(now)
+	got, found := reclaimedOf(rows)
+	// Nothing else runs: it finds every job it may take, but those of
+	// ended sessions past its limit.
+	if found > int64(len(can)) || (len(can) <= int(limit) && found != int64(len(can))) {
+		return fmt.Errorf("reclaim (limit %d) at %s found %d jobs to take back, want %d", limit, stamp(now), found, len(can))
+	}
 	var taken []int64
-	for _, r := range rows {
+	for _, r := range got {
 		want, ok := can[r.ID]
 		if !ok {
 			return fmt.Errorf("reclaim at %s took job %d, which the model says it must leave: %+v", stamp(now), r.ID, d.modelJob(r.ID))
