@@ -681,13 +681,19 @@ candidates AS (
     SELECT e.id FROM jobs AS e
     WHERE e.lease_token IS NOT NULL
       AND e.lease_expires_at <= now()
-      AND e.lease_expires_at > COALESCE(now() - interval '1 millisecond' * $1::bigint, '-infinity')
+      AND e.lease_expires_at > COALESCE(now() - interval '1 millisecond' * $2::bigint, '-infinity')
     UNION
     (SELECT r.id FROM jobs AS r
      WHERE r.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es))
        -- With no session ended the lookup does not run (see abandoned).
        AND EXISTS (SELECT FROM ended_sessions)
-     LIMIT $2)
+     LIMIT $1)
+    UNION
+    -- The jobs a previous reclaim left, looked up by id.
+    SELECT h.id FROM jobs AS h
+    WHERE h.id = ANY ($3::bigint[])
+      AND h.lease_token IS NOT NULL
+      AND (h.lease_expires_at <= now() OR h.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es)))
 ),
 abandoned AS (
     SELECT a.id
@@ -709,7 +715,7 @@ abandoned AS (
       -- it would let the planner read every entry of an index over running
       -- jobs instead of looking these up by id (see JobCompleteAndClaim).
       AND (a.lease_expires_at <= now() OR a.lease_session IN (SELECT es.session_key FROM ended_sessions AS es))
-    LIMIT $2
+    LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 taken AS (
@@ -734,14 +740,25 @@ taken AS (
     WHERE j.id = abandoned.id
     RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
 )
-SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, f.found
-FROM (SELECT count(*) AS found FROM candidates) AS f
+SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, l.left_ids
+FROM (
+    SELECT COALESCE(array_agg(x.id), '{}')::bigint[] AS left_ids
+    FROM (
+        SELECT c.id FROM candidates AS c
+        WHERE NOT EXISTS (SELECT FROM taken AS t WHERE t.id = c.id)
+          -- A full batch leaves the rest for the caller's next reclaim.
+          AND (SELECT count(*) FROM taken) < $1
+        ORDER BY c.id
+        LIMIT $1
+    ) AS x
+) AS l
 LEFT JOIN taken AS t ON true
 `
 
 type JobReclaimParams struct {
-	ExpiredWithinMs *int64
 	MaxJobs         int32
+	ExpiredWithinMs *int64
+	RecheckIDs      []int64
 }
 
 type JobReclaimRow struct {
@@ -750,7 +767,7 @@ type JobReclaimRow struct {
 	Attempt   *int32
 	LeasedBy  *string
 	LastError *string
-	Found     int64
+	LeftIDs   []int64
 }
 
 // Takes back up to max_jobs running jobs whose worker can no longer finish
@@ -765,11 +782,14 @@ type JobReclaimRow struct {
 // this at once.
 //
 // It answers one row per job taken back, or a single row with no job when
-// it took none, and every row says how many jobs it found to take back
-// (found): more than it took if rows another transaction held were
-// skipped, if some were claimed or renewed since it began, or past
-// max_jobs. A caller that reads only the leases that expired lately (see
-// expired_within_ms) then knows to look at them again.
+// it took none, and every row lists the jobs it found to take back but
+// left (left_ids), when it took fewer than max_jobs: those whose rows
+// another transaction held (an acknowledgement waiting for it, a cancel
+// in a transaction still open, an operator's SELECT ... FOR UPDATE), and
+// any claimed again or renewed since it began. A caller that reads only
+// the leases that expired lately (see expired_within_ms) gives them back
+// as recheck_ids to its next reclaims, which look each up by id, however
+// long ago its lease expired, until it is taken or no longer abandoned.
 //
 // Whether a session ended is read from one scan of pg_locks per statement.
 // A session counts as ended only if it was registered when this statement
@@ -797,7 +817,7 @@ type JobReclaimRow struct {
 // its state, so that each lookup can only read the index over those
 // columns (see migrations/00009).
 func (q *Queries) JobReclaim(ctx context.Context, arg JobReclaimParams) ([]JobReclaimRow, error) {
-	rows, err := q.db.Query(ctx, jobReclaim, arg.ExpiredWithinMs, arg.MaxJobs)
+	rows, err := q.db.Query(ctx, jobReclaim, arg.MaxJobs, arg.ExpiredWithinMs, arg.RecheckIDs)
 	if err != nil {
 		return nil, err
 	}
@@ -811,7 +831,7 @@ func (q *Queries) JobReclaim(ctx context.Context, arg JobReclaimParams) ([]JobRe
 			&i.Attempt,
 			&i.LeasedBy,
 			&i.LastError,
-			&i.Found,
+			&i.LeftIDs,
 		); err != nil {
 			return nil, err
 		}

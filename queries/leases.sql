@@ -431,11 +431,14 @@ RETURNING j.id;
 -- this at once.
 --
 -- It answers one row per job taken back, or a single row with no job when
--- it took none, and every row says how many jobs it found to take back
--- (found): more than it took if rows another transaction held were
--- skipped, if some were claimed or renewed since it began, or past
--- max_jobs. A caller that reads only the leases that expired lately (see
--- expired_within_ms) then knows to look at them again.
+-- it took none, and every row lists the jobs it found to take back but
+-- left (left_ids), when it took fewer than max_jobs: those whose rows
+-- another transaction held (an acknowledgement waiting for it, a cancel
+-- in a transaction still open, an operator's SELECT ... FOR UPDATE), and
+-- any claimed again or renewed since it began. A caller that reads only
+-- the leases that expired lately (see expired_within_ms) gives them back
+-- as recheck_ids to its next reclaims, which look each up by id, however
+-- long ago its lease expired, until it is taken or no longer abandoned.
 --
 -- Whether a session ended is read from one scan of pg_locks per statement.
 -- A session counts as ended only if it was registered when this statement
@@ -478,6 +481,12 @@ candidates AS (
        -- With no session ended the lookup does not run (see abandoned).
        AND EXISTS (SELECT FROM ended_sessions)
      LIMIT @max_jobs)
+    UNION
+    -- The jobs a previous reclaim left, looked up by id.
+    SELECT h.id FROM jobs AS h
+    WHERE h.id = ANY (@recheck_ids::bigint[])
+      AND h.lease_token IS NOT NULL
+      AND (h.lease_expires_at <= now() OR h.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es)))
 ),
 abandoned AS (
     SELECT a.id
@@ -524,6 +533,16 @@ taken AS (
     WHERE j.id = abandoned.id
     RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
 )
-SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, f.found
-FROM (SELECT count(*) AS found FROM candidates) AS f
+SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, l.left_ids
+FROM (
+    SELECT COALESCE(array_agg(x.id), '{}')::bigint[] AS left_ids
+    FROM (
+        SELECT c.id FROM candidates AS c
+        WHERE NOT EXISTS (SELECT FROM taken AS t WHERE t.id = c.id)
+          -- A full batch leaves the rest for the caller's next reclaim.
+          AND (SELECT count(*) FROM taken) < @max_jobs
+        ORDER BY c.id
+        LIMIT @max_jobs
+    ) AS x
+) AS l
 LEFT JOIN taken AS t ON true;

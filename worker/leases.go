@@ -393,13 +393,15 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 
 // reclaim takes back up to DefaultReclaimBatch jobs of dead workers and
 // expired leases (JobReclaim), those whose lease expired within the window
-// given or, when it is zero, all of them; wakes the dispatcher if it took
-// any, and returns how many it took and how many it found to take back.
-func (l leases) reclaim(ctx context.Context, window time.Duration) (taken int, found int64, err error) {
+// given or, when it is zero, all of them, and those of recheck still
+// abandoned; wakes the dispatcher if it took any, and returns how many it
+// took and the jobs it found abandoned but left, their rows held by
+// another transaction.
+func (l leases) reclaim(ctx context.Context, window time.Duration, recheck []int64) (taken int, left []int64, err error) {
 	w := l.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch}
+	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch, RecheckIDs: recheck}
 	if window > 0 {
 		ms := window.Milliseconds()
 		params.ExpiredWithinMs = &ms
@@ -409,10 +411,10 @@ func (l leases) reclaim(ctx context.Context, window time.Duration) (taken int, f
 		if ctx.Err() == nil {
 			w.log.Warn("reclaim failed", "err", err)
 		}
-		return 0, 0, err
+		return 0, nil, err
 	}
 	for _, r := range rows {
-		found = r.Found
+		left = r.LeftIDs
 		if r.ID == nil {
 			continue // the row that stands for none taken
 		}
@@ -425,5 +427,5 @@ func (l leases) reclaim(ctx context.Context, window time.Duration) (taken int, f
 		w.jobReturned()
 		notify(w.wake)
 	}
-	return taken, found, nil
+	return taken, left, nil
 }

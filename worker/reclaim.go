@@ -24,6 +24,10 @@ type reclaimer struct {
 func (r reclaimer) run(ctx context.Context) {
 	w := r.w
 	var window reclaimWindow
+	// left are the jobs the last reclaim found abandoned but could not
+	// take, their rows held by another transaction: the next reclaims look
+	// each up by id, whatever their window, until it is taken.
+	var left []int64
 	var counted time.Time
 	for round := 0; ; round++ {
 		select {
@@ -36,18 +40,12 @@ func (r reclaimer) run(ctx context.Context) {
 		}
 		for {
 			sent := time.Now()
-			taken, found, err := w.leases.reclaim(ctx, window.at(sent))
-			switch {
-			case err != nil || taken == DefaultReclaimBatch:
-				window.record(sent, reclaimPartial)
-			case found > int64(taken):
-				// Rows another transaction held were skipped: the next
-				// reclaims reach back to them.
-				window.record(sent, reclaimLeftSome)
-			default:
-				window.record(sent, reclaimComplete)
+			n, stillLeft, err := w.leases.reclaim(ctx, window.at(sent), left)
+			window.record(sent, err == nil && n < DefaultReclaimBatch)
+			if err == nil {
+				left = stillLeft
 			}
-			if err != nil || taken < DefaultReclaimBatch {
+			if err != nil || n < DefaultReclaimBatch {
 				break
 			}
 		}
@@ -90,13 +88,12 @@ const reclaimWindowMargin = time.Second
 
 // reclaimWindow decides how far back in lease times a reclaim looks for
 // expired leases. Once a reclaim has taken every expired lease it found,
-// the next needs only those that expired since it began; a margin covers
-// the time it took to reach the database. One that left some, whose rows
-// another transaction held, moves nothing: the next reach back as far as
-// before, until one takes them. Otherwise (at start, after a failure,
-// after a full batch, and every fullReclaimEvery rounds) it looks at them
-// all. Each worker keeps its own, so that what one worker misses
-// another's window cannot hide.
+// but those whose rows another transaction held (which the next reclaims
+// look up by id), the next needs only those that expired since it began; a
+// margin covers the time it took to reach the database. Otherwise (at start, after a
+// failure, after a full batch, and every fullReclaimEvery rounds) it
+// looks at them all. Each worker keeps its own, so that what one worker
+// misses another's window cannot hide.
 type reclaimWindow struct {
 	// since is when the last reclaim that took every expired lease it
 	// found was sent; zero: none since the last full pass was due.
@@ -112,27 +109,12 @@ func (r *reclaimWindow) at(now time.Time) time.Duration {
 	return now.Sub(r.since) + reclaimWindowMargin
 }
 
-// reclaimOutcome is how a reclaim went, for its window.
-type reclaimOutcome int
-
-const (
-	// reclaimComplete: it took every job it found to take back.
-	reclaimComplete reclaimOutcome = iota
-	// reclaimLeftSome: it took fewer than it found, under its limit: it
-	// skipped rows another transaction held, or jobs renewed or claimed
-	// again since it began.
-	reclaimLeftSome
-	// reclaimPartial: it failed, or took a full batch.
-	reclaimPartial
-)
-
-// record notes the outcome of a reclaim sent at sent.
-func (r *reclaimWindow) record(sent time.Time, outcome reclaimOutcome) {
-	switch outcome {
-	case reclaimComplete:
+// record notes a reclaim sent at sent: complete if it succeeded and took
+// every expired lease it found.
+func (r *reclaimWindow) record(sent time.Time, complete bool) {
+	if complete {
 		r.since = sent
-	case reclaimLeftSome:
-	default:
+	} else {
 		r.since = time.Time{}
 	}
 }

@@ -37,19 +37,15 @@ func TestReclaimWindow_ReachesBackToTheLastCompleteReclaimAndOtherwiseReadsEvery
 		want     time.Duration
 	}{
 		{name: "at start", at: t0, wantFull: true},
-		{name: "after a complete reclaim", do: func() { w.record(t0, reclaimComplete) },
+		{name: "after a complete reclaim", do: func() { w.record(t0, true) },
 			at: t0.Add(250 * time.Millisecond), want: 250*time.Millisecond + reclaimWindowMargin},
-		{name: "after a second one, from the second", do: func() { w.record(t0.Add(250*time.Millisecond), reclaimComplete) },
+		{name: "after a second one, from the second", do: func() { w.record(t0.Add(250*time.Millisecond), true) },
 			at: t0.Add(600 * time.Millisecond), want: 350*time.Millisecond + reclaimWindowMargin},
-		{name: "after one that left held rows, still from the second", do: func() { w.record(t0.Add(600*time.Millisecond), reclaimLeftSome) },
-			at: t0.Add(3 * time.Second), want: 2750*time.Millisecond + reclaimWindowMargin},
-		{name: "after a failed or full one", do: func() { w.record(t0.Add(3*time.Second), reclaimPartial) },
-			at: t0.Add(3500 * time.Millisecond), wantFull: true},
-		{name: "after one that left held rows, still everything", do: func() { w.record(t0.Add(3500*time.Millisecond), reclaimLeftSome) },
-			at: t0.Add(4 * time.Second), wantFull: true},
-		{name: "after a complete one again", do: func() { w.record(t0.Add(4*time.Second), reclaimComplete) },
-			at: t0.Add(8 * time.Second), want: 4*time.Second + reclaimWindowMargin},
-		{name: "when a full pass is due", do: w.forget, at: t0.Add(8 * time.Second), wantFull: true},
+		{name: "after a failed or full one", do: func() { w.record(t0.Add(600*time.Millisecond), false) },
+			at: t0.Add(time.Second), wantFull: true},
+		{name: "after a complete one again", do: func() { w.record(t0.Add(time.Second), true) },
+			at: t0.Add(5 * time.Second), want: 4*time.Second + reclaimWindowMargin},
+		{name: "when a full pass is due", do: w.forget, at: t0.Add(5 * time.Second), wantFull: true},
 	}
 	for _, s := range steps {
 		if s.do != nil {

@@ -345,16 +345,15 @@ type Reclaimed struct {
 }
 
 // reclaimedOf returns the jobs the rows of a JobReclaim say it took back,
-// without the row that stands for none, and how many it found to take
-// back.
-func reclaimedOf(rows []db.JobReclaimRow) (taken []Reclaimed, found int64) {
+// without the row that stands for none, and the jobs it says it left.
+func reclaimedOf(rows []db.JobReclaimRow) (taken []Reclaimed, left []int64) {
 	for _, r := range rows {
-		found = r.Found
+		left = r.LeftIDs
 		if r.ID != nil {
 			taken = append(taken, Reclaimed{ID: *r.ID, State: *r.State, Attempt: *r.Attempt, LeasedBy: r.LeasedBy, LastError: r.LastError})
 		}
 	}
-	return taken, found
+	return taken, left
 }
 
 // Reclaimable returns, by id, the running jobs a reclaim at now must take

@@ -688,21 +688,27 @@ func (d *Driver) reclaim(ctx context.Context) error {
 	if d.choose(5) == 0 {
 		limit = int32(1 + d.choose(2))
 	}
+	// Jobs to look up by id, as a worker does those a reclaim left: any
+	// job, so that no job is taken only for being named.
+	var recheck []int64
+	for range d.choose(4) {
+		recheck = append(recheck, d.pickJob())
+	}
 	var rows []db.JobReclaimRow
 	now, err := d.inTx(ctx, func(q *db.Queries, _ time.Time) error {
 		var err error
-		rows, err = q.JobReclaim(ctx, db.JobReclaimParams{MaxJobs: limit})
+		rows, err = q.JobReclaim(ctx, db.JobReclaimParams{MaxJobs: limit, RecheckIDs: recheck})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("JobReclaim: %w", err)
 	}
 	can := d.model.Reclaimable(now)
-	got, found := reclaimedOf(rows)
-	// Nothing else runs: it finds every job it may take, but those of
-	// ended sessions past its limit.
-	if found > int64(len(can)) || (len(can) <= int(limit) && found != int64(len(can))) {
-		return fmt.Errorf("reclaim (limit %d) at %s found %d jobs to take back, want %d", limit, stamp(now), found, len(can))
+	got, left := reclaimedOf(rows)
+	// Nothing else holds a row: it leaves a job only past its limit, and
+	// then says nothing of those it left.
+	if len(left) > 0 {
+		return fmt.Errorf("reclaim (limit %d) at %s took %d of %d reclaimable and says it left %v", limit, stamp(now), len(got), len(can), left)
 	}
 	var taken []int64
 	for _, r := range got {
