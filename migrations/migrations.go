@@ -243,9 +243,10 @@ func (m *Migrator) Inspect(ctx context.Context) (Schema, error) {
 }
 
 // applied returns the versions goose's version table records as applied,
-// none if the table does not exist. Each version's newest row decides, as
-// goose itself reads the table; version 0 is the row goose writes when it
-// creates the table, not a migration.
+// none if the table does not exist: every version with a row, as the goose
+// Provider that applies and rolls back Relay's migrations reads the table
+// (a roll-back deletes the version's row). Version 0 is the row goose
+// writes when it creates the table, not a migration.
 func (m *Migrator) applied(ctx context.Context) (map[int64]bool, error) {
 	conn, err := m.db.Conn(ctx)
 	if err != nil {
@@ -270,13 +271,8 @@ func (m *Migrator) applied(ctx context.Context) (map[int64]bool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the version table %s: %w", m.store.Tablename(), err)
 	}
-	seen := map[int64]bool{}
-	for _, r := range rows { // newest first
-		if seen[r.Version] {
-			continue
-		}
-		seen[r.Version] = true
-		if r.Version != 0 && r.IsApplied {
+	for _, r := range rows {
+		if r.Version != 0 {
 			applied[r.Version] = true
 		}
 	}
@@ -304,7 +300,10 @@ var ErrUnknownMigration = errors.New("the database holds a migration this build 
 
 // refuseUnknownAbove returns ErrUnknownMigration, naming the versions, if
 // the database holds a migration after version that this build does not
-// carry: only the build that applied it knows how to roll it back.
+// carry: only the build that applied it knows how to roll it back. It
+// reads before the roll-back takes the migration lock: a newer build's
+// migration recorded in between makes the roll-back fail on goose's own
+// "version not found" instead, having rolled back nothing.
 func (m *Migrator) refuseUnknownAbove(ctx context.Context, version int64) error {
 	s, err := m.Inspect(ctx)
 	if err != nil {
