@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -198,6 +199,12 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 		{name: "priority as string", body: `{"kind":"a","priority":"1"}`, status: 400, field: "priority"},
 		{name: "priority huge", body: `{"kind":"a","priority":1e999}`, status: 400, field: "priority"},
 		{name: "priority beyond int64", body: `{"kind":"a","priority":99999999999999999999}`, status: 400, field: "priority"},
+		{name: "priority fractional by its exponent", body: `{"kind":"a","priority":15e-1}`, status: 400, field: "priority"},
+		{name: "priority a hair above whole", body: `{"kind":"a","priority":1.0000000000000000001}`, status: 400, field: "priority"},
+		{name: "priority whole but above int16", body: `{"kind":"a","priority":3.2768e4}`, status: 400, field: "priority"},
+		{name: "priority with a huge exponent", body: `{"kind":"a","priority":1e99999999999999999999}`, status: 400, field: "priority"},
+		{name: "priority as boolean", body: `{"kind":"a","priority":true}`, status: 400, field: "priority"},
+		{name: "max_attempts fractional", body: `{"kind":"a","max_attempts":2.5}`, status: 400, field: "max_attempts"},
 		{name: "max_attempts zero", body: `{"kind":"a","max_attempts":0}`, status: 400, field: "max_attempts"},
 		{name: "max_attempts negative", body: `{"kind":"a","max_attempts":-1}`, status: 400, field: "max_attempts"},
 		{name: "max_attempts above 1000", body: `{"kind":"a","max_attempts":1001}`, status: 400, field: "max_attempts"},
@@ -265,6 +272,9 @@ func TestEnqueue_AcceptsBoundaryValues(t *testing.T) {
 		`{"kind":"` + strings.Repeat("k", 128) + `","queue":"` + strings.Repeat("q", 128) + `"}`,
 		`{"kind":"a","priority":-32768,"max_attempts":1}`,
 		`{"kind":"a","priority":32767,"max_attempts":1000}`,
+		`{"kind":"a","priority":-3.2768e4,"max_attempts":1.0}`,
+		`{"kind":"a","priority":32767.000,"max_attempts":10e2}`,
+		`{"kind":"a","priority":-0.0,"max_attempts":25E+0}`,
 		`{"kind":"a","delay":"8760h"}`,
 		`{"kind":"a","run_at":"1970-01-01T00:00:00Z"}`,
 		`{"kind":"a","run_at":"2027-06-01t12:00:00z"}`,
@@ -320,6 +330,7 @@ func TestEnqueue_ReplayWithSameKeyReturnsOriginal(t *testing.T) {
 	replays := []string{
 		`{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2,"max_attempts":5}`,
 		`{"max_attempts":5, "priority":2, "payload":{ "y":[1.0, 2e0], "x":10e-1 }, "queue":"q", "kind":"a"}`,
+		`{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2.0,"max_attempts":0.5e1}`,
 		`{"kind":"a","queue":"q","payload":{"x":7,"y":[1,2],"x":1},"priority":2,"max_attempts":5,"delay":"1h"}`,
 	}
 	for _, body := range replays {
@@ -578,5 +589,30 @@ func TestEnqueueBatch_ErrorMessageNamesTheJob(t *testing.T) {
 	got := wantError(t, e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"a"},{"kind":"a"},{"kind":"a"},{}]}`), http.StatusBadRequest, "jobs[3].kind")
 	if !strings.HasPrefix(got.Error, "jobs[3]: ") {
 		t.Errorf("error = %q, want it to name jobs[3]", got.Error)
+	}
+}
+
+func TestParseWhole_TakesEveryJSONNumberWhoseValueIsWholeAndFitsInt64(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true}, {"-0", 0, true}, {"0.0", 0, true}, {"-0.0e5", 0, true}, {"0e-999999999999999999999", 0, true},
+		{"7", 7, true}, {"7.0", 7, true}, {"7.000", 7, true}, {"7e0", 7, true}, {"70e-1", 7, true}, {"0.7e1", 7, true}, {"7E+0", 7, true},
+		{"-12.50e1", -125, true}, {"1e18", 1_000_000_000_000_000_000, true},
+		{"9223372036854775807", math.MaxInt64, true}, {"9223372036854775807.0", math.MaxInt64, true},
+		{"-9223372036854775808", math.MinInt64, true}, {"-9.223372036854775808e18", math.MinInt64, true},
+		{"7.5", 0, false}, {"75e-1", 0, false}, {"0.1", 0, false}, {"1.0000000000000000001", 0, false},
+		{"9223372036854775808", 0, false}, {"9223372036854775808.0", 0, false}, {"1e19", 0, false},
+		{"-9223372036854775809", 0, false}, {"1e99999999999999999999", 0, false},
+		{"1e9223372036854775807", 0, false}, {"1.5e-9223372036854775808", 0, false}, {"10e-9223372036854775808", 0, false},
+		{`"7"`, 0, false}, {"true", 0, false}, {"[7]", 0, false}, {"{}", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := parseWhole(tt.in)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("parseWhole(%s) = %d, %t; want %d, %t", tt.in, got, ok, tt.want, tt.ok)
+		}
 	}
 }

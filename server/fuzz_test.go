@@ -2,7 +2,10 @@ package server
 
 import (
 	"encoding/json"
+	"math/big"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/relayq/relay/internal/dbtest"
@@ -58,6 +61,48 @@ func FuzzEnqueue(f *testing.F) {
 			if after != before {
 				t.Fatalf("status %d but %d jobs became %d, for body %q key %q", rec.Code, before, after, body, key)
 			}
+		}
+	})
+}
+
+// FuzzParseWhole checks parseWhole against math/big on every JSON number:
+// it must take exactly those whose value is whole and fits an int64, with
+// that value, and never panic, whatever the exponent. Numbers whose
+// exponent big.Rat would take long to expand are checked only to be
+// refused or zero.
+//
+//	go test -run '^$' -fuzz=FuzzParseWhole ./server/
+func FuzzParseWhole(f *testing.F) {
+	for _, s := range []string{"7", "7.0", "70e-1", "-0.0", "1.5", "1e19", "9223372036854775807.0",
+		"-9.223372036854775808e18", "1e9223372036854775807", "1.5e-9223372036854775808", `"7"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, ok := parseWhole(s)
+		var v any
+		if err := json.Unmarshal([]byte(s), &v); err != nil || strings.TrimSpace(s) != s {
+			return // the decoder hands parseWhole a value's own bytes
+		}
+		if _, isNumber := v.(float64); !isNumber {
+			if ok {
+				t.Fatalf("parseWhole(%s) = %d, true for a JSON value that is not a number", s, got)
+			}
+			return
+		}
+		_, exponent, _ := strings.Cut(strings.ToLower(s), "e")
+		if e, err := strconv.Atoi(exponent); exponent != "" && (err != nil || e > 1000 || e < -1000) {
+			if ok && got != 0 {
+				t.Fatalf("parseWhole(%s) = %d, true", s, got)
+			}
+			return
+		}
+		r, valid := new(big.Rat).SetString(s)
+		if !valid {
+			t.Fatalf("big.Rat cannot read the JSON number %s", s)
+		}
+		want := r.IsInt() && r.Num().IsInt64()
+		if ok != want || (ok && got != r.Num().Int64()) {
+			t.Fatalf("parseWhole(%s) = %d, %t; want %s, %t", s, got, ok, r.RatString(), want)
 		}
 	})
 }

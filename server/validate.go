@@ -16,6 +16,8 @@ import (
 //   - queue: 1 to 128 bytes; default "default".
 //   - payload: any JSON value, null included; default {}.
 //   - priority: an integer from -32768 to 32767; lower runs first; default 0.
+//     Here and in max_attempts, any number whose value is whole: 2, 2.0
+//     and 2e0 alike (see wholeNumber).
 //   - run_at: an RFC 3339 timestamp, from 1970 to one year from now.
 //   - delay: a Go duration string such as "500ms", "5s" or "1h30m", from 0 to
 //     one year (8760h). Not together with run_at. Precision is a
@@ -26,10 +28,10 @@ type jobRequest struct {
 	Kind        *string         `json:"kind"`
 	Queue       *string         `json:"queue"`
 	Payload     json.RawMessage `json:"payload"`
-	Priority    *int64          `json:"priority"`
+	Priority    *wholeNumber    `json:"priority"`
 	RunAt       *string         `json:"run_at"`
 	Delay       *string         `json:"delay"`
-	MaxAttempts *int64          `json:"max_attempts"`
+	MaxAttempts *wholeNumber    `json:"max_attempts"`
 }
 
 // jobRequestFields lists the JSON names of jobRequest.
@@ -50,8 +52,8 @@ func validateJob(req jobRequest, key *string, now time.Time) (client.Job, error)
 	r := client.Request{
 		Queue:          req.Queue,
 		Payload:        req.Payload,
-		Priority:       req.Priority,
-		MaxAttempts:    req.MaxAttempts,
+		Priority:       req.Priority.int64Of(),
+		MaxAttempts:    req.MaxAttempts.int64Of(),
 		IdempotencyKey: key,
 	}
 	if req.Kind != nil {
