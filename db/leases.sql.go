@@ -689,10 +689,11 @@ candidates AS (
        AND EXISTS (SELECT FROM ended_sessions)
      LIMIT $1)
     UNION
-    -- The jobs a previous reclaim left, looked up by id.
+    -- The jobs a previous reclaim left, looked up by id. Running, which
+    -- either condition implies (see abandoned), is not named, lest the
+    -- planner read every expired entry of the index over leases instead.
     SELECT h.id FROM jobs AS h
     WHERE h.id = ANY ($3::bigint[])
-      AND h.lease_token IS NOT NULL
       AND (h.lease_expires_at <= now() OR h.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es)))
 ),
 abandoned AS (
@@ -783,7 +784,8 @@ type JobReclaimRow struct {
 //
 // It answers one row per job taken back, or a single row with no job when
 // it took none, and every row lists the jobs it found to take back but
-// left (left_ids), when it took fewer than max_jobs: those whose rows
+// left (left_ids, up to max_jobs of them, in id order), when it took fewer
+// than max_jobs: those whose rows
 // another transaction held (an acknowledgement waiting for it, a cancel
 // in a transaction still open, an operator's SELECT ... FOR UPDATE), and
 // any claimed again or renewed since it began. A caller that reads only

@@ -91,7 +91,11 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 			return err
 		}, 200},
 		{"reclaim within a window", func(q *db.Queries) error {
-			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: &window})
+			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: &window, RecheckIDs: []int64{}})
+			return err
+		}, 200},
+		{"reclaim within a window, with jobs to look up again", func(q *db.Queries) error {
+			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: &window, RecheckIDs: ids})
 			return err
 		}, 200},
 		{"forget the sessions that ended", func(q *db.Queries) error {

@@ -41,7 +41,9 @@ func (r reclaimer) run(ctx context.Context) {
 		for {
 			sent := time.Now()
 			n, stillLeft, err := w.leases.reclaim(ctx, window.at(sent), left)
-			window.record(sent, err == nil && n < DefaultReclaimBatch)
+			// A list of the jobs left as long as a batch may have been cut
+			// short: then the next reclaim reads everything.
+			window.record(sent, err == nil && n < DefaultReclaimBatch && len(stillLeft) < DefaultReclaimBatch)
 			if err == nil {
 				left = stillLeft
 			}
@@ -90,10 +92,11 @@ const reclaimWindowMargin = time.Second
 // expired leases. Once a reclaim has taken every expired lease it found,
 // but those whose rows another transaction held (which the next reclaims
 // look up by id), the next needs only those that expired since it began; a
-// margin covers the time it took to reach the database. Otherwise (at start, after a
-// failure, after a full batch, and every fullReclaimEvery rounds) it
-// looks at them all. Each worker keeps its own, so that what one worker
-// misses another's window cannot hide.
+// margin covers the time it took to reach the database. Otherwise (at
+// start, after a failure, after a full batch, after a list of the jobs
+// left as long as a batch, and every fullReclaimEvery rounds) it looks at
+// them all. Each worker keeps its own, so that what one worker misses
+// another's window cannot hide.
 type reclaimWindow struct {
 	// since is when the last reclaim that took every expired lease it
 	// found was sent; zero: none since the last full pass was due.
