@@ -58,10 +58,10 @@ func parseWhole(s string) (int64, bool) {
 	if digits == "" {
 		return 0, true
 	}
-	exp := 0
+	var exp int64
 	if hasExponent {
 		var err error
-		exp, err = strconv.Atoi(exponent)
+		exp, err = strconv.ParseInt(exponent, 10, 64)
 		// Beyond that, a number no request can hold digits enough to
 		// balance is a fraction or too large either way; within it, the
 		// sums below cannot overflow.
@@ -69,14 +69,14 @@ func parseWhole(s string) (int64, bool) {
 			return 0, false
 		}
 	}
-	exp -= len(fraction)
+	exp -= int64(len(fraction))
 	trimmed := strings.TrimRight(digits, "0")
-	exp += len(digits) - len(trimmed)
+	exp += int64(len(digits) - len(trimmed))
 	digits = trimmed
-	if exp < 0 || exp > 19-len(digits) {
+	if exp < 0 || exp > int64(19-len(digits)) {
 		return 0, false // a fraction, or beyond int64
 	}
-	v, err := strconv.ParseInt(sign+digits+strings.Repeat("0", exp), 10, 64)
+	v, err := strconv.ParseInt(sign+digits+strings.Repeat("0", int(exp)), 10, 64)
 	if err != nil {
 		return 0, false
 	}
