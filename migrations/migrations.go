@@ -181,13 +181,9 @@ func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migration status: %w", err)
 	}
-	applied := make(map[int64]bool, len(s.Applied))
-	for _, v := range s.Applied {
-		applied[v] = true
-	}
 	out := make([]Status, 0, len(m.provider.ListSources())+len(s.Unknown))
 	for _, src := range m.provider.ListSources() {
-		out = append(out, Status{Version: src.Version, Source: src.Path, Applied: applied[src.Version]})
+		out = append(out, Status{Version: src.Version, Source: src.Path, Applied: !slices.Contains(s.Pending, src.Version)})
 	}
 	for _, v := range s.Unknown {
 		out = append(out, Status{Version: v, Applied: true})
@@ -318,17 +314,32 @@ func (m *Migrator) refuseUnknownAbove(ctx context.Context, version int64) error 
 	if len(above) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s, newer than this build's newest (%d); roll back with the build of relay that applied it",
-		ErrUnknownMigration, joinVersions(above), s.Newest)
+	return fmt.Errorf("%w: %s; roll back with the build of relay that applied it",
+		ErrUnknownMigration, newerThan(above, s.Newest))
 }
 
-// joinVersions lists versions as "17" or "17, 18".
-func joinVersions(vs []int64) string {
-	parts := make([]string, len(vs))
-	for i, v := range vs {
+// Ahead names the migrations the database holds that this build does not
+// carry, as "migration 17, newer than this build's newest (16)", or
+// returns "" when there are none.
+func (s Schema) Ahead() string {
+	if len(s.Unknown) == 0 {
+		return ""
+	}
+	return newerThan(s.Unknown, s.Newest)
+}
+
+// newerThan names versions a build whose newest migration is newest does
+// not carry.
+func newerThan(versions []int64, newest int64) string {
+	parts := make([]string, len(versions))
+	for i, v := range versions {
 		parts[i] = strconv.FormatInt(v, 10)
 	}
-	return strings.Join(parts, ", ")
+	noun := "migration"
+	if len(versions) > 1 {
+		noun = "migrations"
+	}
+	return fmt.Sprintf("%s %s, newer than this build's newest (%d)", noun, strings.Join(parts, ", "), newest)
 }
 
 func versions(results []*goose.MigrationResult) []int64 {

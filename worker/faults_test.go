@@ -16,6 +16,7 @@ import (
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/faultproxy"
+	"github.com/relayq/relay/internal/modelcheck"
 	"github.com/relayq/relay/worker"
 )
 
@@ -154,7 +155,7 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 // 5s takes back job id, and it alone, because its worker's session ended.
 func (b *bundle) wantReclaimedForItsEndedSession(t *testing.T, id int64) {
 	t.Helper()
-	var rows []reclaimedJob
+	var rows []modelcheck.Reclaimed
 	for deadline := time.Now().Add(5 * time.Second); len(rows) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		rows = b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
 	}

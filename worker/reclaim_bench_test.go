@@ -9,6 +9,7 @@ import (
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/modelcheck"
 )
 
 // BenchmarkReclaim_RegisteredWorkers times one reclaim statement, the one
@@ -51,7 +52,7 @@ func BenchmarkReclaim_RegisteredWorkers(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if taken := reclaimed(rows); len(taken) != 0 {
+				if taken, _ := modelcheck.ReclaimedOf(rows); len(taken) != 0 {
 					b.Fatalf("reclaimed %d jobs of live workers", len(taken))
 				}
 			}

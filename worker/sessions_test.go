@@ -15,6 +15,7 @@ import (
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/modelcheck"
 	"github.com/relayq/relay/internal/pgplan"
 	"github.com/relayq/relay/worker"
 )
@@ -41,7 +42,7 @@ func TestReclaim_TakesJobsOfAnEndedSessionAtOnceButNotOfALiveOne(t *testing.T) {
 
 	doomed.end(t, b)
 	rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
-	want := []reclaimedJob{{ID: dead.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("doomed"), LastError: ptr("worker session ended")}}
+	want := []modelcheck.Reclaimed{{ID: dead.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("doomed"), LastError: ptr("worker session ended")}}
 	if diff := cmp.Diff(want, rows); diff != "" {
 		t.Errorf("reclaim after the session ended (-want +got):\n%s", diff)
 	}
@@ -69,7 +70,7 @@ func TestReclaim_JudgesEachJobByTheSessionItWasClaimedUnder(t *testing.T) {
 	b.claimUnder(t, "pod-0", &restarted.key, 1, time.Hour)
 
 	rows := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
-	want := []reclaimedJob{{ID: first.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("pod-0"), LastError: ptr("worker session ended")}}
+	want := []modelcheck.Reclaimed{{ID: first.ID, State: db.JobStateAvailable, Attempt: 1, LeasedBy: ptr("pod-0"), LastError: ptr("worker session ended")}}
 	if diff := cmp.Diff(want, rows); diff != "" {
 		t.Errorf("reclaim after the restart (-want +got):\n%s", diff)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/faultproxy"
+	"github.com/relayq/relay/internal/modelcheck"
 	"github.com/relayq/relay/worker"
 )
 
@@ -417,35 +418,15 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// reclaimedJob is a job JobReclaim took back.
-type reclaimedJob struct {
-	ID        int64
-	State     db.JobState
-	Attempt   int32
-	LeasedBy  *string
-	LastError *string
-}
-
-// reclaimed returns the jobs rows of JobReclaim say it took back, without
-// the row that stands for none.
-func reclaimed(rows []db.JobReclaimRow) []reclaimedJob {
-	var out []reclaimedJob
-	for _, r := range rows {
-		if r.ID != nil {
-			out = append(out, reclaimedJob{ID: *r.ID, State: *r.State, Attempt: *r.Attempt, LeasedBy: r.LeasedBy, LastError: r.LastError})
-		}
-	}
-	return out
-}
-
 // reclaim runs JobReclaim and returns the jobs it took back.
-func (b *bundle) reclaim(t testing.TB, params db.JobReclaimParams) []reclaimedJob {
+func (b *bundle) reclaim(t testing.TB, params db.JobReclaimParams) []modelcheck.Reclaimed {
 	t.Helper()
 	rows, err := b.q.JobReclaim(b.ctx, params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reclaimed(rows)
+	taken, _ := modelcheck.ReclaimedOf(rows)
+	return taken
 }
 
 func deref[T any](p *T) T {

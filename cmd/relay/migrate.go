@@ -114,21 +114,12 @@ func printUpToDate(ctx context.Context, env *environment, m *migrations.Migrator
 	if err != nil {
 		return err
 	}
-	if len(s.Unknown) == 0 {
-		fmt.Fprintln(env.stdout, "no migrations to apply: the database is up to date")
+	if ahead := s.Ahead(); ahead != "" {
+		fmt.Fprintf(env.stdout, "no migrations to apply: the database also holds %s\n", ahead)
 		return nil
 	}
-	fmt.Fprintf(env.stdout, "no migrations to apply: the database also holds %s, newer than this build's newest (%d)\n",
-		versionList(s.Unknown), s.Newest)
+	fmt.Fprintln(env.stdout, "no migrations to apply: the database is up to date")
 	return nil
-}
-
-// versionList names migration versions in a sentence.
-func versionList(vs []int64) string {
-	if len(vs) == 1 {
-		return fmt.Sprintf("migration %d", vs[0])
-	}
-	return fmt.Sprintf("migrations %v", vs)
 }
 
 // printVersions prints one line per migration version, with its file name.

@@ -230,7 +230,7 @@ func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
 			if err != nil {
 				return fmt.Errorf("%s: reclaim: %w", w.id, err)
 			}
-			taken, _ := reclaimedOf(rows)
+			taken, _ := ReclaimedOf(rows)
 			w.c.mu.Lock()
 			for _, r := range taken {
 				w.c.jobs[r.ID].reclaims++
@@ -469,7 +469,7 @@ func (c *Concurrent) drain(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("drain: reclaim: %w", err)
 		}
-		taken, _ := reclaimedOf(rows)
+		taken, _ := ReclaimedOf(rows)
 		for _, r := range taken {
 			c.jobs[r.ID].reclaims++
 		}

@@ -344,9 +344,9 @@ type Reclaimed struct {
 	LastError *string
 }
 
-// reclaimedOf returns the jobs the rows of a JobReclaim say it took back,
+// ReclaimedOf returns the jobs the rows of a JobReclaim say it took back,
 // without the row that stands for none, and the jobs it says it left.
-func reclaimedOf(rows []db.JobReclaimRow) (taken []Reclaimed, left []int64) {
+func ReclaimedOf(rows []db.JobReclaimRow) (taken []Reclaimed, left []int64) {
 	for _, r := range rows {
 		left = r.LeftIDs
 		if r.ID != nil {

@@ -704,7 +704,7 @@ func (d *Driver) reclaim(ctx context.Context) error {
 		return fmt.Errorf("JobReclaim: %w", err)
 	}
 	can := d.model.Reclaimable(now)
-	got, left := reclaimedOf(rows)
+	got, left := ReclaimedOf(rows)
 	// Nothing else holds a row: it leaves a job only past its limit, and
 	// then says nothing of those it left.
 	if len(left) > 0 {
