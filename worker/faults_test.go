@@ -115,10 +115,13 @@ func TestWorker_RestartedUnderTheSameIDGetsItsPredecessorsJobsBackAtOnce(t *test
 		w.Handle("task", handler)
 	})
 	<-started
+	session := b.holder(t, "pod-0").SessionKey
 	// The process is gone: every connection it had closes, and the server
-	// sees its session end.
+	// sees its session end. The worker, which lives on here, may see its
+	// session connection close before its pool's and release the id at
+	// once: the session, not the id's row, is what ends.
 	proxy.Cut()
-	b.waitSessionEnded(t, "pod-0", 10*time.Second)
+	b.waitSessionEnded(t, session, 10*time.Second)
 	b.startWorker(t, worker.Config{ID: "pod-0", Slots: 1, Lease: lease, ReclaimInterval: 50 * time.Millisecond}, func(w *worker.Worker) {
 		w.Handle("task", handler)
 	})
@@ -357,21 +360,31 @@ func TestWorker_CountsALostClaimAgainstItsSlotsUntilItsJobsAreFound(t *testing.T
 	}
 }
 
-// waitSessionEnded waits, up to timeout, until the session that holds
-// the worker id is no longer alive (WorkerHolder): until the server has
-// seen its connection close.
-func (b *bundle) waitSessionEnded(t *testing.T, id string, timeout time.Duration) {
+// holder returns the row of the session that holds worker id.
+func (b *bundle) holder(t *testing.T, id string) db.WorkerHolderRow {
+	t.Helper()
+	h, err := b.q.WorkerHolder(b.ctx, id)
+	if err != nil {
+		t.Fatalf("the holder of worker id %q: %v", id, err)
+	}
+	return h
+}
+
+// waitSessionEnded waits, up to timeout, until the worker session
+// registered under key is no longer alive: until the server has seen its
+// connection close.
+func (b *bundle) waitSessionEnded(t *testing.T, key int32, timeout time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(timeout); ; time.Sleep(10 * time.Millisecond) {
-		holder, err := b.q.WorkerHolder(b.ctx, id)
+		alive, err := b.q.WorkerSessionAlive(b.ctx, key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !holder.SessionAlive {
+		if !alive {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the session %d of worker %q still alive after %s", holder.SessionKey, id, timeout)
+			t.Fatalf("the worker session %d still alive after %s", key, timeout)
 		}
 	}
 }
