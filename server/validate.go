@@ -17,7 +17,7 @@ import (
 //   - payload: any JSON value, null included; default {}.
 //   - priority: an integer from -32768 to 32767; lower runs first; default 0.
 //     Here and in max_attempts, any number whose value is whole: 2, 2.0
-//     and 2e0 alike (see wholeNumber).
+//     and 2e0 alike (see wholeField).
 //   - run_at: an RFC 3339 timestamp, from 1970 to one year from now.
 //   - delay: a Go duration string such as "500ms", "5s" or "1h30m", from 0 to
 //     one year (8760h). Not together with run_at. Precision is a
@@ -28,10 +28,10 @@ type jobRequest struct {
 	Kind        *string         `json:"kind"`
 	Queue       *string         `json:"queue"`
 	Payload     json.RawMessage `json:"payload"`
-	Priority    *wholeNumber    `json:"priority"`
+	Priority    json.RawMessage `json:"priority"`
 	RunAt       *string         `json:"run_at"`
 	Delay       *string         `json:"delay"`
-	MaxAttempts *wholeNumber    `json:"max_attempts"`
+	MaxAttempts json.RawMessage `json:"max_attempts"`
 }
 
 // jobRequestFields lists the JSON names of jobRequest.
@@ -49,11 +49,19 @@ func decodeJob(data []byte) (jobRequest, error) {
 // is checked against. Errors are 400s naming the field at fault, as the API
 // spells it.
 func validateJob(req jobRequest, key *string, now time.Time) (client.Job, error) {
+	priority, err := wholeField("priority", req.Priority)
+	if err != nil {
+		return client.Job{}, err
+	}
+	maxAttempts, err := wholeField("max_attempts", req.MaxAttempts)
+	if err != nil {
+		return client.Job{}, err
+	}
 	r := client.Request{
 		Queue:          req.Queue,
 		Payload:        req.Payload,
-		Priority:       req.Priority.int64Of(),
-		MaxAttempts:    req.MaxAttempts.int64Of(),
+		Priority:       priority,
+		MaxAttempts:    maxAttempts,
 		IdempotencyKey: key,
 	}
 	if req.Kind != nil {

@@ -3,34 +3,27 @@ package server
 import (
 	"encoding/json"
 	"errors"
-	"reflect"
 	"strconv"
 	"strings"
 )
 
-// wholeNumber is an integer field of a request. Like JSON Schema's
-// "integer", it takes any JSON number whose value is whole: 3, 3.0, 3e0
-// and 30e-1 alike, as clients whose numbers are all floating point send
-// them. 3.5, a value beyond int64, and anything but a number are refused.
-type wholeNumber int64
-
-// UnmarshalJSON reads a JSON number whose value is whole.
-func (n *wholeNumber) UnmarshalJSON(data []byte) error {
-	v, ok := parseWhole(string(data))
+// wholeField reads the integer field named field from its JSON value, raw.
+// Like JSON Schema's "integer", it takes any JSON number whose value is
+// whole: 3, 3.0, 3e0 and 30e-1 alike, as clients whose numbers are all
+// floating point send them. 3.5, a value beyond int64, and anything but a
+// number are refused with a 400 naming the field. An absent or null field
+// is nil. The field is read here rather than by the JSON decoder, so that
+// its error names it whichever implementation of encoding/json the server
+// is built with.
+func wholeField(field string, raw json.RawMessage) (*int64, error) {
+	if raw == nil || string(raw) == "null" {
+		return nil, nil
+	}
+	v, ok := parseWhole(string(raw))
 	if !ok {
-		return &json.UnmarshalTypeError{Value: string(data), Type: reflect.TypeFor[int64]()}
+		return nil, badRequest(field, "%s must be %s", field, fieldTypes[field])
 	}
-	*n = wholeNumber(v)
-	return nil
-}
-
-// int64Of returns n as an *int64, nil for nil.
-func (n *wholeNumber) int64Of() *int64 {
-	if n == nil {
-		return nil
-	}
-	v := int64(*n)
-	return &v
+	return &v, nil
 }
 
 // parseWhole returns the value of the JSON number s if it is a whole
