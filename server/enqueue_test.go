@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -611,6 +612,33 @@ func TestEnqueue_TakesPriorityAndMaxAttemptsAsAnyNumberWhoseValueIsWhole(t *test
 	}
 	rec := e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"a","priority":2.0},{"kind":"a","priority":2e0,"max_attempts":5.0}]}`)
 	wantStatus(t, rec, http.StatusCreated)
+}
+
+// The decoder leaves the integer fields to validation, which names them
+// itself: encoding/json adds a field's name to its own type errors, but
+// not, when built with GOEXPERIMENT=jsonv2, to those of a type's
+// UnmarshalJSON.
+func TestDecodeJob_LeavesTheIntegersToValidationWhichNamesThem(t *testing.T) {
+	tests := []struct{ body, field string }{
+		{`{"kind":"a","priority":"1"}`, "priority"},
+		{`{"kind":"a","priority":1.5}`, "priority"},
+		{`{"kind":"a","priority":"\ud800"}`, "priority"},
+		{`{"kind":"a","max_attempts":[1]}`, "max_attempts"},
+		{`{"kind":"a","max_attempts":1e400}`, "max_attempts"},
+	}
+	for _, tt := range tests {
+		req, err := decodeJob([]byte(tt.body))
+		if err != nil {
+			t.Errorf("decodeJob(%s) = %v, want the %s left to validation", tt.body, err, tt.field)
+			continue
+		}
+		_, err = validateJob(req, nil, time.Now())
+		var ae *apiError
+		want := tt.field + " must be " + fieldTypes[tt.field]
+		if !errors.As(err, &ae) || ae.field != tt.field || ae.msg != want {
+			t.Errorf("validateJob of %s = %v, want a 400 on field %s: %q", tt.body, err, tt.field, want)
+		}
+	}
 }
 
 func TestParseWhole_TakesEveryJSONNumberWhoseValueIsWholeAndFitsInt64(t *testing.T) {

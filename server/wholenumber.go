@@ -7,6 +7,9 @@ import (
 	"strings"
 )
 
+// wholeFields names the fields wholeField reads: the API's integers.
+var wholeFields = map[string]bool{"priority": true, "max_attempts": true}
+
 // wholeField reads the integer field named field from its JSON value, raw.
 // Like JSON Schema's "integer", it takes any JSON number whose value is
 // whole: 3, 3.0, 3e0 and 30e-1 alike, as clients whose numbers are all

@@ -164,11 +164,11 @@ func (b *bundle) wantReclaimedForItsEndedSession(t *testing.T, id int64) {
 	var rows []modelcheck.Reclaimed
 	got := b.get(t, id)
 	for deadline := time.Now().Add(5 * time.Second); got.State == db.JobStateRunning && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		rows = b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})
+		rows = append(rows, b.reclaim(t, db.JobReclaimParams{MaxJobs: 10})...)
 		got = b.get(t, id)
 	}
 	if len(rows) > 1 || (len(rows) == 1 && rows[0].ID != id) {
-		t.Errorf("reclaim after the shutdown took %+v, want job %d alone", rows, id)
+		t.Errorf("the test's reclaims after the shutdown took %+v, want job %d alone or nothing", rows, id)
 	}
 	if got.State == db.JobStateRunning || deref(got.LastError) != "worker session ended" {
 		t.Errorf("job %d after the shutdown: %s, last error %q; want it taken back for its ended session", id, got.State, deref(got.LastError))
