@@ -368,16 +368,6 @@ func TestWorker_CountsALostClaimAgainstItsSlotsUntilItsJobsAreFound(t *testing.T
 	}
 }
 
-// holderOf returns the row of the session that holds worker id.
-func (b *bundle) holderOf(t *testing.T, id string) db.WorkerHolderRow {
-	t.Helper()
-	h, err := b.q.WorkerHolder(b.ctx, id)
-	if err != nil {
-		t.Fatalf("the holder of worker id %q: %v", id, err)
-	}
-	return h
-}
-
 // waitSessionEnded waits, up to timeout, until the worker session
 // registered under key is no longer alive: until the server has seen its
 // connection close.

@@ -152,11 +152,7 @@ func TestRegister_GivesAWorkerIDToOneLiveSessionAtATime(t *testing.T) {
 	if _, err := b.tryRegister(t, "solo", 0); !errors.Is(err, pgx.ErrNoRows) {
 		t.Fatalf("a second live session under the same id: err %v, want the registration refused (no row)", err)
 	}
-	h, err := b.q.WorkerHolder(b.ctx, "solo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h.SessionKey != holder.key || !h.SessionAlive || h.PID != 1 || h.Host != "test" {
+	if h := b.holderOf(t, "solo"); h.SessionKey != holder.key || !h.SessionAlive || h.PID != 1 || h.Host != "test" {
 		t.Errorf("holder %+v, want the live session %d (pid 1 on host test)", h, holder.key)
 	}
 

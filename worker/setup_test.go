@@ -189,6 +189,16 @@ func (b *bundle) completeAlone(t *testing.T, id int64, token pgtype.UUID, result
 	return len(ids) == 1 && ids[0] == id
 }
 
+// holderOf returns the row of the session that holds worker id.
+func (b *bundle) holderOf(t *testing.T, id string) db.WorkerHolderRow {
+	t.Helper()
+	h, err := b.q.WorkerHolder(b.ctx, id)
+	if err != nil {
+		t.Fatalf("the holder of worker id %q: %v", id, err)
+	}
+	return h
+}
+
 func (b *bundle) get(t *testing.T, id int64) db.Job {
 	t.Helper()
 	job, err := b.q.JobGet(b.ctx, id)
