@@ -10,7 +10,7 @@ export RELAY_TEST_DATABASE_URL
 GO ?= go
 SQLC := $(GO) tool -modfile=tools.mod sqlc
 
-.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test test-containers docker-context-check drop-test-databases modelcheck build run experiment chaos lint-actions clean
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test test-jsonv2 test-containers docker-context-check drop-test-databases modelcheck build run experiment chaos lint-actions clean
 
 all: check
 
@@ -18,8 +18,8 @@ all: check
 generate:
 	$(SQLC) generate
 
-## check: everything CI checks (format, vet, generated code, tests)
-check: fmt-check vet sqlc-diff sqlc-vet test
+## check: everything CI checks (format, vet, generated code, tests, the JSON packages under Go's next encoding/json)
+check: fmt-check vet sqlc-diff sqlc-vet test test-jsonv2
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
@@ -48,6 +48,12 @@ test:
 	$(GO) test -race -count=1 ./...
 	cd $(LAB) && $(GO) test -race -count=1 ./...
 	cd $(RIVER) && $(GO) test -race -count=1 ./...
+
+## test-jsonv2: the packages that decode the API's and the built-in jobs' JSON, built with GOEXPERIMENT=jsonv2, under which encoding/json runs on Go's next JSON implementation: its errors and its corner cases differ
+JSONV2_PACKAGES := ./server/... ./internal/jsonb/... ./internal/builtin/...
+test-jsonv2:
+	GOEXPERIMENT=jsonv2 $(GO) vet ./...
+	GOEXPERIMENT=jsonv2 $(GO) test -count=1 $(JSONV2_PACKAGES)
 
 ## test-containers: the whole test suite, with the race detector, on PostgreSQL in containers (RELAY_TEST_POSTGRES_IMAGE, default postgres:15-alpine) started by testcontainers-go, with the tests that need Docker (needs a Docker engine)
 test-containers:

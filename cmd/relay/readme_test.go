@@ -197,10 +197,10 @@ func TestREADME_NamesOnlyMakeTargetsThatExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	targets := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^([a-z][a-z-]*):`).FindAllStringSubmatch(string(makefile), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^([a-z][a-z0-9-]*):`).FindAllStringSubmatch(string(makefile), -1) {
 		targets[m[1]] = true
 	}
-	named := regexp.MustCompile("(?m)(?:`|^)make ([a-z][a-z-]*)").FindAllStringSubmatch(string(readme), -1)
+	named := regexp.MustCompile("(?m)(?:`|^)make ([a-z][a-z0-9-]*)").FindAllStringSubmatch(string(readme), -1)
 	if len(named) == 0 {
 		t.Fatal("the README names no make target")
 	}
