@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,4 +150,37 @@ func TestWorker_ResultTheDatabaseRefusesFailsOnlyItsJobAndSparesTheBatch(t *test
 	if a, ok := acks.Load(refused.ID); !ok || a.(worker.Ack).Outcome != worker.OutcomeFailed || !a.(worker.Ack).Accepted {
 		t.Errorf("the refused job's acknowledgement was reported as %+v, want an accepted failure", a)
 	}
+}
+
+// panickingResult is a handler's result whose own encoding panics.
+type panickingResult struct{}
+
+func (panickingResult) MarshalJSON() ([]byte, error) { panic("boom in MarshalJSON") }
+
+func TestWorker_AResultWhoseMarshalerPanicsFailsItsJobAndTheWorkerGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs syncBuffer
+	// Attempts to spare: the job is dead after its first, since the same
+	// result would panic again.
+	bad := b.enqueue(t, "bad", `{}`, 5)
+	b.startWorker(t, worker.Config{
+		Slots:  1,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}, func(w *worker.Worker) {
+		w.HandleFunc("bad", func(ctx context.Context, j *worker.Job) (any, error) { return panickingResult{}, nil })
+		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
+	})
+
+	got := b.waitForState(t, bad.ID, db.JobStateDead, 10*time.Second)
+	if want := "permanent: encode result: result marshaler panicked: boom in MarshalJSON"; got.Attempt != 1 ||
+		!strings.HasPrefix(deref(got.LastError), want) || !strings.Contains(deref(got.LastError), "results_test.go") {
+		t.Errorf("dead after attempt %d with %q; want dead after attempt 1 with %q... and a stack", got.Attempt, deref(got.LastError), want)
+	}
+	if !strings.Contains(logs.String(), "job failed") || !strings.Contains(logs.String(), "boom in MarshalJSON") {
+		t.Errorf("the failure is not logged; logs:\n%s", logs.String())
+	}
+	// The process, and the worker's only slot, go on.
+	fine := b.enqueue(t, "fine", `{}`, 1)
+	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
 }

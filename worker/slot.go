@@ -69,7 +69,7 @@ func (s slot) execute(e *execution) outcome {
 // cannot be stored fails its job permanently, here, before it is sent: in
 // a batch acknowledgement it would make the database refuse the others.
 func (s slot) encodeResult(result any) (json.RawMessage, error) {
-	b, err := json.Marshal(result)
+	b, err := marshalResult(result)
 	if err != nil {
 		return nil, Permanent(fmt.Errorf("encode result: %w", err))
 	}
@@ -80,6 +80,21 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 		return nil, Permanent(fmt.Errorf("%s: %w", errResultNotStorable, err))
 	}
 	return b, nil
+}
+
+// marshalResult is json.Marshal, with a panic of the result's own
+// MarshalJSON or MarshalText turned into an error. That is the handler's
+// code, run outside call's recover, and json.Marshal passes its panics on:
+// unrecovered, one would end the whole process. The same result would
+// panic again on a retry, so it fails its job as one json.Marshal refuses
+// does.
+func marshalResult(result any) (b []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b, err = nil, fmt.Errorf("result marshaler panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return json.Marshal(result)
 }
 
 // errResultNotStorable begins the error of a job whose result PostgreSQL's
