@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/client"
 )
@@ -85,12 +88,28 @@ const (
 	DefaultMaxResultBytes = 1 << 20
 )
 
+// Upper bounds of Config's counts, past which New refuses a Config.
+const (
+	// MaxSlots is the most handlers one worker runs at once. Each slot is
+	// a goroutine and a job held, and every job the worker holds is
+	// claimed, renewed and acknowledged through its one pool; more are
+	// better spread over several processes.
+	MaxSlots = 10_000
+	// MaxPrefetch is the most jobs one worker may claim ahead of a free
+	// slot. A worker claims up to Slots+Prefetch jobs in one statement and
+	// keeps room for as many outcomes.
+	MaxPrefetch = 10_000
+	// MaxQueueListeners is the most listener seats Config.QueueListeners
+	// may ask for: the database counts them in an int4.
+	MaxQueueListeners = math.MaxInt32
+)
+
 // Config configures a Worker. The zero value is usable: every zero field
 // takes its default.
 type Config struct {
 	// Queue is the one queue this worker claims from.
 	Queue string
-	// Slots is how many handlers run at once.
+	// Slots is how many handlers run at once, at most MaxSlots.
 	Slots int
 	// ID names this worker in leases, logs and error histories. It must be
 	// unique among live workers: Run refuses to start (IDInUseError) while
@@ -135,8 +154,8 @@ type Config struct {
 	// a seat as often, and looks for work with every completion; the seat
 	// of a worker that stops or dies is free at once. So in a fleet larger
 	// than this a new job waits for a poll only while every seated worker
-	// is busy. Default: DefaultQueueListeners. Negative: every worker
-	// listens.
+	// is busy. Default: DefaultQueueListeners. At most MaxQueueListeners.
+	// Negative: every worker listens.
 	QueueListeners int
 	// ReclaimInterval is how often this worker takes back jobs of dead
 	// workers and expired leases.
@@ -149,7 +168,8 @@ type Config struct {
 	// mean): for jobs that long, that round trip is a small part of a job.
 	// It holds no more ahead than its slots would start, at that mean,
 	// within PrefetchWait/2. Default: Slots, and at least
-	// DefaultMinPrefetch. Negative: never claim ahead, only for free slots.
+	// DefaultMinPrefetch. At most MaxPrefetch. Negative: never claim
+	// ahead, only for free slots.
 	Prefetch int
 	// PrefetchWait is the longest a job claimed ahead waits for a slot.
 	// Past it, the job is released to the queue with its attempt
@@ -251,8 +271,24 @@ func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration
 // Validate reports what New would refuse in c, without a pool: the error
 // New returns for it.
 func (c Config) Validate() error {
-	_, err := c.withDefaults()
+	c, err := c.withDefaults()
+	if err != nil {
+		return err
+	}
+	if c.SessionDatabaseURL != "" {
+		_, err = parseSessionURL(c.SessionDatabaseURL)
+	}
 	return err
+}
+
+// parseSessionURL parses Config.SessionDatabaseURL, or returns the error
+// New and Validate return for it.
+func parseSessionURL(url string) (*pgx.ConnConfig, error) {
+	c, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
+	}
+	return c, nil
 }
 
 // withDefaults returns c with every zero field set to its default, or an
@@ -317,8 +353,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("worker config: queue name longer than 128 bytes")
 	case len(c.ID) > 128:
 		return c, errors.New("worker config: id longer than 128 bytes")
-	case c.Slots < 1:
-		return c, fmt.Errorf("worker config: slots must be at least 1, got %d", c.Slots)
+	case c.Slots < 1 || c.Slots > MaxSlots:
+		return c, fmt.Errorf("worker config: slots must be from 1 to %d (MaxSlots), got %d", MaxSlots, c.Slots)
+	case c.Prefetch > MaxPrefetch:
+		return c, fmt.Errorf("worker config: prefetch must be at most %d (MaxPrefetch), got %d", MaxPrefetch, c.Prefetch)
+	case c.QueueListeners > MaxQueueListeners:
+		return c, fmt.Errorf("worker config: queue listeners must be at most %d (MaxQueueListeners), got %d", MaxQueueListeners, c.QueueListeners)
 	case c.Lease < 100*time.Millisecond:
 		return c, fmt.Errorf("worker config: lease must be at least 100ms, got %s", c.Lease)
 	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.Lease:

@@ -238,6 +238,8 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 func (s *session) listen(ctx context.Context, q *db.Queries, key int32) (bool, db.WorkerListenRow, error) {
 	w := s.w
 	if key != 0 && w.cfg.QueueListeners > 0 {
+		// Config.Validate keeps QueueListeners within MaxQueueListeners,
+		// an int32.
 		_, err := q.WorkerTakeListenerSeat(ctx, db.WorkerTakeListenerSeatParams{Seats: int32(w.cfg.QueueListeners), Queue: w.cfg.Queue})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, db.WorkerListenRow{}, nil

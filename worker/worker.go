@@ -18,7 +18,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -95,8 +94,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	poolConfig := pool.Config().ConnConfig
 	sessionConfig := poolConfig.Copy()
 	if cfg.SessionDatabaseURL != "" {
-		if sessionConfig, err = pgx.ParseConfig(cfg.SessionDatabaseURL); err != nil {
-			return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
+		if sessionConfig, err = parseSessionURL(cfg.SessionDatabaseURL); err != nil {
+			return nil, err
 		}
 		// The session shows in pg_stat_activity under the pool's name,
 		// unless its own URL gives it one, as a parameter or among its

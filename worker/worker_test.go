@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -522,25 +523,48 @@ func TestWorker_NewJobWakesIdleWorkerWithoutPolling(t *testing.T) {
 	}
 }
 
-func TestNew_RejectsInvalidConfig(t *testing.T) {
+func TestNew_RejectsInvalidConfigWithTheErrorValidateReturns(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for _, tc := range []struct {
-		name string
-		cfg  worker.Config
+		name      string
+		cfg       worker.Config
+		wantInErr string
 	}{
-		{"negative slots", worker.Config{Slots: -1}},
-		{"tiny lease", worker.Config{Lease: time.Millisecond}},
-		{"heartbeat not shorter than lease", worker.Config{Lease: time.Second, HeartbeatInterval: time.Second}},
-		{"long queue name", worker.Config{Queue: strings.Repeat("q", 129)}},
-		{"negative prefetch wait", worker.Config{PrefetchWait: -time.Millisecond}},
-		{"prefetch wait not shorter than lease", worker.Config{Lease: time.Second, PrefetchWait: time.Second}},
+		{"negative slots", worker.Config{Slots: -1}, "slots must be from 1 to 10000 (MaxSlots), got -1"},
+		{"slots beyond MaxSlots", worker.Config{Slots: worker.MaxSlots + 1}, "slots must be from 1 to 10000 (MaxSlots), got 10001"},
+		{"slots that would overflow Slots+Prefetch", worker.Config{Slots: math.MaxInt, Prefetch: 1}, "slots must be from 1 to 10000"},
+		{"prefetch beyond MaxPrefetch", worker.Config{Prefetch: worker.MaxPrefetch + 1}, "prefetch must be at most 10000 (MaxPrefetch), got 10001"},
+		{"prefetch that would overflow Slots+Prefetch", worker.Config{Prefetch: math.MaxInt}, "prefetch must be at most 10000"},
+		{"queue listeners beyond an int32", worker.Config{QueueListeners: math.MaxInt32 + 1}, "queue listeners must be at most 2147483647 (MaxQueueListeners)"},
+		{"session database URL that does not parse", worker.Config{SessionDatabaseURL: "postgres://h:notaport/db"}, "invalid session database URL"},
+		{"tiny lease", worker.Config{Lease: time.Millisecond}, "lease must be at least 100ms"},
+		{"heartbeat not shorter than lease", worker.Config{Lease: time.Second, HeartbeatInterval: time.Second}, "heartbeat interval"},
+		{"long queue name", worker.Config{Queue: strings.Repeat("q", 129)}, "queue name longer than 128 bytes"},
+		{"negative prefetch wait", worker.Config{PrefetchWait: -time.Millisecond}, "prefetch wait"},
+		{"prefetch wait not shorter than lease", worker.Config{Lease: time.Second, PrefetchWait: time.Second}, "prefetch wait"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := worker.New(b.pool, tc.cfg); err == nil {
-				t.Errorf("New accepted %+v", tc.cfg)
+			_, err := worker.New(b.pool, tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.wantInErr) {
+				t.Fatalf("New: %v, want an error containing %q", err, tc.wantInErr)
+			}
+			if verr := tc.cfg.Validate(); verr == nil || verr.Error() != err.Error() {
+				t.Errorf("Validate: %v, want New's error %q", verr, err)
 			}
 		})
+	}
+}
+
+func TestNew_AcceptsTheUpperBoundsOfSlotsPrefetchAndQueueListeners(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := worker.Config{Slots: worker.MaxSlots, Prefetch: worker.MaxPrefetch, QueueListeners: worker.MaxQueueListeners}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if _, err := worker.New(b.pool, cfg); err != nil {
+		t.Errorf("New: %v", err)
 	}
 }
 
