@@ -252,14 +252,23 @@ func DefaultBackoff(attempt int) time.Duration {
 }
 
 // ExponentialBackoff returns a backoff of base·2^(attempt-1), capped at max,
-// with equal jitter.
+// with equal jitter. It is never negative: a base or max that is not
+// positive waits not at all.
 func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration {
 	return func(attempt int) time.Duration {
-		d := base
+		d := min(base, max)
+		if d <= 0 {
+			return 0
+		}
 		for i := 1; i < attempt && d < max; i++ {
+			// Past max/2, doubling reaches the cap, and near
+			// math.MaxInt64 it would wrap negative.
+			if d > max/2 {
+				d = max
+				break
+			}
 			d *= 2
 		}
-		d = min(d, max)
 		if d <= 1 {
 			return d
 		}

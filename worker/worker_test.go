@@ -589,6 +589,36 @@ func TestExponentialBackoff_GrowsAndStaysWithinCap(t *testing.T) {
 	}
 }
 
+func TestExponentialBackoff_NeverExceedsItsCapNorGoesNegative(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		base, cap time.Duration
+	}{
+		{"default", worker.DefaultBackoffBase, worker.DefaultBackoffMax},
+		{"cap of math.MaxInt64", time.Second, math.MaxInt64},
+		{"odd base, cap of math.MaxInt64", 3 * time.Nanosecond, math.MaxInt64},
+		{"cap just past a doubling of the base", time.Second, 1<<62 + 1},
+		{"cap of half math.MaxInt64", time.Millisecond, math.MaxInt64 / 2},
+		{"base beyond the cap", time.Hour, time.Second},
+		{"base of math.MaxInt64", math.MaxInt64, math.MaxInt64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backoff := worker.ExponentialBackoff(tc.base, tc.cap)
+			for attempt := 1; attempt <= 100; attempt++ {
+				// Equal jitter: between half the capped delay and all of it.
+				want := min(float64(tc.base)*math.Pow(2, float64(attempt-1)), float64(tc.cap))
+				for range 10 {
+					d := backoff(attempt)
+					if d <= 0 || d > tc.cap || float64(d) < want/2-1 {
+						t.Fatalf("backoff(%d) = %d, want within [%.0f, %d]", attempt, d, want/2, tc.cap)
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestWorker_AnAttemptOutlivingItsLostLeaseLeavesTheNextAttemptsLeaseAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
