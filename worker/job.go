@@ -60,6 +60,7 @@ var (
 // dead at once, whatever attempts it has left.
 type PermanentError struct{ Err error }
 
+// Error returns the wrapped error's message, marked permanent.
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 
 // Unwrap returns the wrapped error.

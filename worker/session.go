@@ -21,6 +21,7 @@ type IDInUseError struct {
 	Host string
 }
 
+// Error names the id and the process whose live session holds it.
 func (e *IDInUseError) Error() string {
 	return fmt.Sprintf("worker id %q is in use by a live session (pid %d on host %s)", e.ID, e.PID, e.Host)
 }
