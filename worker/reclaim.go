@@ -64,10 +64,14 @@ func (r reclaimer) run(ctx context.Context) {
 		// forgetEndedEvery of its rounds.
 		if counted.IsZero() || time.Since(counted) >= fleetCountEvery {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+			// A failed count keeps the last one, and is tried again
+			// next round.
 			if n, err := w.q.WorkerFleetCount(rctx, w.cfg.Queue); err == nil {
 				w.fleet.Store(n.Live)
 				w.queueFleet.Store(n.LiveInQueue)
 				counted = time.Now()
+			} else if ctx.Err() == nil {
+				w.log.Warn("count live workers failed", "err", err)
 			}
 			cancel()
 		}

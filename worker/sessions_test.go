@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -505,6 +507,40 @@ func TestReclaim_CountsTheFleetAgainSoonAfterItGrows(t *testing.T) {
 	waitFleet(t, first, 2, 1, 3*time.Second)
 	b.startWorker(t, worker.Config{ID: "third", Slots: 1}, noHandlers)
 	waitFleet(t, first, 3, 2, 3*time.Second)
+}
+
+// TestReclaim_LogsACountOfTheFleetThatFailed breaks the statement that
+// counts the live workers under a running worker, and checks that the
+// worker says so, with the error: the count spaces the fleet's shared
+// duties, and one that keeps failing leaves them at a stale rate.
+func TestReclaim_LogsACountOfTheFleetThatFailed(t *testing.T) {
+	b := setup(t)
+	worker.SetFleetCountEvery(t, 50*time.Millisecond)
+	var logs syncBuffer
+	w, _ := b.startWorker(t, worker.Config{
+		Slots:  1,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}, func(*worker.Worker) {})
+	waitFleet(t, w, 1, 1, 5*time.Second)
+	// Only the count and a session's registration read this column.
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE worker_sessions RENAME COLUMN queue TO queue_renamed`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := b.pool.Exec(b.ctx, `ALTER TABLE worker_sessions RENAME COLUMN queue_renamed TO queue`); err != nil {
+			t.Error(err)
+		}
+	})
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got := logs.String()
+		if strings.Contains(got, "level=WARN msg=\"count live workers failed\"") && strings.Contains(got, "queue") &&
+			strings.Contains(got, "does not exist") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning of the failed count within 5s; logs:\n%s", got)
+		}
+	}
 }
 
 // waitFleet waits up to timeout for w to have counted want live workers,
