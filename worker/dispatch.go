@@ -39,7 +39,8 @@ type dispatcher struct {
 	rechecks     int
 	// held holds the outcomes set aside because another transaction held
 	// their jobs' rows (round.heldAside), and heldAt when a round last
-	// found one held: a round sent heldRecheck after that asks again.
+	// found one held: a round sent heldRecheck after that asks again, and
+	// one is sent then for the purpose if no other is (recheckDue).
 	held   []outcome
 	heldAt time.Time
 	// heldReleases holds the jobs claimed ahead whose release was set
@@ -57,11 +58,21 @@ const heldRecheck = 250 * time.Millisecond
 func (d *dispatcher) newRound(claim int) *round {
 	r := &round{batch: d.p.take(), claim: claim, adopt: d.lostClaims, adoptSentAt: d.lostSentAt}
 	d.lostClaims = nil
-	if len(d.held)+len(d.heldReleases) > 0 && time.Since(d.heldAt) >= heldRecheck {
+	if d.recheckDue() {
 		r.recheck, d.held = d.held, nil
 		r.releaseRecheck, d.heldReleases = d.heldReleases, nil
 	}
 	return r
+}
+
+// setAsideCount counts the outcomes and releases set aside for rows
+// another transaction held.
+func (d *dispatcher) setAsideCount() int { return len(d.held) + len(d.heldReleases) }
+
+// recheckDue is whether a round is to ask again about what is set aside:
+// heldRecheck has passed since a round last found a row held.
+func (d *dispatcher) recheckDue() bool {
+	return d.setAsideCount() > 0 && time.Since(d.heldAt) >= heldRecheck
 }
 
 // loseClaim notes the tokens of a claim sent at sentAt whose answer was
@@ -145,6 +156,13 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	defer hold.Stop()
 	linger := time.NewTimer(time.Hour)
 	defer linger.Stop()
+	// heldDue fires when a recheck of what is set aside is due (recheckDue):
+	// a worker whose slots are all busy sends no round for a claim, and
+	// without one a completion set aside would wait past its lease though
+	// its row was freed, and a release set aside would keep its job from
+	// every other worker.
+	heldDue := time.NewTimer(time.Hour)
+	defer heldDue.Stop()
 	var retry <-chan time.Time
 	retryDelay := minRetryDelay
 	// recheck fires when a claim is to look again for a job that came
@@ -200,8 +218,15 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			lingerC = linger.C
 		}
 
+		var heldDueC <-chan time.Time
+		if d.setAsideCount() > 0 && roundsOut == 0 && retry == nil {
+			heldDue.Reset(time.Until(d.heldAt.Add(heldRecheck)))
+			heldDueC = heldDue.C
+		}
+
 		select {
 		case <-lingerC:
+		case <-heldDueC:
 		case r := <-rounds:
 			roundsOut--
 			claimsOut -= r.claim + len(r.adopt)
@@ -314,12 +339,14 @@ const maxLinger = 5 * time.Millisecond
 // and the outcomes are fewer than a quarter of what it may hold and
 // younger than linger; or while it has no reason to claim (wantClaim is
 // false), handlers still run, and the outcomes are younger than linger
-// and fewer than a round beside another would carry. held is how many
-// jobs the worker holds, and waiting how many of them wait for a slot.
+// and fewer than a round beside another would carry. A round goes at once
+// to look for the jobs of a lost claim, or to ask again about what is set
+// aside for a row another transaction held, once that is due. held is how
+// many jobs the worker holds, and waiting how many of them wait for a slot.
 func (d *dispatcher) sendNow(wantClaim bool, claim, held, waiting int) bool {
 	n := d.outcomes()
 	switch {
-	case len(d.lostClaims) > 0:
+	case len(d.lostClaims) > 0 || d.recheckDue():
 		return true
 	case n == 0 && len(d.p.toRelease) == 0:
 		return claim > 0

@@ -72,6 +72,17 @@ func (h *holder) waitLeaseLost(t *testing.T) {
 	}
 }
 
+// receive waits up to 10s for c to be closed or sent on, and fails the
+// test otherwise, saying what did not happen.
+func receive(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not within 10s", what)
+	}
+}
+
 func TestWorker_RefusesToStartUnderAnIDALiveSessionHolds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -631,6 +642,111 @@ func TestWorker_AHeldRowOfAJobClaimedAheadHoldsBackOnlyItsRelease(t *testing.T) 
 	if !strings.Contains(logs.String(), "another transaction holds the row of a job claimed ahead") {
 		t.Errorf("the worker did not say it set a release aside; the logs:\n%s", logs.String())
 	}
+}
+
+// TestWorker_ACompletionSetAsideLandsOnceItsRowIsFreeThoughEverySlotIsBusy
+// has another transaction hold a finished job's row through its
+// completion's lock wait (2 s here), so that the completion is set aside,
+// and the worker's one slot then fill with a long job. The row is freed
+// well within the lease (8 s). The worker, with no slot free to claim for,
+// still asks again about the completion set aside and sends it: the job
+// succeeds at its first attempt and runs once, rather than being taken
+// back when its lease runs out.
+func TestWorker_ACompletionSetAsideLandsOnceItsRowIsFreeThoughEverySlotIsBusy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var heldRuns atomic.Int32
+	heldStarted, finishHeld := make(chan struct{}), make(chan struct{})
+	longStarted, finishLong := make(chan struct{}), make(chan struct{})
+	b.startWorker(t, worker.Config{Slots: 1, Lease: 8 * time.Second, Prefetch: -1}, func(w *worker.Worker) {
+		w.HandleFunc("held", func(ctx context.Context, j *worker.Job) (any, error) {
+			if heldRuns.Add(1) == 1 {
+				close(heldStarted)
+				<-finishHeld
+			}
+			return "done", nil
+		})
+		w.HandleFunc("long", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(longStarted)
+			select {
+			case <-finishLong:
+			case <-ctx.Done():
+			}
+			return "done", nil
+		})
+	})
+	// Before the worker stops, which waits for its handlers.
+	t.Cleanup(func() { close(finishLong) })
+	held := b.enqueue(t, "held", `{}`, 5)
+	receive(t, heldStarted, "the held job's handler started")
+	b.enqueue(t, "long", `{}`, 5)
+	blocker := b.holdRow(t, held.ID)
+	close(finishHeld)
+	// The round that claims the long job is the one sent after the held
+	// job's completion was set aside: the round that waited for the row
+	// committed nothing, its claim included.
+	receive(t, longStarted, "the long job started")
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := b.waitFor(t, held.ID, 30*time.Second, "no longer running", func(j db.Job) bool { return j.State != db.JobStateRunning })
+	if got.State != db.JobStateSucceeded || got.Attempt != 1 || heldRuns.Load() != 1 {
+		t.Errorf("the job whose row was freed within its lease: %s at attempt %d (last error %q), run %d times; want succeeded at attempt 1, run once",
+			got.State, got.Attempt, deref(got.LastError), heldRuns.Load())
+	}
+}
+
+// TestWorker_AReleaseSetAsideGoesOnceItsRowIsFreeThoughEverySlotIsBusy has
+// a worker of one slot release a job claimed ahead, which waited
+// PrefetchWait while a long job fills the slot, and another transaction
+// hold that job's row through the release's lock wait, so that the
+// release is set aside. Once the row is free, the worker, with no slot
+// free to claim for and its long job still running, asks again and
+// releases the job, rather than keep it under heartbeats for as long as
+// the long job runs: an idle worker then runs it.
+func TestWorker_AReleaseSetAsideGoesOnceItsRowIsFreeThoughEverySlotIsBusy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, next := b.queueBehindBlocker(t)
+	blocking, finish := make(chan struct{}), make(chan struct{})
+	busy, _ := b.startWorker(t, worker.Config{Slots: 1, Lease: 4 * time.Second, PrefetchWait: 2 * time.Second}, func(w *worker.Worker) {
+		w.HandleFunc("quick", quick)
+		w.HandleFunc("block", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(blocking)
+			select {
+			case <-finish:
+			case <-ctx.Done():
+			}
+			return "done", nil
+		})
+		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) {
+			t.Errorf("the job claimed ahead ran on the busy worker")
+			return "done", nil
+		})
+	})
+	// Before the worker stops, which waits for its handlers.
+	t.Cleanup(func() { close(finish) })
+	receive(t, blocking, "the long job started")
+	b.waitHeldBy(t, next.ID, busy.ID())
+	held := b.holdRow(t, next.ID)
+	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, held); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no release waited for the held row within 10s")
+		}
+	}
+	// The release gives up after its lock wait (1 s here) and is set aside.
+	for deadline := time.Now().Add(10 * time.Second); b.blocks(t, held); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the release still waited for the held row after 10s")
+		}
+	}
+	if err := held.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("next", func(ctx context.Context, j *worker.Job) (any, error) { return "done", nil })
+	})
+	b.waitForState(t, next.ID, db.JobStateSucceeded, 20*time.Second)
 }
 
 // TestWorker_StopsPromptlyThoughAJobClaimedAheadHasItsRowHeld stops a
