@@ -47,6 +47,9 @@ type dispatcher struct {
 	// aside for the same reason (round.releaseHeldAside), asked about again
 	// with held.
 	heldReleases []*execution
+	// graceEnd is when the shutdown's grace period ends, Config.ShutdownGrace
+	// after dispatch saw its context end.
+	graceEnd time.Time
 }
 
 // heldRecheck is how long outcomes set aside for a row another
@@ -121,10 +124,17 @@ const (
 
 // dispatch claims jobs for free slots (and ahead of them, see
 // Config.Prefetch), starts their handlers and acknowledges their outcomes,
-// until ctx is cancelled. It returns once the round in flight, if any, has
-// come back.
+// until ctx is cancelled, which starts the grace period. It returns once
+// the rounds in flight, if any, have come back, or have been given up as
+// the grace period ended.
 func (d *dispatcher) dispatch(ctx context.Context) {
 	w := d.w
+	// A round outlives ctx, so that the jobs it claims as the worker
+	// begins to stop are known, to be released, and its outcomes recorded;
+	// but not the grace period: at its end, the rounds still in flight are
+	// given up, and what they carried is sent again by drain.
+	roundCtx, abandonRounds := context.WithCancel(context.WithoutCancel(ctx))
+	defer abandonRounds()
 	// roundsOut counts the rounds in flight, and claimsOut the jobs they
 	// may bring back: those they claim, and those of the lost claims whose
 	// tokens they look for (see loseClaim). The tokens of lost claims not
@@ -199,7 +209,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 					want = claimNone
 				}
 				go func() {
-					r.acknowledge(ctx, w)
+					r.acknowledge(roundCtx, w)
 					rounds <- r
 				}()
 			}
@@ -273,15 +283,35 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 		case <-retry:
 			retry = nil
 		case <-ctx.Done():
+			d.graceEnd = time.Now().Add(max(w.cfg.ShutdownGrace, 0))
 			// Jobs the last round claims are held for drain to release,
 			// not started.
 			w.mu.Lock()
 			w.stopping = true
 			w.mu.Unlock()
-			for ; roundsOut > 0; roundsOut-- {
-				d.finish(<-rounds)
-			}
+			d.awaitRounds(rounds, roundsOut, abandonRounds)
 			return
+		}
+	}
+}
+
+// awaitRounds waits for the n rounds in flight as the worker stops, and
+// finishes each. A database that does not answer them does not stretch the
+// grace period: at its end, abandon gives them up. Each then comes back at
+// once, its outcomes and releases to be sent again, and its claim, which
+// may have committed, to be looked for, as for any round the database did
+// not answer; drain does so while their leases last.
+func (d *dispatcher) awaitRounds(rounds <-chan *round, n int, abandon context.CancelFunc) {
+	grace := time.NewTimer(time.Until(d.graceEnd))
+	defer grace.Stop()
+	for n > 0 {
+		select {
+		case r := <-rounds:
+			n--
+			d.finish(r)
+		case <-grace.C:
+			d.w.log.Warn("the grace period ended with acknowledgements in flight; giving them up, to send again", "rounds", n)
+			abandon()
 		}
 	}
 }
@@ -566,17 +596,17 @@ func (d *dispatcher) finish(r *round) {
 	}
 }
 
-// drain runs after dispatch, which stopped slots from starting jobs: it
-// releases the jobs claimed ahead, acknowledges what finishes within the
-// grace period, then releases the rest. Outcomes it could not send by the
-// end are reported unsent.
+// drain runs after dispatch, which stopped slots from starting jobs and
+// started the grace period: it releases the jobs claimed ahead,
+// acknowledges what finishes within the grace period, then releases the
+// rest. Outcomes it could not send by the end are reported unsent.
 func (d *dispatcher) drain(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
 	d.p.toRelease = append(d.p.toRelease, w.ahead...)
 	w.ahead = nil
 	w.mu.Unlock()
-	graceEnd := time.Now().Add(max(w.cfg.ShutdownGrace, 0))
+	graceEnd := d.graceEnd
 	d.acknowledgeAtShutdown(ctx, graceEnd, false)
 	grace := time.NewTimer(time.Until(graceEnd))
 	defer grace.Stop()
@@ -602,7 +632,11 @@ func (d *dispatcher) drain(ctx context.Context) {
 		w.log.Warn("release left unsent at shutdown: the job claimed ahead is taken back once this worker's session ends",
 			"job", e.job.ID)
 	}
-	d.p, d.heldReleases = pending{}, nil
+	if len(d.lostClaims) > 0 {
+		w.log.Warn("claim whose answer was lost left unfound at shutdown: the jobs it may hold are taken back once this worker's session ends or their leases run out",
+			"tokens", len(d.lostClaims))
+	}
+	d.p, d.heldReleases, d.lostClaims = pending{}, nil, nil
 }
 
 // collectReturned collects the outcomes of the handlers that had returned

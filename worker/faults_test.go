@@ -321,6 +321,74 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) 
 	}
 }
 
+// TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs stops a
+// worker of two slots while the round acknowledging one job's handler is
+// in flight and its answer never comes, and leaves the other handler
+// running. The grace period (300 ms here, against a lease of a minute)
+// runs from the moment Run's context is cancelled, and the round in
+// flight does not stretch it: the running handler is cancelled as it
+// ends, and the round is given up. Once the database answers again, what
+// the round carried is sent again, and the first job has succeeded at its
+// first attempt.
+func TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.enqueue(t, "first", `{}`, 1)
+	b.enqueue(t, "second", `{}`, 1)
+	proxy, through := b.proxied(t)
+	started, finishFirst := make(chan struct{}, 2), make(chan struct{})
+	cancelled := make(chan error, 1)
+	// The worker's statements go through the proxy; its session does not.
+	_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 2, Lease: time.Minute, ShutdownGrace: 300 * time.Millisecond, SessionDatabaseURL: b.url, Prefetch: -1,
+	}, func(w *worker.Worker) {
+		w.HandleFunc("first", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- struct{}{}
+			<-finishFirst
+			return "done", nil
+		})
+		w.HandleFunc("second", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- struct{}{}
+			<-ctx.Done()
+			cancelled <- context.Cause(ctx)
+			return nil, context.Cause(ctx)
+		})
+	})
+	for range 2 {
+		receive(t, started, "a handler started")
+	}
+	// The first job's completion waits for its row, held here, so that its
+	// round is surely in flight as the database stops answering; then the
+	// row is let go, and the completion commits with its answer lost.
+	blocker := b.holdRow(t, first.ID)
+	close(finishFirst)
+	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, blocker); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first job's completion did not wait for its row within 10s")
+		}
+	}
+	proxy.Blackhole()
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	run.cancel()
+	select {
+	case cause := <-cancelled:
+		if !errors.Is(cause, worker.ErrShutdown) {
+			t.Errorf("the running handler stopped with %v, want %v", cause, worker.ErrShutdown)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("the running handler was not cancelled 20s after Run's context, with a grace period of 300ms")
+	}
+	proxy.Heal()
+	if err := run.wait(t, 90*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.get(t, first.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
+		t.Errorf("first job after shutdown: state %s attempt %d, want succeeded at attempt 1", got.State, got.Attempt)
+	}
+}
+
 func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -116,13 +116,14 @@ func (r *round) carried() int {
 // it, then the round sets that outcome aside (setAsideHeld) and its others
 // are sent again; a release waits as long, then is set aside alike
 // (leases.releaseMany). It touches nothing but r, so that it can run beside the
-// dispatcher.
+// dispatcher. It gives up when ctx ends, or a lease after it is sent (or
+// at r.deadline, if sooner).
 func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	deadline := time.Now().Add(w.cfg.Lease)
 	if !r.deadline.IsZero() && r.deadline.Before(deadline) {
 		deadline = r.deadline
 	}
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 
 	r.takeBackFree(ctx, w)
