@@ -297,12 +297,18 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 
 // awaitRounds waits for the n rounds in flight as the worker stops, and
 // finishes each. A database that does not answer them does not stretch the
-// grace period: at its end, abandon gives them up. Each then comes back at
-// once, its outcomes and releases to be sent again, and its claim, which
-// may have committed, to be looked for, as for any round the database did
-// not answer; drain does so while their leases last.
+// grace period: at its end, abandon gives them up, though not before
+// minRoundWait, so that a short or negative grace does not cancel a round
+// a healthy database is answering. Each then comes back at once, its
+// outcomes and releases to be sent again, and its claim, which may have
+// committed, to be looked for, as for any round the database did not
+// answer; drain does so while their leases last.
 func (d *dispatcher) awaitRounds(rounds <-chan *round, n int, abandon context.CancelFunc) {
-	grace := time.NewTimer(time.Until(d.graceEnd))
+	giveUp := d.graceEnd
+	if floor := time.Now().Add(minRoundWait); giveUp.Before(floor) {
+		giveUp = floor
+	}
+	grace := time.NewTimer(time.Until(giveUp))
 	defer grace.Stop()
 	for n > 0 {
 		select {
@@ -315,6 +321,11 @@ func (d *dispatcher) awaitRounds(rounds <-chan *round, n int, abandon context.Ca
 		}
 	}
 }
+
+// minRoundWait is the least time a worker that stops waits for the rounds
+// it has in flight, whatever its grace period: longer than a healthy
+// database takes to answer one.
+const minRoundWait = time.Second
 
 // returnedRecheckDelay is how long after a short claim the first recheck
 // (recheckReturned) looks again, and maxReturnedRechecks how many it

@@ -162,8 +162,8 @@ func (w *Worker) handler(kind string) (Handler, bool) {
 // cancels the rest and releases their jobs at once, and returns nil.
 // Database errors while running are logged and retried, never returned.
 // The grace period runs from ctx's cancellation: the acknowledgements in
-// flight then, and those sent during it, give up when it ends, so that a
-// database that hangs does not stretch it.
+// flight then (given a second at least), and those sent during it, give
+// up when it ends, so that a database that hangs does not stretch it.
 // At shutdown, acknowledgements the database does not take are sent again
 // for as long as their leases may last, so that a database away for a
 // moment costs no job a second run: a worker stopping while its database
