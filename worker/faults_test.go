@@ -389,6 +389,59 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs(t *testing.
 	}
 }
 
+// TestWorker_ShutdownAtOnceLetsARoundInFlightBeAnswered stops a worker
+// whose grace period is negative ("release at once") while its completion
+// waits, in flight, for a row held a moment longer: the round is not
+// given up at once, and its completion is accepted.
+func TestWorker_ShutdownAtOnceLetsARoundInFlightBeAnswered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "quick", `{}`, 1)
+	var logs syncBuffer
+	acks := make(chan worker.Ack, 4)
+	finish := make(chan struct{})
+	_, run := b.runWorker(t, b.pool, worker.Config{
+		Slots: 1, Lease: time.Minute, ShutdownGrace: -1, Prefetch: -1,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		OnAck:  func(a worker.Ack) { acks <- a },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("quick", func(ctx context.Context, j *worker.Job) (any, error) {
+			<-finish
+			return "done", nil
+		})
+	})
+	b.waitForState(t, job.ID, db.JobStateRunning, 10*time.Second)
+	blocker := b.holdRow(t, job.ID)
+	close(finish)
+	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, blocker); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the completion did not wait for its row within 10s")
+		}
+	}
+	run.cancel()
+	time.Sleep(200 * time.Millisecond)
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := run.wait(t, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-acks:
+		if a.Outcome != worker.OutcomeCompleted || !a.Accepted {
+			t.Errorf("acknowledgement %s, accepted %v; want the completion accepted", a.Outcome, a.Accepted)
+		}
+	default:
+		t.Error("no acknowledgement reported once Run returned")
+	}
+	if got := b.get(t, job.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
+		t.Errorf("job after shutdown: state %s attempt %d, want succeeded at attempt 1", got.State, got.Attempt)
+	}
+	if strings.Contains(logs.String(), "grace period ended with acknowledgements in flight") {
+		t.Errorf("a round a healthy database was answering was given up:\n%s", logs.String())
+	}
+}
+
 func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
