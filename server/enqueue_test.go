@@ -244,6 +244,49 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 	}
 }
 
+// TestEnqueue_RejectsQueryParametersWithoutWriting: the enqueue routes take
+// the job's fields in the body, and a parameter in the query string would
+// otherwise be dropped without a word (?queue=emails storing the job in
+// the default queue).
+func TestEnqueue_RejectsQueryParametersWithoutWriting(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, query, field string
+	}{
+		{"queue", "queue=emails", "queue"},
+		{"kind", "kind=other", "kind"},
+		{"unknown", "bogus=1", "bogus"},
+		{"the first of several", "priority=1&queue=q", "priority"},
+		{"without a value", "queue", "queue"},
+		{"escaped name", "qu%65ue=q", "queue"},
+		{"empty name", "=x", ""},
+		{"only a separator", "&", ""},
+		{"malformed escape", "queue=%zz", ""},
+		{"semicolon", "queue=a;b", ""},
+	}
+	routes := []struct{ path, body string }{
+		{"/v1/jobs", `{"kind":"a"}`},
+		{"/v1/jobs/batch", `{"jobs":[{"kind":"a"}]}`},
+	}
+	e := setup(t)
+	for _, route := range routes {
+		for _, tt := range tests {
+			t.Run(route.path+"?"+tt.name, func(t *testing.T) {
+				got := wantError(t, e.do(t, "POST", route.path+"?"+tt.query, route.body), http.StatusBadRequest, tt.field)
+				if !strings.Contains(got.Error, "malformed") &&
+					(!strings.Contains(got.Error, "takes no query parameters") || !strings.Contains(got.Error, "JSON body")) {
+					t.Errorf("error %q does not say the job's fields go in the body", got.Error)
+				}
+				if n := dbtest.CountJobs(t, e.pool); n != 0 {
+					t.Errorf("%d jobs written", n)
+				}
+			})
+		}
+	}
+	// A bare "?" is no query at all.
+	wantStatus(t, e.do(t, "POST", "/v1/jobs?", `{"kind":"a"}`), http.StatusCreated)
+}
+
 func TestEnqueue_RejectsNULInPayload(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

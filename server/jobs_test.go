@@ -470,6 +470,46 @@ func TestListJobs_RejectsBadParameters(t *testing.T) {
 	}
 }
 
+// TestRoutes_WithoutParametersRejectQueryStrings: only the listing takes
+// parameters; every other /v1 route refuses a query string rather than
+// ignore it, and changes nothing. The health routes take what they get.
+func TestRoutes_WithoutParametersRejectQueryStrings(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	job := e.enqueue(t, `{"kind":"a","queue":"q"}`)
+	e.kill(t, "q", job.ID)
+	routes := []struct{ method, path string }{
+		{"GET", fmt.Sprintf("/v1/jobs/%d", job.ID)},
+		{"POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID)},
+		{"POST", fmt.Sprintf("/v1/jobs/%d/retry", job.ID)},
+		{"GET", "/v1/queues"},
+	}
+	tests := []struct{ query, field string }{
+		{"state=available", "state"},
+		{"limit=1&after=2", "limit"},
+		{"x", "x"},
+		{"a=%zz", ""},
+		{"a=1;b=2", ""},
+	}
+	for _, r := range routes {
+		for _, tt := range tests {
+			t.Run(r.method+" "+r.path+"?"+tt.query, func(t *testing.T) {
+				got := wantError(t, e.do(t, r.method, r.path+"?"+tt.query, ""), http.StatusBadRequest, tt.field)
+				if tt.field != "" && !strings.Contains(got.Error, "takes no query parameters") {
+					t.Errorf("error %q does not say the route takes no query parameters", got.Error)
+				}
+			})
+		}
+	}
+	stored, err := e.q.JobGet(context.Background(), job.ID)
+	if err != nil || stored.State != db.JobStateDead {
+		t.Errorf("job is %s (%v), want it left dead", stored.State, err)
+	}
+	for _, path := range []string{"/healthz?probe=1", "/readyz?probe=1"} {
+		wantStatus(t, e.do(t, "GET", path, ""), http.StatusOK)
+	}
+}
+
 func TestCancelJob_CancelsAvailableJobAtOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
