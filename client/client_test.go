@@ -75,6 +75,8 @@ func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
 		{"payload trailing text", client.Request{Kind: "k", Payload: json.RawMessage(`123abc`)}, "payload", "payload is not valid JSON"},
 		{"payload of blanks", client.Request{Kind: "k", Payload: json.RawMessage(`   `)}, "payload", "payload is not valid JSON"},
 		{"payload jsonb cannot hold", client.Request{Kind: "k", Payload: json.RawMessage(`"\u0000"`)}, "payload", "payload "},
+		{"payload key given twice", client.Request{Kind: "k", Payload: json.RawMessage(`{"amount":100,"amount":1}`)}, "payload", `payload contains the key "amount" twice in one object, at byte 14`},
+		{"payload key given twice, escaped", client.Request{Kind: "k", Payload: json.RawMessage(`[{"ok":{"a":1,"\u0061":2}}]`)}, "payload", `payload contains the key "a" twice in one object, at byte 14`},
 		{"priority too high", client.Request{Kind: "k", Priority: ptr(int64(32768))}, "priority", "priority must be an integer from -32768 to 32767"},
 		{"zero max attempts", client.Request{Kind: "k", MaxAttempts: ptr(int64(0))}, "max_attempts", "max_attempts must be an integer from 1 to 1000"},
 		{"run_at and delay", client.Request{Kind: "k", RunAt: &now, Delay: ptr(time.Second)}, "delay", "delay must not be given together with run_at"},

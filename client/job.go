@@ -51,7 +51,8 @@ type Request struct {
 	Kind string
 	// Queue defaults to DefaultQueue.
 	Queue *string
-	// Payload is any JSON value, null included; it defaults to {}.
+	// Payload is any JSON value, null included, in which no object has a
+	// key twice (jsonb would keep only the last); it defaults to {}.
 	Payload json.RawMessage
 	// Priority is from -32768 to 32767, lower running first; default 0.
 	Priority *int64
@@ -151,6 +152,11 @@ func Validate(r Request, now time.Time) (Job, error) {
 			return job, fieldError(FieldPayload, "is not valid JSON")
 		}
 		if err := jsonb.Check(r.Payload); err != nil {
+			return job, fieldError(FieldPayload, "%v", err)
+		}
+		// jsonb would keep the last value of a key given twice and drop
+		// the others: data the caller sent, lost without a word.
+		if err := jsonb.CheckDuplicateKeys(r.Payload); err != nil {
 			return job, fieldError(FieldPayload, "%v", err)
 		}
 		job.Payload = r.Payload

@@ -105,7 +105,7 @@ func TestEnqueue_StoresEveryField(t *testing.T) {
 func TestEnqueue_AcceptsAnyJSONPayload(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	for _, payload := range []string{`null`, `"text"`, `12.50`, `[1,"two",{"3":[]}]`, `true`, `{"emoji":"\ud83d\ude00 é","esc":"a\\u0000b"}`} {
+	for _, payload := range []string{`null`, `"text"`, `12.50`, `[1,"two",{"3":[]}]`, `true`, `{"a":{"x":1},"b":{"x":2},"c":[{"x":3},{"x":4}]}`, `{"a":1,"A":2,"é":3,"e\u0301":4}`, `{"emoji":"\ud83d\ude00 é","esc":"a\\u0000b"}`} {
 		t.Run(payload, func(t *testing.T) {
 			got := e.enqueue(t, `{"kind":"k","payload":`+payload+`}`)
 			if diff := cmp.Diff(json.RawMessage(payload), got.Payload, jsonValues); diff != "" {
@@ -183,6 +183,9 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 		{name: "NUL in nested payload string", body: `{"kind":"a","payload":{"a":[1,{"b":"x\u0000y"}]}}`, status: 400, field: "payload"},
 		{name: "NUL in payload key", body: `{"kind":"a","payload":{"a\u0000":1}}`, status: 400, field: "payload"},
 		{name: "NUL in nested payload key", body: `{"kind":"a","payload":[{"ok":{"\u0000":1}}]}`, status: 400, field: "payload"},
+		{name: "payload key given twice", body: `{"kind":"a","payload":{"amount":100,"amount":1}}`, status: 400, field: "payload"},
+		{name: "payload key given twice, once escaped", body: `{"kind":"a","payload":{"a":1,"\u0061":2}}`, status: 400, field: "payload"},
+		{name: "nested payload key given twice", body: `{"kind":"a","payload":[{"x":{"y":1,"z":2,"y":3}}]}`, status: 400, field: "payload"},
 		{name: "lone high surrogate in payload", body: `{"kind":"a","payload":"\ud800"}`, status: 400, field: "payload"},
 		{name: "lone low surrogate in payload", body: `{"kind":"a","payload":{"\udc00":1}}`, status: 400, field: "payload"},
 		{name: "reversed surrogates in payload", body: `{"kind":"a","payload":"\ude00\ud83d"}`, status: 400, field: "payload"},
@@ -299,6 +302,21 @@ func TestEnqueue_RejectsNULInPayload(t *testing.T) {
 	}
 }
 
+// TestEnqueue_RejectsPayloadKeyGivenTwiceNamingIt: jsonb keeps the last
+// value of a key given twice, so {"amount":100,"amount":1} would be stored
+// as {"amount":1}.
+func TestEnqueue_RejectsPayloadKeyGivenTwiceNamingIt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	got := wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"dup","payload":{"amount":100,"amount":1}}`), http.StatusBadRequest, "payload")
+	if want := `payload contains the key "amount" twice in one object, at byte 14`; !strings.HasPrefix(got.Error, want) {
+		t.Errorf("error %q, want it to start %q", got.Error, want)
+	}
+	if n := dbtest.CountJobs(t, e.pool); n != 0 {
+		t.Errorf("%d jobs written", n)
+	}
+}
+
 func TestEnqueue_AcceptsEscapedBackslashBeforeU0000(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -366,13 +384,11 @@ func TestEnqueue_ReplayWithSameKeyReturnsOriginal(t *testing.T) {
 	original := decode[JobView](t, first)
 
 	// The same request spelled differently: key order, whitespace, number
-	// spelling, duplicate keys (the last wins, as in jsonb), and a delay,
-	// which is not compared.
+	// spelling, and a delay, which is not compared.
 	replays := []string{
 		`{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2,"max_attempts":5}`,
 		`{"max_attempts":5, "priority":2, "payload":{ "y":[1.0, 2e0], "x":10e-1 }, "queue":"q", "kind":"a"}`,
-		`{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2.0,"max_attempts":0.5e1}`,
-		`{"kind":"a","queue":"q","payload":{"x":7,"y":[1,2],"x":1},"priority":2,"max_attempts":5,"delay":"1h"}`,
+		`{"kind":"a","queue":"q","payload":{"x":1,"y":[1,2]},"priority":2.0,"max_attempts":0.5e1,"delay":"1h"}`,
 	}
 	for _, body := range replays {
 		rec := e.do(t, "POST", "/v1/jobs", body, "Idempotency-Key", "order-17")
@@ -595,6 +611,7 @@ func TestEnqueueBatch_RejectsWholeBatchNamingFirstBadJob(t *testing.T) {
 	}{
 		{name: "missing kind", body: `{"jobs":[{"kind":"a"},{"kind":"b"},{"kind":"c"},{"queue":"q"},{"kind":""}]}`, status: 400, field: "jobs[3].kind"},
 		{name: "NUL in payload", body: `{"jobs":[{"kind":"a"},{"kind":"b","payload":{"k":"\u0000"}}]}`, status: 400, field: "jobs[1].payload"},
+		{name: "payload key given twice", body: `{"jobs":[{"kind":"a"},{"kind":"b","payload":{"k":1,"k":2}}]}`, status: 400, field: "jobs[1].payload"},
 		{name: "unknown field", body: `{"jobs":[{"kind":"a","extra":true}]}`, status: 400, field: "jobs[0].extra"},
 		{name: "field in wrong case", body: `{"jobs":[{"kind":"a"},{"KIND":"a"}]}`, status: 400, field: "jobs[1].KIND"},
 		{name: "wrong type", body: `{"jobs":[{"kind":"a"},{"kind":"a","priority":"high"}]}`, status: 400, field: "jobs[1].priority"},

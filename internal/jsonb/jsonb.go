@@ -14,6 +14,9 @@
 //
 // The escape checks read escapes, not bytes: the JSON string "\\u0000" is
 // a backslash followed by "u0000", which jsonb stores as it is.
+//
+// CheckDuplicateKeys finds what jsonb accepts but does not keep: a key
+// given twice in one object, of which jsonb stores only the last value.
 package jsonb
 
 import (
@@ -31,13 +34,18 @@ type Error struct {
 	Reason string
 	// Offset is the byte offset in the document where it starts.
 	Offset int
+	// Key is, for ReasonDuplicateKey, the key given twice, unescaped.
+	Key string
 }
 
 func (e *Error) Error() string {
+	if e.Reason == ReasonDuplicateKey {
+		return fmt.Sprintf("contains the key %q twice in one object, at byte %d: jsonb would keep only the last value", e.Key, e.Offset)
+	}
 	return fmt.Sprintf("contains %s at byte %d", e.Reason, e.Offset)
 }
 
-// The reasons Check gives.
+// The reasons Check gives, and CheckDuplicateKeys its own.
 const (
 	ReasonInvalidUTF8  = "invalid UTF-8"
 	ReasonNUL          = `a NUL character (\u0000), which PostgreSQL cannot store`
@@ -45,6 +53,9 @@ const (
 	ReasonNumber       = "a number PostgreSQL cannot store: at most 131072 digits before the decimal point and 16383 after it"
 	ReasonBadEscape    = `an invalid \u escape`
 	ReasonUnterminated = "an unterminated string"
+	// ReasonDuplicateKey is the reason CheckDuplicateKeys gives, with the
+	// key in Error.Key.
+	ReasonDuplicateKey = "a key given twice in one object"
 )
 
 // Check returns an *Error for the first thing in b, a valid JSON document,
@@ -126,6 +137,141 @@ func checkString(b []byte, i int) (int, error) {
 		}
 	}
 	return 0, &Error{Reason: ReasonUnterminated, Offset: len(b)}
+}
+
+// CheckDuplicateKeys returns an *Error with ReasonDuplicateKey for the
+// first key in b, a valid JSON document, that is given a second time in
+// the same object, at any depth, or nil if no object has a key twice.
+// Keys are compared as jsonb compares them, after unescaping ("a" and
+// "\u0061" are the same key) and byte for byte (no Unicode
+// normalization). The Error's Offset is that of the key's second
+// occurrence, so the first error is the one whose second occurrence comes
+// first. b should be one that Check accepts: escapes that jsonb refuses,
+// such as unpaired surrogates, may compare equal here.
+//
+// Check does not look for duplicate keys: jsonb accepts them, keeping the
+// last value of each, which loses data that was sent.
+func CheckDuplicateKeys(b []byte) error {
+	// Keys of the open objects, innermost last, kept in arrays on the
+	// stack while there are few: most documents allocate nothing.
+	var keysBuf [2 * linearKeys]keySpan
+	var objectsBuf [8]openObject
+	keys, objects := keysBuf[:0], objectsBuf[:0]
+	// doc is b as a string, made for the first large object, so that the
+	// keys it holds are substrings rather than copies.
+	var doc string
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '{':
+			objects = append(objects, openObject{first: len(keys)})
+		case '}':
+			if len(objects) > 0 {
+				keys = keys[:objects[len(objects)-1].first]
+				objects = objects[:len(objects)-1]
+			}
+		case '"':
+			key, isKey := stringAt(b, i)
+			i = key.end // the closing quote
+			if !isKey || len(objects) == 0 {
+				continue
+			}
+			obj := &objects[len(objects)-1]
+			if obj.seen == nil {
+				for _, k := range keys[obj.first:] {
+					if sameKey(b, k, key) {
+						return &Error{Reason: ReasonDuplicateKey, Offset: key.start - 1, Key: key.text(b, doc)}
+					}
+				}
+				if len(keys)-obj.first < linearKeys {
+					keys = append(keys, key)
+					continue
+				}
+				// A large object: look its keys up from now on.
+				if doc == "" {
+					doc = string(b)
+				}
+				obj.seen = make(map[string]struct{}, 4*linearKeys)
+				for _, k := range keys[obj.first:] {
+					obj.seen[k.text(b, doc)] = struct{}{}
+				}
+			}
+			text := key.text(b, doc)
+			if _, dup := obj.seen[text]; dup {
+				return &Error{Reason: ReasonDuplicateKey, Offset: key.start - 1, Key: text}
+			}
+			obj.seen[text] = struct{}{}
+		}
+	}
+	return nil
+}
+
+// linearKeys is how many keys an object may have before CheckDuplicateKeys
+// looks them up in a map rather than comparing each new key with them all.
+const linearKeys = 16
+
+// keySpan is a JSON string of a document: its contents are b[start:end],
+// between its quotes.
+type keySpan struct {
+	start, end int
+	// escaped says whether it holds a backslash, and so whether its
+	// contents differ from its text.
+	escaped bool
+}
+
+// openObject is an object CheckDuplicateKeys is inside: its keys are
+// keys[first:], or, once it has more than linearKeys of them, seen.
+type openObject struct {
+	first int
+	seen  map[string]struct{}
+}
+
+// stringAt returns the JSON string that starts with the quote b[i], and
+// whether it is an object key: followed by a colon.
+func stringAt(b []byte, i int) (keySpan, bool) {
+	k := keySpan{start: i + 1, end: len(b)}
+	for j := i + 1; j < len(b); j++ {
+		if b[j] == '\\' {
+			k.escaped = true
+			j++
+		} else if b[j] == '"' {
+			k.end = j
+			break
+		}
+	}
+	for j := k.end + 1; j < len(b); j++ {
+		switch b[j] {
+		case ' ', '\t', '\n', '\r':
+			continue
+		case ':':
+			return k, true
+		}
+		break
+	}
+	return k, false
+}
+
+// text returns the key's contents, unescaped: a substring of doc, b as a
+// string, unless doc is empty or the key has escapes.
+func (k keySpan) text(b []byte, doc string) string {
+	switch {
+	case !k.escaped && doc != "":
+		return doc[k.start:k.end]
+	case !k.escaped:
+		return string(b[k.start:k.end])
+	}
+	var s string
+	if err := json.Unmarshal(b[k.start-1:k.end+1], &s); err != nil {
+		return string(b[k.start:k.end]) // not valid JSON: compare as written
+	}
+	return s
+}
+
+// sameKey reports whether two keys of b are equal once unescaped.
+func sameKey(b []byte, x, y keySpan) bool {
+	if !x.escaped && !y.escaped {
+		return bytes.Equal(b[x.start:x.end], b[y.start:y.end])
+	}
+	return x.text(b, "") == y.text(b, "")
 }
 
 func hex4(b []byte, i int) (rune, bool) {

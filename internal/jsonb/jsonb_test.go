@@ -3,6 +3,9 @@ package jsonb
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -118,5 +121,136 @@ func TestCheck_SaysWhatAndWhere(t *testing.T) {
 	}
 	if err := Check([]byte(`{"path": "C:\\u0000", "emoji": "\ud83d\ude00"}`)); err != nil {
 		t.Errorf("Check refused an escaped backslash before u0000 and a surrogate pair: %v", err)
+	}
+}
+
+func TestCheckDuplicateKeys_AgreesWithPostgres(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	many := func(last string) string { // an object past the keys compared one by one
+		var sb strings.Builder
+		sb.WriteString(`{`)
+		for i := range 40 {
+			fmt.Fprintf(&sb, `"k%d":%d,`, i, i)
+		}
+		return sb.String() + last + `:0}`
+	}
+	docs := []string{
+		`{}`, `[]`, `1`, `"a"`, `null`, `{"a":1}`, `{"a":1,"b":2}`, `{"a":1,"A":2}`,
+		`{"a":1,"a":2}`, `{"a":1,"b":2,"a":1}`, `{"a":1,"\u0061":2}`, `{"\u0061":1,"a":2}`, `{"\u0061":1,"\u0061":2}`,
+		`{"é":1,"\u00e9":2}`, `{"e\u0301":1,"é":2}`, `{"\/":1,"/":2}`, `{"\\":1,"\u005c":2}`, `{"\ud83d\ude00":1,"😀":2}`,
+		`{"":1,"":2}`, `{"a" : 1, "a"	:2}`, `{"a":"a","b":"a"}`, `["a","a"]`, `{"a":["a","a"]}`,
+		`{"a":{"a":1}}`, `{"a":{"b":1},"c":{"b":2}}`, `[{"a":1},{"a":1}]`, `{"x":[{"y":1,"y":2}]}`,
+		`{"a":{"b":{"c":1}},"a":2}`, `{"a":{"b":1,"c":{"d":1},"b":2}}`, `{"a":"{\"a\":1,\"a\":2}"}`,
+		`{"a:":1,"a":2}`, `{"a":1,"b":{},"a":2}`,
+		many(`"k7"`), many(`"k40"`), many(`"k\u0037"`), many(`"\u006b7"`), `[` + many(`"k0"`) + `]`,
+	}
+	for _, d := range docs {
+		name := d
+		if len(name) > 40 {
+			name = name[len(name)-40:]
+		}
+		t.Run(name, func(t *testing.T) {
+			// json keeps every key and jsonb the last of each: their trees
+			// have as many nodes exactly when no object has a key twice.
+			var dropped bool
+			err := pool.QueryRow(context.Background(), `
+				WITH RECURSIVE j(v) AS (
+					SELECT $1::text::json
+					UNION ALL
+					SELECT c FROM j, LATERAL (
+						SELECT value FROM json_each(CASE WHEN json_typeof(j.v) = 'object' THEN j.v END)
+						UNION ALL SELECT value FROM json_array_elements(CASE WHEN json_typeof(j.v) = 'array' THEN j.v END)
+					) AS children(c)
+				), jb(v) AS (
+					SELECT $1::text::jsonb
+					UNION ALL
+					SELECT c FROM jb, LATERAL (
+						SELECT value FROM jsonb_each(CASE WHEN jsonb_typeof(jb.v) = 'object' THEN jb.v END)
+						UNION ALL SELECT value FROM jsonb_array_elements(CASE WHEN jsonb_typeof(jb.v) = 'array' THEN jb.v END)
+					) AS children(c)
+				)
+				SELECT (SELECT count(*) FROM j) <> (SELECT count(*) FROM jb)`, d).Scan(&dropped)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = CheckDuplicateKeys([]byte(d))
+			if got := err != nil; got != dropped {
+				t.Errorf("CheckDuplicateKeys: %v; PostgreSQL drops a key: %v", err, dropped)
+			}
+		})
+	}
+}
+
+func TestCheckDuplicateKeys_SaysWhichKeyAndWhere(t *testing.T) {
+	tests := []struct {
+		doc    string
+		key    string
+		offset int
+	}{
+		{`{"amount":100,"amount":1}`, "amount", 14},
+		{`{"a":1,"\u0061":2}`, "a", 7},
+		{`{"\u0061":1,"a":2}`, "a", 12},
+		{`[{"ok":1},{"x":{"y":1,"y":2}}]`, "y", 22},
+		// The duplicate whose second occurrence comes first, the inner one
+		// here, although the outer object's first "a" comes before.
+		{`{"a":{"b":1,"b":2},"a":3}`, "b", 12},
+		{`{"":1,"":2}`, "", 6},
+		{`{"k0":0,"k1":1,"k2":2,"k3":3,"k4":4,"k5":5,"k6":6,"k7":7,"k8":8,"k9":9,"k10":10,"k11":11,"k12":12,"k13":13,"k14":14,"k15":15,"k16":16,"k17":17,"k\u0031":1}`, "k1", 143},
+	}
+	for _, tt := range tests {
+		err := CheckDuplicateKeys([]byte(tt.doc))
+		var e *Error
+		if !errors.As(err, &e) || e.Reason != ReasonDuplicateKey || e.Key != tt.key || e.Offset != tt.offset {
+			t.Errorf("CheckDuplicateKeys(%s) = %#v, want key %q at byte %d", tt.doc, err, tt.key, tt.offset)
+			continue
+		}
+		if want := fmt.Sprintf("contains the key %q twice in one object, at byte %d", tt.key, tt.offset); !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("message %q, want it to start %q", err, want)
+		}
+	}
+}
+
+// smallPayloads are documents whose objects have few keys, as most
+// payloads do.
+var smallPayloads = map[string]string{
+	"scalar":        `"text"`,
+	"one key":       `{"user_id":42}`,
+	"a few keys":    `{"to":"ada@example.com","subject":"Welcome","template":"welcome-v2","locale":"en"}`,
+	"nested":        `{"order":{"id":"A-17","lines":[{"sku":"x","qty":2},{"sku":"y","qty":1}]},"notify":true}`,
+	"escaped value": `{"path":"C:\\temp\\a.txt","emoji":"\ud83d\ude00"}`,
+}
+
+func TestCheckDuplicateKeys_AllocatesNothingForSmallObjects(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for name, doc := range smallPayloads {
+		b := []byte(doc)
+		if n := testing.AllocsPerRun(100, func() { _ = CheckDuplicateKeys(b) }); n != 0 {
+			t.Errorf("%s: %v allocations", name, n)
+		}
+	}
+}
+
+func BenchmarkCheckDuplicateKeys(b *testing.B) {
+	docs := maps.Clone(smallPayloads)
+	var sb strings.Builder
+	sb.WriteString("{")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, `"key%d":%d,`, i, i)
+	}
+	docs["1000 keys"] = strings.TrimSuffix(sb.String(), ",") + "}"
+	for _, name := range slices.Sorted(maps.Keys(docs)) {
+		doc := []byte(docs[name])
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(doc)))
+			for b.Loop() {
+				if err := CheckDuplicateKeys(doc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

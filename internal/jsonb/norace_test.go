@@ -1,0 +1,5 @@
+//go:build !race
+
+package jsonb
+
+const raceEnabled = false
