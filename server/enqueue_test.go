@@ -1,6 +1,8 @@
 package server
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -234,6 +236,12 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 		{name: "Idempotency-Key twice", body: `{"kind":"a"}`, header: []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, status: 400, field: "Idempotency-Key"},
 		{name: "text/plain Content-Type", body: `{"kind":"a"}`, header: []string{"Content-Type", "text/plain"}, status: 415, field: "Content-Type"},
 		{name: "JSON in another charset", body: `{"kind":"a"}`, header: []string{"Content-Type", "application/json; charset=latin1"}, status: 415, field: "Content-Type"},
+		{name: "gzip Content-Encoding", body: gzipped(t, `{"kind":"a"}`), header: []string{"Content-Encoding", "gzip"}, status: 415, field: "Content-Encoding"},
+		{name: "br Content-Encoding on a plain body", body: `{"kind":"a"}`, header: []string{"Content-Encoding", "br"}, status: 415, field: "Content-Encoding"},
+		{name: "Content-Encoding in capitals", body: `{"kind":"a"}`, header: []string{"Content-Encoding", "GZIP"}, status: 415, field: "Content-Encoding"},
+		{name: "identity then gzip", body: `{"kind":"a"}`, header: []string{"Content-Encoding", "identity, gzip"}, status: 415, field: "Content-Encoding"},
+		{name: "second Content-Encoding header", body: `{"kind":"a"}`, header: []string{"Content-Encoding", "identity", "Content-Encoding", "deflate"}, status: 415, field: "Content-Encoding"},
+		{name: "Content-Encoding before a bad body", body: `{"kind":`, header: []string{"Content-Encoding", "zstd"}, status: 415, field: "Content-Encoding"},
 	}
 	e := setup(t)
 	for _, tt := range tests {
@@ -288,6 +296,29 @@ func TestEnqueue_RejectsQueryParametersWithoutWriting(t *testing.T) {
 	}
 	// A bare "?" is no query at all.
 	wantStatus(t, e.do(t, "POST", "/v1/jobs?", `{"kind":"a"}`), http.StatusCreated)
+}
+
+func TestEnqueue_AcceptsIdentityContentEncoding(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, coding := range []string{"identity", "Identity", " IDENTITY ", ""} {
+		wantStatus(t, e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Content-Encoding", coding), http.StatusCreated)
+	}
+	wantStatus(t, e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"a"}]}`, "Content-Encoding", "identity"), http.StatusCreated)
+}
+
+// gzipped returns s compressed with gzip.
+func gzipped(t testing.TB, s string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	if _, err := zw.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
 }
 
 func TestEnqueue_RejectsNULInPayload(t *testing.T) {
@@ -629,6 +660,8 @@ func TestEnqueueBatch_RejectsWholeBatchNamingFirstBadJob(t *testing.T) {
 		{name: "invalid UTF-8", body: "{\"jobs\":[{\"kind\":\"\xfe\"}]}", status: 400},
 		{name: "Idempotency-Key", body: `{"jobs":[{"kind":"a"}]}`, header: []string{"Idempotency-Key", "k"}, status: 400, field: "Idempotency-Key"},
 		{name: "wrong Content-Type", body: `{"jobs":[{"kind":"a"}]}`, header: []string{"Content-Type", "text/json"}, status: 415, field: "Content-Type"},
+		{name: "gzip Content-Encoding", body: gzipped(t, `{"jobs":[{"kind":"a"}]}`), header: []string{"Content-Encoding", "gzip"}, status: 415, field: "Content-Encoding"},
+		{name: "br Content-Encoding on a plain body", body: `{"jobs":[{"kind":"a"}]}`, header: []string{"Content-Encoding", "br"}, status: 415, field: "Content-Encoding"},
 	}
 	e := setup(t)
 	for _, tt := range tests {

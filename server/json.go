@@ -41,11 +41,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // readBody reads a JSON request body of at most limit bytes and checks what
-// can be checked before parsing: the Content-Type (if set), the size, that
-// it is not empty, and that it is valid UTF-8. The body is always parsed as
-// JSON; application/x-www-form-urlencoded is accepted too because it is
-// what a plain `curl -d '{...}'` sends, and curl is a first-class client.
+// can be checked before parsing: the Content-Encoding (none, or identity),
+// the Content-Type (if set), the size, that it is not empty, and that it is
+// valid UTF-8. The body is always parsed as JSON;
+// application/x-www-form-urlencoded is accepted too because it is what a
+// plain `curl -d '{...}'` sends, and curl is a first-class client.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	// A body is read as it is sent: a compressed one would be refused as
+	// not UTF-8 or not JSON, or, with a plain body under a label such as
+	// br, stored as if the label were not there.
+	for _, v := range r.Header.Values("Content-Encoding") {
+		for coding := range strings.SplitSeq(v, ",") {
+			if coding = strings.TrimSpace(coding); coding != "" && !strings.EqualFold(coding, "identity") {
+				return nil, &apiError{status: http.StatusUnsupportedMediaType, field: "Content-Encoding",
+					msg: fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed, without Content-Encoding", coding)}
+			}
+		}
+	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && mt != "application/x-www-form-urlencoded") ||
