@@ -351,9 +351,10 @@ type listResponse struct {
 }
 
 // handleListJobs serves GET /v1/jobs?queue=&state=&kind=&limit=&after=,
-// the summaries of jobs in id order a page at a time. Empty parameters are ignored. limit
-// defaults to DefaultListLimit; above MaxListLimit it is a 400. after is
-// the next cursor of the previous page.
+// the summaries of jobs in id order a page at a time. Empty parameters are
+// ignored. limit, in decimal digits as after is, defaults to
+// DefaultListLimit; above MaxListLimit it is a 400. after is the next
+// cursor of the previous page.
 func handleListJobs(logger *slog.Logger, queries *db.Queries) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		filter, limit, err := listParams(r)
@@ -451,7 +452,7 @@ func listParams(r *http.Request) (listFilter, int, error) {
 		return p, 0, err
 	} else if s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > MaxListLimit {
+		if err != nil || n < 1 || n > MaxListLimit || strings.TrimLeft(s, "0123456789") != "" {
 			return p, 0, badRequest("limit", "limit must be an integer from 1 to %d", MaxListLimit)
 		}
 		limit = n
