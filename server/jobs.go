@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
@@ -307,9 +308,18 @@ func jobID(r *http.Request) (int64, error) {
 // jobNotFound is the 404 for an id that names no job, which says whether
 // the id was ever issued: a job that finished is deleted once its
 // retention passes, and its id then names nothing, as does one never
-// enqueued.
+// enqueued. A role that may not read the jobs' id sequence, which
+// JobIDIssued reads, still gets its 404, saying that this is unknown.
 func jobNotFound(ctx context.Context, queries *db.Queries, id int64) error {
 	issued, err := queries.JobIDIssued(ctx, id)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return &apiError{
+			status: http.StatusNotFound,
+			msg:    fmt.Sprintf("job %d not found: whether its id was ever issued is unknown", id),
+			cause:  fmt.Errorf("job %d not found; read whether its id was issued: %w", id, err),
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("job %d not found, and whether its id was issued is unknown: %w", id, err)
 	}

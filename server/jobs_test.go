@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
 )
@@ -196,6 +198,66 @@ func TestGetJob_MissingIs404SayingWhetherItWasDeletedAfterItsRetention(t *testin
 			}
 		}
 	}
+}
+
+// TestGetJob_MissingIs404WhenTheRoleCannotReadTheIDSequence runs the API
+// as a role that may read and change jobs but not read the jobs' id
+// sequence, which telling a deleted job from one never enqueued needs: a
+// missing job is still a 404, one that says this is unknown, and the
+// database's refusal is logged.
+func TestGetJob_MissingIs404WhenTheRoleCannotReadTheIDSequence(t *testing.T) {
+	t.Parallel()
+	admin := setup(t)
+	job := admin.enqueue(t, `{"kind":"a"}`)
+	e := setupWithPool(t, poolWithoutSequenceAccess(t, admin.pool))
+
+	wantStatus(t, e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", job.ID), ""), http.StatusOK)
+	for _, req := range []string{"GET /v1/jobs/%d", "POST /v1/jobs/%d/cancel", "POST /v1/jobs/%d/retry"} {
+		method, path, _ := strings.Cut(fmt.Sprintf(req, job.ID+1), " ")
+		got := wantError(t, e.do(t, method, path, ""), http.StatusNotFound, "")
+		if want := fmt.Sprintf("job %d not found: whether its id was ever issued is unknown", job.ID+1); got.Error != want {
+			t.Errorf("%s %s: error %q, want %q", method, path, got.Error, want)
+		}
+	}
+	if logs := e.logs.String(); !strings.Contains(logs, "42501") {
+		t.Errorf("the database's refusal was not logged:\n%s", logs)
+	}
+}
+
+// poolWithoutSequenceAccess returns a pool on the database of pool, as a
+// new role that may read and change the jobs table but has no privilege
+// on its id sequence. The role is dropped when the test ends.
+func poolWithoutSequenceAccess(t testing.TB, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	// Roles belong to the cluster, not the test's database.
+	role := "relay_test_noseq_" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	password := uuid.NewString()
+	ident := pgx.Identifier{role}.Sanitize()
+	if _, err := pool.Exec(ctx, "CREATE ROLE "+ident+" LOGIN PASSWORD '"+password+"'"); err != nil {
+		t.Fatalf("create role: %v", err)
+	}
+	cfg := pool.Config()
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
+	var rolePool *pgxpool.Pool
+	t.Cleanup(func() {
+		if rolePool != nil {
+			rolePool.Close()
+		}
+		// DROP OWNED revokes its grants in this database, which DROP ROLE
+		// needs.
+		if _, err := pool.Exec(ctx, "DROP OWNED BY "+ident+"; DROP ROLE "+ident); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	if _, err := pool.Exec(ctx, "GRANT SELECT, INSERT, UPDATE, DELETE ON jobs TO "+ident); err != nil {
+		t.Fatalf("grant: %v", err)
+	}
+	rolePool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("connect as %s: %v", role, err)
+	}
+	return rolePool
 }
 
 func TestListJobs_PagesThroughJobsInIDOrder(t *testing.T) {
