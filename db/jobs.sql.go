@@ -227,17 +227,28 @@ func (q *Queries) JobGetMany(ctx context.Context, ids []int64) ([]Job, error) {
 }
 
 const jobIDIssued = `-- name: JobIDIssued :one
-SELECT COALESCE($1::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass), false)::boolean AS issued
+SELECT has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')::boolean AS known,
+       COALESCE(CASE WHEN has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')
+                     THEN $1::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass) END,
+                false)::boolean AS issued
 `
+
+type JobIDIssuedRow struct {
+	Known  bool
+	Issued bool
+}
 
 // Whether a job id has been handed out by the jobs' identity sequence: a
 // job that is not found although its id was issued has been deleted after
-// its retention (or its enqueue was rolled back).
-func (q *Queries) JobIDIssued(ctx context.Context, id int64) (bool, error) {
+// its retention (or its enqueue was rolled back). known is false for a
+// role that may not read the sequence, for which pg_sequence_last_value
+// raises an error or, in some PostgreSQL releases, returns null, as it
+// does for a sequence never used: issued is then false and means nothing.
+func (q *Queries) JobIDIssued(ctx context.Context, id int64) (JobIDIssuedRow, error) {
 	row := q.db.QueryRow(ctx, jobIDIssued, id)
-	var issued bool
-	err := row.Scan(&issued)
-	return issued, err
+	var i JobIDIssuedRow
+	err := row.Scan(&i.Known, &i.Issued)
+	return i, err
 }
 
 const jobInsert = `-- name: JobInsert :one

@@ -515,5 +515,11 @@ FROM pruned;
 -- name: JobIDIssued :one
 -- Whether a job id has been handed out by the jobs' identity sequence: a
 -- job that is not found although its id was issued has been deleted after
--- its retention (or its enqueue was rolled back).
-SELECT COALESCE(@id::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass), false)::boolean AS issued;
+-- its retention (or its enqueue was rolled back). known is false for a
+-- role that may not read the sequence, for which pg_sequence_last_value
+-- raises an error or, in some PostgreSQL releases, returns null, as it
+-- does for a sequence never used: issued is then false and means nothing.
+SELECT has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')::boolean AS known,
+       COALESCE(CASE WHEN has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')
+                     THEN @id::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass) END,
+                false)::boolean AS issued;

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
@@ -311,19 +310,15 @@ func jobID(r *http.Request) (int64, error) {
 // enqueued. A role that may not read the jobs' id sequence, which
 // JobIDIssued reads, still gets its 404, saying that this is unknown.
 func jobNotFound(ctx context.Context, queries *db.Queries, id int64) error {
-	issued, err := queries.JobIDIssued(ctx, id)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
-		return &apiError{
-			status: http.StatusNotFound,
-			msg:    fmt.Sprintf("job %d not found: whether its id was ever issued is unknown", id),
-			cause:  fmt.Errorf("job %d not found; read whether its id was issued: %w", id, err),
-		}
-	}
+	seq, err := queries.JobIDIssued(ctx, id)
 	if err != nil {
 		return fmt.Errorf("job %d not found, and whether its id was issued is unknown: %w", id, err)
 	}
-	if issued {
+	switch {
+	case !seq.Known:
+		return notFound(fmt.Sprintf("job %d not found: whether its id was ever issued is unknown "+
+			"(this role may not read the jobs' id sequence)", id))
+	case seq.Issued:
 		return notFound(fmt.Sprintf("job %d not found: it finished and was deleted once its retention passed "+
 			"(the workers' --retain-succeeded, --retain-dead and --retain-cancelled), or no job took this id "+
 			"(its enqueue was rolled back, or was an idempotent replay)", id))

