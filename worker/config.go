@@ -199,10 +199,11 @@ type Config struct {
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled, counted from the cancellation: an
 	// acknowledgement in flight then gives up when the grace period ends
-	// (or after a second, if that is later), rather than stretch it. Negative means release at once. Run may take
-	// up to a lease longer to return while the database cannot be reached:
-	// it keeps sending the outcomes of the handlers that finished for as
-	// long as their leases last (see Run).
+	// (or after a second, if that is later), rather than stretch it.
+	// Negative means release at once. Run may take up to a lease longer
+	// to return while the database cannot be reached: it keeps sending the
+	// outcomes of the handlers that finished for as long as their leases
+	// last (see Run).
 	ShutdownGrace time.Duration
 	// MaxResultBytes is the largest result, encoded as JSON, that a
 	// handler may return: a job whose result is larger fails permanently,

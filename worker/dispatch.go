@@ -298,7 +298,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 // awaitRounds waits for the n rounds in flight as the worker stops, and
 // finishes each. A database that does not answer them does not stretch the
 // grace period: at its end, abandon gives them up, though not before
-// minRoundWait, so that a short or negative grace does not cancel a round
+// minRoundWait, so that a short grace, or none, does not cancel a round
 // a healthy database is answering. Each then comes back at once, its
 // outcomes and releases to be sent again, and its claim, which may have
 // committed, to be looked for, as for any round the database did not

@@ -326,8 +326,9 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) 
 // in flight and its answer never comes, and leaves the other handler
 // running. The grace period (300 ms here, against a lease of a minute)
 // runs from the moment Run's context is cancelled, and the round in
-// flight does not stretch it: the running handler is cancelled as it
-// ends, and the round is given up. Once the database answers again, what
+// flight does not stretch it past a second (minRoundWait): the round is
+// then given up and the running handler cancelled, well within the lease.
+// Once the database answers again, what
 // the round carried is sent again, and the first job has succeeded at its
 // first attempt.
 func TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs(t *testing.T) {
@@ -418,8 +419,10 @@ func TestWorker_ShutdownAtOnceLetsARoundInFlightBeAnswered(t *testing.T) {
 			t.Fatal("the completion did not wait for its row within 10s")
 		}
 	}
+	// Let go of the row soon after the cancel, well within minRoundWait
+	// (a second) and long after a grace of none would end.
 	run.cancel()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
 	if err := blocker.Commit(b.ctx); err != nil {
 		t.Fatal(err)
 	}
