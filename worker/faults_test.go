@@ -266,59 +266,17 @@ func TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts(t *testing.T) {
 func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first := b.enqueue(t, "first", `{}`, 1)
-	b.enqueue(t, "second", `{}`, 1)
-	proxy, through := b.proxied(t)
-	started, finishFirst := make(chan struct{}, 2), make(chan struct{})
-	cancelled := make(chan error, 1)
 	draining := &logSignal{want: "waiting for running jobs", seen: make(chan struct{})}
-	// The worker's statements go through the proxy; its session does not.
-	_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
-		Slots: 2, Lease: time.Minute, ShutdownGrace: 300 * time.Millisecond, SessionDatabaseURL: b.url,
-		Logger: slog.New(slog.NewTextHandler(draining, nil)),
-	}, func(w *worker.Worker) {
-		w.HandleFunc("first", func(ctx context.Context, j *worker.Job) (any, error) {
-			started <- struct{}{}
-			<-finishFirst
-			return "done", nil
-		})
-		w.HandleFunc("second", func(ctx context.Context, j *worker.Job) (any, error) {
-			started <- struct{}{}
-			<-ctx.Done()
-			cancelled <- context.Cause(ctx)
-			return nil, context.Cause(ctx)
-		})
-	})
-	for range 2 {
-		select {
-		case <-started:
-		case <-time.After(10 * time.Second):
-			t.Fatal("handlers never started")
-		}
-	}
-	run.cancel()
+	g := b.startGraceWorker(t, slog.New(slog.NewTextHandler(draining, nil)), 0)
+	g.run.cancel()
 	select {
 	case <-draining.seen:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker never began to wait for its running jobs")
 	}
-	proxy.Blackhole()
-	close(finishFirst)
-	select {
-	case cause := <-cancelled:
-		if !errors.Is(cause, worker.ErrShutdown) {
-			t.Errorf("the running handler stopped with %v, want %v", cause, worker.ErrShutdown)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("the running handler was not cancelled 10s after a grace period of 300ms")
-	}
-	proxy.Heal()
-	if err := run.wait(t, 20*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if got := b.get(t, first.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
-		t.Errorf("first job after shutdown: state %s attempt %d, want succeeded at attempt 1", got.State, got.Attempt)
-	}
+	g.proxy.Blackhole()
+	close(g.finishFirst)
+	g.wantSecondCancelledAndFirstSucceeded(t, 10*time.Second, 20*time.Second)
 }
 
 // TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs stops a
@@ -328,64 +286,90 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) 
 // runs from the moment Run's context is cancelled, and the round in
 // flight does not stretch it past a second (minRoundWait): the round is
 // then given up and the running handler cancelled, well within the lease.
-// Once the database answers again, what
-// the round carried is sent again, and the first job has succeeded at its
-// first attempt.
+// Once the database answers again, what the round carried is sent again,
+// and the first job has succeeded at its first attempt.
 func TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first := b.enqueue(t, "first", `{}`, 1)
+	g := b.startGraceWorker(t, nil, -1)
+	// The first job's completion waits for its row, held here, so that its
+	// round is surely in flight as the database stops answering; then the
+	// row is let go, and the completion commits with its answer lost.
+	blocker := b.holdRow(t, g.first.ID)
+	close(g.finishFirst)
+	b.waitBlocks(t, blocker, "the first job's completion")
+	g.proxy.Blackhole()
+	if err := blocker.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	g.run.cancel()
+	g.wantSecondCancelledAndFirstSucceeded(t, 20*time.Second, 90*time.Second)
+}
+
+// graceWorker is a worker of two slots, lease a minute and grace period
+// 300 ms, whose statements go through proxy (its session does not): the
+// handler of first waits for finishFirst to return "done", that of a
+// second job runs until its context ends and sends the cause to
+// cancelled.
+type graceWorker struct {
+	b           *bundle
+	first       db.Job
+	proxy       *faultproxy.Proxy
+	run         *running
+	finishFirst chan struct{}
+	cancelled   chan error
+}
+
+// startGraceWorker starts a graceWorker, with logger (nil for the test's)
+// and prefetch, and returns once both handlers run.
+func (b *bundle) startGraceWorker(t *testing.T, logger *slog.Logger, prefetch int) *graceWorker {
+	t.Helper()
+	g := &graceWorker{b: b, first: b.enqueue(t, "first", `{}`, 1), finishFirst: make(chan struct{}), cancelled: make(chan error, 1)}
 	b.enqueue(t, "second", `{}`, 1)
 	proxy, through := b.proxied(t)
-	started, finishFirst := make(chan struct{}, 2), make(chan struct{})
-	cancelled := make(chan error, 1)
-	// The worker's statements go through the proxy; its session does not.
-	_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
-		Slots: 2, Lease: time.Minute, ShutdownGrace: 300 * time.Millisecond, SessionDatabaseURL: b.url, Prefetch: -1,
+	g.proxy = proxy
+	started := make(chan struct{}, 2)
+	_, g.run = b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 2, Lease: time.Minute, ShutdownGrace: 300 * time.Millisecond, SessionDatabaseURL: b.url,
+		Prefetch: prefetch, Logger: logger,
 	}, func(w *worker.Worker) {
 		w.HandleFunc("first", func(ctx context.Context, j *worker.Job) (any, error) {
 			started <- struct{}{}
-			<-finishFirst
+			<-g.finishFirst
 			return "done", nil
 		})
 		w.HandleFunc("second", func(ctx context.Context, j *worker.Job) (any, error) {
 			started <- struct{}{}
 			<-ctx.Done()
-			cancelled <- context.Cause(ctx)
+			g.cancelled <- context.Cause(ctx)
 			return nil, context.Cause(ctx)
 		})
 	})
 	for range 2 {
 		receive(t, started, "a handler started")
 	}
-	// The first job's completion waits for its row, held here, so that its
-	// round is surely in flight as the database stops answering; then the
-	// row is let go, and the completion commits with its answer lost.
-	blocker := b.holdRow(t, first.ID)
-	close(finishFirst)
-	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, blocker); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first job's completion did not wait for its row within 10s")
-		}
-	}
-	proxy.Blackhole()
-	if err := blocker.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	run.cancel()
+	return g
+}
+
+// wantSecondCancelledAndFirstSucceeded fails the test unless the second
+// job's handler is cancelled for the shutdown within cancelWithin; then
+// heals the proxy, waits up to runWithin for Run to return, and checks
+// that the first job succeeded at its first attempt.
+func (g *graceWorker) wantSecondCancelledAndFirstSucceeded(t *testing.T, cancelWithin, runWithin time.Duration) {
+	t.Helper()
 	select {
-	case cause := <-cancelled:
+	case cause := <-g.cancelled:
 		if !errors.Is(cause, worker.ErrShutdown) {
 			t.Errorf("the running handler stopped with %v, want %v", cause, worker.ErrShutdown)
 		}
-	case <-time.After(20 * time.Second):
-		t.Error("the running handler was not cancelled 20s after Run's context, with a grace period of 300ms")
+	case <-time.After(cancelWithin):
+		t.Errorf("the running handler was not cancelled %s after Run's context, with a grace period of 300ms", cancelWithin)
 	}
-	proxy.Heal()
-	if err := run.wait(t, 90*time.Second); err != nil {
+	g.proxy.Heal()
+	if err := g.run.wait(t, runWithin); err != nil {
 		t.Fatal(err)
 	}
-	if got := b.get(t, first.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
+	if got := g.b.get(t, g.first.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
 		t.Errorf("first job after shutdown: state %s attempt %d, want succeeded at attempt 1", got.State, got.Attempt)
 	}
 }
@@ -414,11 +398,7 @@ func TestWorker_ShutdownAtOnceLetsARoundInFlightBeAnswered(t *testing.T) {
 	b.waitForState(t, job.ID, db.JobStateRunning, 10*time.Second)
 	blocker := b.holdRow(t, job.ID)
 	close(finish)
-	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, blocker); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the completion did not wait for its row within 10s")
-		}
-	}
+	b.waitBlocks(t, blocker, "the completion")
 	// Let go of the row soon after the cancel, well within minRoundWait
 	// (a second) and long after a grace of none would end.
 	run.cancel()

@@ -394,6 +394,17 @@ func (b *bundle) blocks(t *testing.T, tx pgx.Tx) bool {
 	return waiting
 }
 
+// waitBlocks waits up to 10 s for tx to hold up another session, what
+// names, and fails the test if it never does.
+func (b *bundle) waitBlocks(t *testing.T, tx pgx.Tx, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, tx); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not wait for its row within 10s", what)
+		}
+	}
+}
+
 // claimedIDs lists the jobs a round's rows claimed, in the order of the rows.
 func claimedIDs(rows []db.JobCompleteAndClaimRow) []int64 {
 	var ids []int64
