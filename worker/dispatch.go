@@ -703,7 +703,7 @@ func (d *dispatcher) setAside(r *round) {
 func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, until time.Time, final bool) {
 	w := d.w
 	delay := minRetryDelay
-	for rounds := 0; (!d.p.empty() || len(d.lostClaims) > 0 || len(d.held)+len(d.heldReleases) > 0) && rounds < shutdownRounds; {
+	for rounds := 0; (!d.p.empty() || len(d.lostClaims) > 0 || d.setAsideCount() > 0) && rounds < shutdownRounds; {
 		if !time.Now().Before(until) {
 			if final {
 				w.log.Warn("acknowledge at shutdown: giving up, as the leases have run out")

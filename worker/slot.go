@@ -58,18 +58,14 @@ func (s slot) execute(e *execution) outcome {
 	}
 	began := time.Now()
 	result, err := s.call(e, began)
-	o := outcome{exec: e, err: err, ran: time.Since(began)}
-	if err == nil && result != nil {
-		o.result, o.err = s.encodeResult(result)
-	}
-	return o
+	return outcome{exec: e, result: result, err: err, ran: time.Since(began)}
 }
 
 // encodeResult encodes a handler's result for the database. A result that
 // cannot be stored fails its job permanently, here, before it is sent: in
 // a batch acknowledgement it would make the database refuse the others.
 func (s slot) encodeResult(result any) (json.RawMessage, error) {
-	b, err := marshalResult(result)
+	b, err := json.Marshal(result)
 	if err != nil {
 		return nil, Permanent(fmt.Errorf("encode result: %w", err))
 	}
@@ -82,40 +78,33 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 	return b, nil
 }
 
-// marshalResult is json.Marshal, with a panic of the result's own
-// MarshalJSON or MarshalText turned into an error. That is the handler's
-// code, run outside call's recover, and json.Marshal passes its panics on:
-// unrecovered, one would end the whole process. The same result would
-// panic again on a retry, so it fails its job as one json.Marshal refuses
-// does.
-func marshalResult(result any) (b []byte, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			b, err = nil, fmt.Errorf("result marshaler panicked: %v\n%s", r, debug.Stack())
-		}
-	}()
-	return json.Marshal(result)
-}
-
 // errResultNotStorable begins the error of a job whose result PostgreSQL's
 // jsonb cannot hold.
 const errResultNotStorable = "result is not storable as jsonb"
 
-// call runs the handler, begun at began, turning a panic or a missing
-// handler into an error. A handler that ends its goroutine with
-// runtime.Goexit (as testing.T.FailNow does) rather than returning cannot
-// be stopped from ending it: its attempt fails with errHandlerExited, and a
-// new goroutine hands that outcome over and carries on the slot's work.
-func (s slot) call(e *execution, began time.Time) (result any, err error) {
+// call runs the handler, begun at began, and encodes its result (see
+// encodeResult), turning a panic or a missing handler into an error. The
+// result's own MarshalJSON or MarshalText is the handler's code too, and
+// json.Marshal passes its panics on: one fails the job permanently, since
+// the same result would panic again. A handler, or a marshaler, that ends
+// its goroutine with runtime.Goexit (as testing.T.FailNow does) rather
+// than returning cannot be stopped from ending it: its attempt fails with
+// errHandlerExited, and a new goroutine hands that outcome over and carries
+// on the slot's work.
+func (s slot) call(e *execution, began time.Time) (result json.RawMessage, err error) {
 	h, ok := s.w.handler(e.job.Kind)
 	if !ok {
 		return nil, Permanent(fmt.Errorf("no handler registered for kind %q", e.job.Kind))
 	}
-	returned := false
+	returned, encoding := false, false
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
 			result = nil
+			if encoding {
+				err = Permanent(fmt.Errorf("encode result: result marshaler panicked: %v\n%s", r, debug.Stack()))
+			} else {
+				err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
+			}
 			return
 		}
 		if !returned {
@@ -124,7 +113,11 @@ func (s slot) call(e *execution, began time.Time) (result any, err error) {
 		}
 	}()
 	job := e.job
-	result, err = h.Work(e.ctx, &job)
+	v, err := h.Work(e.ctx, &job)
+	if err == nil && v != nil {
+		encoding = true
+		result, err = s.encodeResult(v)
+	}
 	returned = true
 	return result, err
 }
