@@ -296,9 +296,8 @@ func inBatch(i int, err error) error {
 
 // jobID parses the {id} of the path: a positive int64 in decimal digits.
 func jobID(r *http.Request) (int64, error) {
-	s := r.PathValue("id")
-	id, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || id <= 0 || strings.TrimLeft(s, "0123456789") != "" {
+	id, ok := parseDigits(r.PathValue("id"))
+	if !ok || id <= 0 {
 		return 0, badRequest("id", "job id must be a positive integer")
 	}
 	return id, nil
@@ -429,20 +428,45 @@ func listJobs(ctx context.Context, queries *db.Queries, f listFilter) ([]db.JobS
 // listParameters are the parameters a job listing takes.
 var listParameters = []string{"state", "queue", "kind", "limit", "after"}
 
-// listParams parses the query of a job listing. It asks for one job more
-// than the limit, to know whether there is a next page. A parameter it
-// does not know, or a query it cannot parse, is refused rather than
-// ignored: a misspelt filter would otherwise answer with other jobs than
-// those asked for.
-func listParams(r *http.Request) (listFilter, int, error) {
+// queryParams parses the query string of r, and refuses a parameter not in
+// known (none, for most routes) rather than ignore it: a misspelt filter
+// would answer with other jobs than those asked for, and POST
+// /v1/jobs?queue=emails would store its job in the default queue. The
+// first unknown parameter, in sorted order, is named.
+func queryParams(r *http.Request, known []string) (url.Values, *apiError) {
 	query, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		return listFilter{}, 0, badRequest("", "the query string is malformed: %v", err)
+		return nil, badRequest("", "the query string is malformed: %v", err)
 	}
 	for _, name := range slices.Sorted(maps.Keys(query)) {
-		if !slices.Contains(listParameters, name) {
-			return listFilter{}, 0, badRequest(name, "unknown parameter %q: a listing takes %s", name, strings.Join(listParameters, ", "))
+		if !slices.Contains(known, name) {
+			takes := "no query parameters"
+			if len(known) > 0 {
+				takes = strings.Join(known, ", ")
+			}
+			return nil, badRequest(name, "unknown parameter %q: %s takes %s", name, r.Pattern, takes)
 		}
+	}
+	return query, nil
+}
+
+// parseDigits parses s, decimal digits alone (no sign, no space), as a
+// non-negative int64.
+func parseDigits(s string) (int64, bool) {
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
+// listParams parses the query of a job listing. It asks for one job more
+// than the limit, to know whether there is a next page. A parameter it
+// does not know, or a query it cannot parse, is refused (queryParams).
+func listParams(r *http.Request) (listFilter, int, error) {
+	query, qerr := queryParams(r, listParameters)
+	if qerr != nil {
+		return listFilter{}, 0, qerr
 	}
 	get := func(name string) (string, error) {
 		if len(query[name]) > 1 {
@@ -456,17 +480,17 @@ func listParams(r *http.Request) (listFilter, int, error) {
 	if s, err := get("limit"); err != nil {
 		return p, 0, err
 	} else if s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > MaxListLimit || strings.TrimLeft(s, "0123456789") != "" {
+		n, ok := parseDigits(s)
+		if !ok || n < 1 || n > MaxListLimit {
 			return p, 0, badRequest("limit", "limit must be an integer from 1 to %d", MaxListLimit)
 		}
-		limit = n
+		limit = int(n)
 	}
 	if s, err := get("after"); err != nil {
 		return p, 0, err
 	} else if s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n < 0 || strings.TrimLeft(s, "0123456789") != "" {
+		n, ok := parseDigits(s)
+		if !ok {
 			return p, 0, badRequest("after", "after must be the next cursor of a previous page")
 		}
 		p.afterID = n

@@ -549,7 +549,7 @@ func TestRoutes_WithoutParametersRejectQueryStrings(t *testing.T) {
 	}
 	tests := []struct{ query, field string }{
 		{"state=available", "state"},
-		{"limit=1&after=2", "limit"},
+		{"limit=1&after=2", "after"}, // the first in sorted order
 		{"x", "x"},
 		{"a=%zz", ""},
 		{"a=1;b=2", ""},

@@ -3,10 +3,8 @@ package server
 import (
 	"crypto/sha256"
 	"crypto/subtle"
-	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"path"
 	"runtime/debug"
 	"strings"
@@ -110,46 +108,24 @@ func requireBearer(token string) func(http.Handler) http.Handler {
 	}
 }
 
-// refuseQuery returns middleware that answers 400 to a request with a
-// query string, for the routes that take no parameters: they would
-// otherwise ignore them, and POST /v1/jobs?queue=emails would store its job
-// in the default queue. The field of the answer is the first parameter's
-// name; hint, if not empty, is added to its message.
+// refuseQuery returns middleware that answers 400 to a request with any
+// query parameter (queryParams), for the routes that take none; hint, if
+// not empty, is added to its message.
 func refuseQuery(hint string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.RawQuery == "" {
+			_, err := queryParams(r, nil)
+			if err == nil {
 				next.ServeHTTP(w, r)
 				return
 			}
-			if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
-				writeJSON(w, http.StatusBadRequest, errorBody{Error: fmt.Sprintf("the query string is malformed: %v", err)})
-				return
-			}
-			route := r.Pattern // such as "POST /v1/jobs"
-			if route == "" {
-				route = "this route"
-			}
-			name := firstParameter(r.URL.RawQuery)
-			msg := fmt.Sprintf("unknown parameter %q: %s takes no query parameters", name, route)
+			msg := err.msg
 			if hint != "" {
 				msg += "; " + hint
 			}
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: msg, Field: name})
+			writeJSON(w, err.status, errorBody{Error: msg, Field: err.field})
 		})
 	}
-}
-
-// firstParameter returns the name of the first parameter of query, a query
-// string url.ParseQuery accepts, or "" if it has none with a name.
-func firstParameter(query string) string {
-	for part := range strings.SplitSeq(query, "&") {
-		key, _, _ := strings.Cut(part, "=")
-		if name, err := url.QueryUnescape(key); err == nil && name != "" {
-			return name
-		}
-	}
-	return ""
 }
 
 // jsonMuxErrors makes the 404 (no route) and 405 (no route for the method,
