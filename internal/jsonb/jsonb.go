@@ -226,19 +226,17 @@ type openObject struct {
 }
 
 // stringAt returns the JSON string that starts with the quote b[i], and
-// whether it is an object key: followed by a colon.
+// whether it is an object key: followed by a colon. Its end is found as
+// Check finds it (checkString); a string Check would refuse ends the
+// document.
 func stringAt(b []byte, i int) (keySpan, bool) {
-	k := keySpan{start: i + 1, end: len(b)}
-	for j := i + 1; j < len(b); j++ {
-		if b[j] == '\\' {
-			k.escaped = true
-			j++
-		} else if b[j] == '"' {
-			k.end = j
-			break
-		}
+	end, err := checkString(b, i+1)
+	if err != nil {
+		return keySpan{start: i + 1, end: len(b)}, false
 	}
-	for j := k.end + 1; j < len(b); j++ {
+	k := keySpan{start: i + 1, end: end - 1}
+	k.escaped = bytes.IndexByte(b[k.start:k.end], '\\') >= 0
+	for j := end; j < len(b); j++ {
 		switch b[j] {
 		case ' ', '\t', '\n', '\r':
 			continue
