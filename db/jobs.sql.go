@@ -227,10 +227,10 @@ func (q *Queries) JobGetMany(ctx context.Context, ids []int64) ([]Job, error) {
 }
 
 const jobIDIssued = `-- name: JobIDIssued :one
-SELECT has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')::boolean AS known,
-       COALESCE(CASE WHEN has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')
-                     THEN $1::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass) END,
+SELECT p.known::boolean AS known,
+       COALESCE(CASE WHEN p.known THEN $1::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass) END,
                 false)::boolean AS issued
+FROM (SELECT has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE') AS known) AS p
 `
 
 type JobIDIssuedRow struct {

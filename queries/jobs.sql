@@ -519,7 +519,7 @@ FROM pruned;
 -- role that may not read the sequence, for which pg_sequence_last_value
 -- raises an error or, in some PostgreSQL releases, returns null, as it
 -- does for a sequence never used: issued is then false and means nothing.
-SELECT has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')::boolean AS known,
-       COALESCE(CASE WHEN has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE')
-                     THEN @id::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass) END,
-                false)::boolean AS issued;
+SELECT p.known::boolean AS known,
+       COALESCE(CASE WHEN p.known THEN @id::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass) END,
+                false)::boolean AS issued
+FROM (SELECT has_sequence_privilege('jobs_id_seq'::regclass, 'SELECT, USAGE') AS known) AS p;
