@@ -283,13 +283,7 @@ func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration
 // Validate reports what New would refuse in c, without a pool: the error
 // New returns for it.
 func (c Config) Validate() error {
-	c, err := c.withDefaults()
-	if err != nil {
-		return err
-	}
-	if c.SessionDatabaseURL != "" {
-		_, err = parseSessionURL(c.SessionDatabaseURL)
-	}
+	_, err := c.withDefaults()
 	return err
 }
 
@@ -379,6 +373,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("worker config: prefetch wait %s must be positive and shorter than the lease %s", c.PrefetchWait, c.Lease)
 	case c.PollInterval < 0 || c.ReclaimInterval < 0 || c.PruneInterval < 0:
 		return c, errors.New("worker config: intervals must be positive")
+	}
+	if c.SessionDatabaseURL != "" {
+		if _, err := parseSessionURL(c.SessionDatabaseURL); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
 }
