@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -86,8 +87,15 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 
+	// A flag given empty, as by a shell variable left unset, is refused
+	// as the API refuses the field, never taken for a flag not given: an
+	// empty --idempotency-key would otherwise store the job again at each
+	// retry, and an empty --run-at run it at once.
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+
 	req := client.Request{Kind: kind, Queue: &f.queue, Priority: ptr(int64(f.priority)), MaxAttempts: ptr(int64(f.maxAttempts))}
-	if f.runAt != "" {
+	if given["run-at"] {
 		t, err := rfc3339.Parse(f.runAt)
 		if errors.Is(err, rfc3339.ErrSyntax) {
 			return cli.Usagef("--run-at must be an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", f.runAt)
@@ -99,7 +107,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	if f.delay != 0 {
 		req.Delay = &f.delay
 	}
-	if f.idempotencyKey != "" {
+	if given["idempotency-key"] {
 		req.IdempotencyKey = &f.idempotencyKey
 	}
 	raw := []byte(f.payload)

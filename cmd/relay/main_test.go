@@ -162,6 +162,8 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 		{"enqueue priority out of range", db, []string{"enqueue", "hash", "--priority", "40000"}, "--priority must be an integer from -32768 to 32767"},
 		{"enqueue zero max attempts", db, []string{"enqueue", "hash", "--max-attempts", "0"}, "--max-attempts must be an integer from 1 to 1000"},
 		{"enqueue long kind", db, []string{"enqueue", strings.Repeat("k", 129)}, "kind must be at most 128 bytes"},
+		{"enqueue empty idempotency key", db, []string{"enqueue", "hash", "--idempotency-key", ""}, "--idempotency-key must not be empty"},
+		{"enqueue empty run-at", db, []string{"enqueue", "hash", "--run-at", ""}, "--run-at must be an RFC 3339 time"},
 		{"no database configured", nil, []string{"work"}, "no database: give --database-url or set DATABASE_URL"},
 		{"version with argument", nil, []string{"version", "x"}, `unexpected argument "x"`},
 	}
