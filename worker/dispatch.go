@@ -454,7 +454,7 @@ func (d *dispatcher) collectOne(o outcome) {
 	}
 	w.mu.Lock()
 	w.unhold(o.exec)
-	w.startedJobs--
+	delete(w.running, o.exec)
 	lost := o.exec.lost
 	w.mu.Unlock()
 	o.exec.cancel(nil)
@@ -652,10 +652,10 @@ func (d *dispatcher) drain(ctx context.Context) {
 
 // collectReturned collects the outcomes of the handlers that had returned
 // when the shutdown released the rest, and drops those of the handlers
-// released. Each is on its way: a handler that returned sends its outcome
-// next, and the channel has room for it. An execution whose lease is lost
-// meanwhile (a heartbeat still runs) is collected all the same, and
-// reported lost.
+// released or reported lost. Each is on its way: a handler that returned
+// sends its outcome next, and the channel has room for it. An execution
+// whose lease is lost meanwhile (a heartbeat still runs) is collected all
+// the same, and reported lost.
 func (d *dispatcher) collectReturned(returned map[*execution]bool) {
 	for len(returned) > 0 {
 		o := <-d.w.outcomes
@@ -787,39 +787,43 @@ func (d *dispatcher) reportUnsent(outcomes []outcome, why string) {
 const releaseNote = "released: worker shutting down"
 
 // releaseAtShutdown cancels the handlers still running and releases their
-// jobs. It returns the executions whose handlers had returned by then with
-// their outcomes not yet collected: select picks the end of the grace
-// period as readily as an outcome waiting, and an outcome may come in
-// while the last acknowledgement is out. Those jobs are not released, so
-// that what their handlers did is acknowledged rather than run again.
+// jobs. A handler whose lease was lost, and which still runs though it was
+// cancelled then, is reported lost here, as its outcome, if it ever comes,
+// is never collected. It returns the executions whose handlers had
+// returned by then with their outcomes not yet collected: select picks the
+// end of the grace period as readily as an outcome waiting, and an outcome
+// may come in while the last acknowledgement is out. Those jobs are not
+// released, so that what their handlers did is acknowledged rather than
+// run again. Jobs claimed ahead still to be released are not among those
+// running: they go with the acknowledgements that follow, untouched, as
+// they never started.
 func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execution]bool) {
 	w := d.w
 	returned = map[*execution]bool{}
-	// Jobs claimed ahead still to be released go with the acknowledgements
-	// that follow, untouched: they never started.
-	unstarted := map[*execution]bool{}
-	for _, execs := range [][]*execution{d.p.toRelease, d.heldReleases} {
-		for _, e := range execs {
-			unstarted[e] = true
-		}
-	}
 	w.mu.Lock()
-	var left []*execution
-	for _, e := range w.held {
+	var left, lost []*execution
+	for e := range w.running {
 		switch {
-		case unstarted[e]:
-			continue
 		case e.returned:
 			// Collected and reported, as lost if its lease was lost.
 			returned[e] = true
 			continue
-		case !e.lost:
+		case e.lost:
+			// A heartbeat lost its lease, or a newer claim of its job
+			// took its place in held: cancelled then, it still runs.
+			lost = append(lost, e)
+		default:
 			e.lost = true
 			left = append(left, e)
 		}
 		e.cancel(ErrShutdown)
 	}
 	w.mu.Unlock()
+	for _, e := range lost {
+		w.log.Warn("lease lost; the handler still runs at shutdown, its outcome dropped", "job", e.job.ID,
+			"kind", e.job.Kind, "attempt", e.job.Attempt)
+		w.report(outcome{exec: e, err: context.Cause(e.ctx)}, OutcomeLeaseLost, false)
+	}
 	if len(left) == 0 {
 		return returned
 	}

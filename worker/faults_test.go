@@ -42,6 +42,10 @@ type holder struct {
 	calls   atomic.Int32
 	started chan int64
 	stopped chan error
+	// ignoring, if not nil, keeps the first job's handler running once its
+	// context has ended, until ignoring is closed: it ignores its
+	// cancellation.
+	ignoring chan struct{}
 }
 
 func newHolder() *holder {
@@ -55,6 +59,9 @@ func (h *holder) Work(ctx context.Context, j *worker.Job) (any, error) {
 	h.started <- j.ID
 	<-ctx.Done()
 	h.stopped <- context.Cause(ctx)
+	if h.ignoring != nil {
+		<-h.ignoring
+	}
 	return nil, context.Cause(ctx)
 }
 

@@ -35,7 +35,7 @@ func TestShutdown_CollectsAReturnedHandlerWhoseLeaseAHeartbeatLost(t *testing.T)
 			for _, e := range []*execution{held, lost} {
 				w.held[e.job.ID] = e
 				e.returned = true // as nextForSlot marks a handler that returned
-				w.startedJobs++
+				w.running[e] = true
 			}
 			loseLease := func() {
 				w.mu.Lock()

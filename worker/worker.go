@@ -71,8 +71,10 @@ type Worker struct {
 	held map[int64]*execution
 	// ahead lists the held jobs waiting for a slot, oldest claim first.
 	ahead []*execution
-	// startedJobs counts the held jobs started and not yet collected.
-	startedJobs int
+	// running holds the jobs started and not yet collected: held, or
+	// taken out of held by a newer claim of the same job while their
+	// handlers still ran (see unhold), so that a shutdown reports each.
+	running map[*execution]bool
 	// slotsBusy counts the slot goroutines running; at most Slots.
 	slotsBusy int
 	// stopping keeps slots from starting jobs once shutdown began.
@@ -124,6 +126,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		// One outcome per held job at most, so sending never blocks.
 		outcomes: make(chan outcome, cfg.Slots+max(cfg.Prefetch, 0)),
 		held:     map[int64]*execution{},
+		running:  map[*execution]bool{},
 	}
 	w.leases.w = w
 	w.session.w = w
@@ -172,7 +175,8 @@ func (w *Worker) handler(kind string) (Handler, bool) {
 // waits a HeartbeatInterval at most).
 // Run does not wait for the handlers it cancelled to return: one that
 // ignores its context goes on after Run has returned, while its released
-// job may already run elsewhere.
+// job may already run elsewhere. Its attempt is reported (Config.OnAck)
+// before Run returns, as released, or as lost if its lease was lost first.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return errors.New("worker: Run called more than once")
@@ -285,7 +289,7 @@ func (w *Worker) nextForSlot(done *execution) *execution {
 	e := w.ahead[0]
 	w.ahead[0] = nil
 	w.ahead = w.ahead[1:]
-	w.startedJobs++
+	w.running[e] = true
 	return e
 }
 
@@ -294,7 +298,7 @@ func (w *Worker) nextForSlot(done *execution) *execution {
 func (w *Worker) numStarted() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.startedJobs
+	return len(w.running)
 }
 
 func (w *Worker) report(o outcome, kind Outcome, accepted bool) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -674,5 +675,63 @@ func TestWorker_AnAttemptOutlivingItsLostLeaseLeavesTheNextAttemptsLeaseAlone(t 
 	got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
 	if got.Attempt != 2 || string(got.Result) != `"attempt 2"` {
 		t.Errorf("job ended on attempt %d with %s, want attempt 2's result", got.Attempt, got.Result)
+	}
+}
+
+// TestWorker_ShutdownReportsALostAttemptWhoseHandlerStillRuns loses the
+// lease of a job whose handler, cancelled then, runs on past the worker's
+// shutdown. The attempt lost is reported once, before Run returns, as lost
+// and not accepted: whether it is still the worker's last claim of the
+// job, or the worker claimed the job again beside it and ran its next
+// attempt to the end.
+func TestWorker_ShutdownReportsALostAttemptWhoseHandlerStillRuns(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// slots: with two, the worker claims the job again beside the
+		// attempt lost; with one, it has no slot to claim it with.
+		slots    int
+		reported []string
+	}{
+		{"its last claim of the job", 1, []string{"attempt 1 lease_lost accepted=false"}},
+		{"claimed again and run to the end", 2, []string{"attempt 2 completed accepted=true", "attempt 1 lease_lost accepted=false"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			job := b.enqueue(t, "stubborn", `{}`, 5)
+			// Attempt 1 runs on past Run's return.
+			h := newHolder()
+			h.ignoring = make(chan struct{})
+			t.Cleanup(func() { close(h.ignoring) })
+			acks := make(chan worker.Ack, 10)
+			_, run := b.runWorker(t, b.pool, worker.Config{
+				Slots: tc.slots, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond,
+				ReclaimInterval: 50 * time.Millisecond, ShutdownGrace: 200 * time.Millisecond,
+				OnAck: func(a worker.Ack) { acks <- a },
+			}, func(w *worker.Worker) { w.Handle("stubborn", h) })
+			<-h.started
+			if _, err := b.pool.Exec(b.ctx, "UPDATE jobs SET lease_expires_at = now() WHERE id = $1", job.ID); err != nil {
+				t.Fatal(err)
+			}
+			h.waitLeaseLost(t)
+			if tc.slots > 1 {
+				if got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second); got.Attempt != 2 {
+					t.Fatalf("the job succeeded at attempt %d, want 2", got.Attempt)
+				}
+			}
+			if err := run.stop(); err != nil {
+				t.Fatal(err)
+			}
+			// Run has returned: every acknowledgement is reported.
+			close(acks)
+			var reported []string
+			for a := range acks {
+				reported = append(reported, fmt.Sprintf("attempt %d %s accepted=%t", a.Job.Attempt, a.Outcome, a.Accepted))
+			}
+			if !slices.Equal(reported, tc.reported) {
+				t.Errorf("reported %q, want %q", reported, tc.reported)
+			}
+		})
 	}
 }
