@@ -199,7 +199,9 @@ type Config struct {
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled, counted from the cancellation: an
 	// acknowledgement in flight then gives up when the grace period ends
-	// (or after a second, if that is later), rather than stretch it.
+	// (or after a second, if that is later), rather than stretch it, and
+	// is sent again; one that had landed is then reported in doubt
+	// (Ack.InDoubt).
 	// Negative means release at once. Run may take up to a lease longer
 	// to return while the database cannot be reached: it keeps sending the
 	// outcomes of the handlers that finished for as long as their leases
@@ -225,10 +227,20 @@ type Ack struct {
 	Job *Job
 	// Outcome is what the worker tried to record.
 	Outcome Outcome
-	// Accepted is whether the database took it. An outcome that failed the
-	// fence, or that was never sent because the lease was already lost, is
-	// not accepted.
+	// Accepted is whether the database is known to have taken it. An
+	// outcome that failed the fence, or that was never sent because the
+	// lease was already lost, is not accepted; nor is one in doubt.
 	Accepted bool
+	// InDoubt is set on an outcome not accepted that the database may have
+	// recorded all the same: a statement that carried it got no answer (its
+	// connection failed after it was sent, or its round was given up as
+	// the shutdown's grace period ended), and the worker could not learn
+	// more. Sent again, such an outcome is refused by the fence, which
+	// refuses an outcome recorded already as it refuses one whose lease
+	// was lost; or the shutdown gave up sending it again. The job's row
+	// tells which for a completion: it landed if the job succeeded at
+	// this attempt.
+	InDoubt bool
 	// Err is the handler's error, for failures.
 	Err error
 }

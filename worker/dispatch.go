@@ -316,7 +316,7 @@ func (d *dispatcher) awaitRounds(rounds <-chan *round, n int, abandon context.Ca
 			n--
 			d.finish(r)
 		case <-grace.C:
-			d.w.log.Warn("the grace period ended with acknowledgements in flight; giving them up, to send again", "rounds", n)
+			d.w.log.Warn("the grace period ended with acknowledgements in flight; giving them up, to send again, though they may have landed", "rounds", n)
 			abandon()
 		}
 	}
@@ -528,7 +528,7 @@ func (d *dispatcher) finish(r *round) {
 				w.log.Info("job failed", "job", o.exec.job.ID, "kind", o.exec.job.Kind,
 					"attempt", o.exec.job.Attempt, "now", state, "err", o.err)
 			} else {
-				w.log.Warn("failure rejected: the lease is no longer this worker's", "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+				d.logRefused("failure", o)
 			}
 			w.report(o, OutcomeFailed, ok)
 		}
@@ -539,7 +539,7 @@ func (d *dispatcher) finish(r *round) {
 		for _, o := range r.batch.done {
 			ok := r.completed[o.exec.job.ID]
 			if !ok {
-				w.log.Warn("completion rejected: the lease is no longer this worker's", "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+				d.logRefused("completion", o)
 			}
 			w.report(o, OutcomeCompleted, ok)
 		}
@@ -605,6 +605,18 @@ func (d *dispatcher) finish(r *round) {
 	for range spawn {
 		go slot{w: w}.run()
 	}
+}
+
+// logRefused logs the refusal of o, a completion or failure (what), by the
+// fence: the lease is no longer this worker's, or, if a statement that
+// carried o before got no answer, that statement may have recorded it.
+func (d *dispatcher) logRefused(what string, o outcome) {
+	if o.exec.unanswered {
+		d.w.log.Warn(what+" rejected, in doubt: an earlier statement whose answer was lost may have recorded it, or the lease is no longer this worker's",
+			"job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+		return
+	}
+	d.w.log.Warn(what+" rejected: the lease is no longer this worker's", "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
 }
 
 // drain runs after dispatch, which stopped slots from starting jobs and
@@ -773,8 +785,11 @@ func (d *dispatcher) leasesLastUntil() time.Time {
 // warning for each: their jobs run again once taken back.
 func (d *dispatcher) reportUnsent(outcomes []outcome, why string) {
 	for _, o := range outcomes {
-		d.w.log.Warn("acknowledgement left unsent at shutdown: "+why+"; the job runs again once taken back",
-			"job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
+		msg := "acknowledgement left unsent at shutdown: " + why + "; the job runs again once taken back"
+		if o.exec.unanswered {
+			msg += ", unless a statement whose answer was lost recorded it (in doubt)"
+		}
+		d.w.log.Warn(msg, "job", o.exec.job.ID, "attempt", o.exec.job.Attempt)
 		kind := OutcomeCompleted
 		if o.err != nil {
 			kind = OutcomeFailed

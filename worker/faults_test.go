@@ -294,7 +294,10 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs(t *testing.T) 
 // flight does not stretch it past a second (minRoundWait): the round is
 // then given up and the running handler cancelled, well within the lease.
 // Once the database answers again, what the round carried is sent again,
-// and the first job has succeeded at its first attempt.
+// and the first job has succeeded at its first attempt. The completion
+// sent again is refused, as the round given up had recorded it: the worker
+// cannot tell this from a lease lost, and reports it not accepted, in
+// doubt.
 func TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -311,13 +314,16 @@ func TestWorker_ShutdownKeepsItsGracePeriodThoughARoundInFlightHangs(t *testing.
 	}
 	g.run.cancel()
 	g.wantSecondCancelledAndFirstSucceeded(t, 20*time.Second, 90*time.Second)
+	if got, want := g.reportedFirst(), []string{"completed accepted=false in_doubt=true"}; !slices.Equal(got, want) {
+		t.Errorf("reported of the first job %q, want %q", got, want)
+	}
 }
 
 // graceWorker is a worker of two slots, lease a minute and grace period
 // 300 ms, whose statements go through proxy (its session does not): the
 // handler of first waits for finishFirst to return "done", that of a
 // second job runs until its context ends and sends the cause to
-// cancelled.
+// cancelled. Its acknowledgements go to acks.
 type graceWorker struct {
 	b           *bundle
 	first       db.Job
@@ -325,20 +331,22 @@ type graceWorker struct {
 	run         *running
 	finishFirst chan struct{}
 	cancelled   chan error
+	acks        chan worker.Ack
 }
 
 // startGraceWorker starts a graceWorker, with logger (nil for the test's)
 // and prefetch, and returns once both handlers run.
 func (b *bundle) startGraceWorker(t *testing.T, logger *slog.Logger, prefetch int) *graceWorker {
 	t.Helper()
-	g := &graceWorker{b: b, first: b.enqueue(t, "first", `{}`, 1), finishFirst: make(chan struct{}), cancelled: make(chan error, 1)}
+	g := &graceWorker{b: b, first: b.enqueue(t, "first", `{}`, 1), finishFirst: make(chan struct{}), cancelled: make(chan error, 1),
+		acks: make(chan worker.Ack, 10)}
 	b.enqueue(t, "second", `{}`, 1)
 	proxy, through := b.proxied(t)
 	g.proxy = proxy
 	started := make(chan struct{}, 2)
 	_, g.run = b.runWorker(t, dbtest.Connect(t, through), worker.Config{
 		Slots: 2, Lease: time.Minute, ShutdownGrace: 300 * time.Millisecond, SessionDatabaseURL: b.url,
-		Prefetch: prefetch, Logger: logger,
+		Prefetch: prefetch, Logger: logger, OnAck: func(a worker.Ack) { g.acks <- a },
 	}, func(w *worker.Worker) {
 		w.HandleFunc("first", func(ctx context.Context, j *worker.Job) (any, error) {
 			started <- struct{}{}
@@ -379,6 +387,19 @@ func (g *graceWorker) wantSecondCancelledAndFirstSucceeded(t *testing.T, cancelW
 	if got := g.b.get(t, g.first.ID); got.State != db.JobStateSucceeded || got.Attempt != 1 {
 		t.Errorf("first job after shutdown: state %s attempt %d, want succeeded at attempt 1", got.State, got.Attempt)
 	}
+}
+
+// reportedFirst lists what the worker, once Run has returned, reported of
+// the first job's acknowledgements.
+func (g *graceWorker) reportedFirst() []string {
+	close(g.acks)
+	var reported []string
+	for a := range g.acks {
+		if a.Job.ID == g.first.ID {
+			reported = append(reported, fmt.Sprintf("%s accepted=%t in_doubt=%t", a.Outcome, a.Accepted, a.InDoubt))
+		}
+	}
+	return reported
 }
 
 // TestWorker_ShutdownAtOnceLetsARoundInFlightBeAnswered stops a worker

@@ -107,6 +107,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	if err != nil {
 		if answerLost(err) {
 			r.lostClaim = params.ClaimTokens
+			markUnanswered(done)
 		}
 		return nil, err
 	}
@@ -138,6 +139,9 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 	r.sentAt = time.Now()
 	ids, err := l.w.q.JobCompleteMany(ctx, params)
 	if err != nil {
+		if answerLost(err) {
+			markUnanswered(done)
+		}
 		return err
 	}
 	for _, id := range ids {
@@ -156,6 +160,14 @@ func completions(done []outcome) ([]int64, []pgtype.UUID, []json.RawMessage) {
 		ids[i], tokens[i], results[i] = o.exec.job.ID, o.exec.token, o.result
 	}
 	return ids, tokens, results
+}
+
+// markUnanswered marks the executions of outcomes, sent in a statement
+// whose answer was lost, as possibly recorded (execution.unanswered).
+func markUnanswered(outcomes []outcome) {
+	for _, o := range outcomes {
+		o.exec.unanswered = true
+	}
 }
 
 // answerLost reports whether err leaves it unknown whether the statement
@@ -257,6 +269,9 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 		rows, err := w.q.JobFailMany(ctx, params)
 		for _, r := range rows {
 			states[r.ID] = r.State
+		}
+		if err != nil && answerLost(err) {
+			markUnanswered(part)
 		}
 		return err
 	})

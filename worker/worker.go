@@ -306,7 +306,7 @@ func (w *Worker) report(o outcome, kind Outcome, accepted bool) {
 		return
 	}
 	job := o.exec.job
-	w.cfg.OnAck(Ack{Job: &job, Outcome: kind, Accepted: accepted, Err: o.err})
+	w.cfg.OnAck(Ack{Job: &job, Outcome: kind, Accepted: accepted, InDoubt: !accepted && o.exec.unanswered, Err: o.err})
 }
 
 // notify signals c without blocking; one pending signal is enough.
