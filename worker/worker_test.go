@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -537,7 +538,6 @@ func TestNew_RejectsInvalidConfigWithTheErrorValidateReturns(t *testing.T) {
 		{"slots that would overflow Slots+Prefetch", worker.Config{Slots: math.MaxInt, Prefetch: 1}, "slots must be from 1 to 10000"},
 		{"prefetch beyond MaxPrefetch", worker.Config{Prefetch: worker.MaxPrefetch + 1}, "prefetch must be at most 10000 (MaxPrefetch), got 10001"},
 		{"prefetch that would overflow Slots+Prefetch", worker.Config{Prefetch: math.MaxInt}, "prefetch must be at most 10000"},
-		{"queue listeners beyond an int32", worker.Config{QueueListeners: math.MaxInt32 + 1}, "queue listeners must be at most 2147483647 (MaxQueueListeners)"},
 		{"session database URL that does not parse", worker.Config{SessionDatabaseURL: "postgres://h:notaport/db"}, "invalid session database URL"},
 		{"tiny lease", worker.Config{Lease: time.Millisecond}, "lease must be at least 100ms"},
 		{"heartbeat not shorter than lease", worker.Config{Lease: time.Second, HeartbeatInterval: time.Second}, "heartbeat interval"},
@@ -545,15 +545,29 @@ func TestNew_RejectsInvalidConfigWithTheErrorValidateReturns(t *testing.T) {
 		{"negative prefetch wait", worker.Config{PrefetchWait: -time.Millisecond}, "prefetch wait"},
 		{"prefetch wait not shorter than lease", worker.Config{Lease: time.Second, PrefetchWait: time.Second}, "prefetch wait"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := worker.New(b.pool, tc.cfg)
-			if err == nil || !strings.Contains(err.Error(), tc.wantInErr) {
-				t.Fatalf("New: %v, want an error containing %q", err, tc.wantInErr)
-			}
-			if verr := tc.cfg.Validate(); verr == nil || verr.Error() != err.Error() {
-				t.Errorf("Validate: %v, want New's error %q", verr, err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { wantRefused(t, b, tc.cfg, tc.wantInErr) })
+	}
+	t.Run("queue listeners beyond an int32", func(t *testing.T) {
+		if strconv.IntSize == 32 {
+			t.Skip("an int of 32 bits holds no more than an int32")
+		}
+		// Not a constant, so that this compiles where an int has 32 bits.
+		beyondInt32 := int64(math.MaxInt32) + 1
+		wantRefused(t, b, worker.Config{QueueListeners: int(beyondInt32)},
+			"queue listeners must be at most 2147483647 (MaxQueueListeners), got 2147483648")
+	})
+}
+
+// wantRefused fails the test unless New refuses cfg with an error that
+// holds wantInErr, and Validate returns the same error.
+func wantRefused(t *testing.T, b *bundle, cfg worker.Config, wantInErr string) {
+	t.Helper()
+	_, err := worker.New(b.pool, cfg)
+	if err == nil || !strings.Contains(err.Error(), wantInErr) {
+		t.Fatalf("New: %v, want an error containing %q", err, wantInErr)
+	}
+	if verr := cfg.Validate(); verr == nil || verr.Error() != err.Error() {
+		t.Errorf("Validate: %v, want New's error %q", verr, err)
 	}
 }
 
