@@ -571,8 +571,17 @@ func (b *bundle) wantRanOnce(t *testing.T, job db.Job, timeout time.Duration, af
 func TestWorker_SessionSurvivesAStallShorterThanTheLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	// The stall is twice a heartbeat interval, so that a session whose
+	// ping gave up after an interval, or sooner, would end during it, and
+	// have the job taken back at once. The lease leaves the stall room to
+	// spare on a loaded machine: the last renewal before the stall was
+	// sent at most a heartbeat interval before it began, so the lease runs
+	// out lease-heartbeat = 5 s after the stall begins at the earliest,
+	// two and a half times the stall, while the renewal the stall held up
+	// lands as it ends, at 2 s: 3 s to spare. The session's ping waits a
+	// lease, 6 s, three times the stall.
 	const (
-		lease     = 4 * time.Second
+		lease     = 6 * time.Second
 		heartbeat = time.Second
 		stall     = 2 * time.Second
 	)
