@@ -802,16 +802,16 @@ func (d *dispatcher) reportUnsent(outcomes []outcome, why string) {
 const releaseNote = "released: worker shutting down"
 
 // releaseAtShutdown cancels the handlers still running and releases their
-// jobs. A handler whose lease was lost, and which still runs though it was
-// cancelled then, is reported lost here, as its outcome, if it ever comes,
-// is never collected. It returns the executions whose handlers had
-// returned by then with their outcomes not yet collected: select picks the
-// end of the grace period as readily as an outcome waiting, and an outcome
-// may come in while the last acknowledgement is out. Those jobs are not
-// released, so that what their handlers did is acknowledged rather than
-// run again. Jobs claimed ahead still to be released are not among those
-// running: they go with the acknowledgements that follow, untouched, as
-// they never started.
+// jobs, reporting each release, accepted or not. A handler whose lease was
+// lost, and which still runs though it was cancelled then, is reported
+// lost here, as its outcome, if it ever comes, is never collected. It
+// returns the executions whose handlers had returned by then with their
+// outcomes not yet collected: select picks the end of the grace period as
+// readily as an outcome waiting, and an outcome may come in while the last
+// acknowledgement is out. Those jobs are not released, so that what their
+// handlers did is acknowledged rather than run again. Jobs claimed ahead
+// still to be released are not among those running: they go with the
+// acknowledgements that follow, untouched, as they never started.
 func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execution]bool) {
 	w := d.w
 	returned = map[*execution]bool{}
@@ -846,16 +846,17 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execu
 	defer cancel()
 	note := releaseNote
 	released, held, err := w.leases.releaseMany(ctx, left, &note)
-	if err != nil {
+	switch {
+	case err != nil:
 		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", len(left))
-		return returned
-	}
-	if len(held) > 0 {
+	case len(held) > 0:
 		w.log.Warn("another transaction holds the rows of jobs to release; they will be reclaimed when this worker's session ends",
 			"jobs", executionJobs(held))
 	}
 	for _, e := range left {
-		w.log.Info("released job", "job", e.job.ID, "accepted", released[e.job.ID])
+		if err == nil {
+			w.log.Info("released job", "job", e.job.ID, "accepted", released[e.job.ID])
+		}
 		w.report(outcome{exec: e, err: ErrShutdown}, OutcomeReleased, released[e.job.ID])
 	}
 	return returned

@@ -30,11 +30,12 @@ type execution struct {
 	// outcome is on its way to the dispatcher, and the job is no longer
 	// one a shutdown may release.
 	returned bool
-	// unanswered is set once a statement carrying the outcome got no
-	// answer (answerLost): it may have recorded the outcome, and a refusal
-	// from the fence later no longer says that it did not (Ack.InDoubt).
-	// Only the round carrying the outcome sets it, and the dispatcher
-	// reads it once the round is back.
+	// unanswered is set once a statement carrying the outcome, or the
+	// release, got no answer (answerLost): that statement may have
+	// recorded it, and a refusal from the fence later no longer says that
+	// nothing was (Ack.InDoubt). Whoever sends the statement sets it, a
+	// round or the shutdown, and the dispatcher reads it once that is
+	// done.
 	unanswered bool
 }
 

@@ -155,9 +155,11 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 	job := b.enqueue(t, "task", `{}`, 3)
 	proxy, through := b.proxied(t)
 	started := make(chan int64, 1)
+	acks := make(chan worker.Ack, 10)
 	// The worker's statements go through the proxy; its session does not.
 	_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
 		Slots: 1, Lease: time.Minute, ShutdownGrace: -1, SessionDatabaseURL: b.url,
+		OnAck: func(a worker.Ack) { acks <- a },
 	}, func(w *worker.Worker) {
 		w.Handle("task", blockUntilCancelled(started))
 	})
@@ -166,9 +168,17 @@ func TestWorker_ShutdownThatCannotReleaseLeavesItsJobsToComeBackAtOnce(t *testin
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
-	// The release failed; the session is gone (once the server has seen
-	// its connection close): any worker takes the job back at once, not
-	// after its lease.
+	// The release failed, and is reported so, before Run returned.
+	close(acks)
+	var reported []string
+	for a := range acks {
+		reported = append(reported, fmt.Sprintf("%s accepted=%t", a.Outcome, a.Accepted))
+	}
+	if want := []string{"released accepted=false"}; !slices.Equal(reported, want) {
+		t.Errorf("reported %q, want %q", reported, want)
+	}
+	// The session is gone (once the server has seen its connection
+	// close): any worker takes the job back at once, not after its lease.
 	b.wantReclaimedForItsEndedSession(t, job.ID)
 }
 

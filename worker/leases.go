@@ -395,6 +395,11 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 		for _, id := range ids {
 			released[id] = true
 		}
+		if err != nil && answerLost(err) {
+			for _, e := range part {
+				e.unanswered = true
+			}
+		}
 		return err
 	})
 	if err != nil {
