@@ -7,7 +7,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -107,7 +109,8 @@ const (
 // Config configures a Worker. The zero value is usable: every zero field
 // takes its default.
 type Config struct {
-	// Queue is the one queue this worker claims from.
+	// Queue is the one queue this worker claims from: at most 128 bytes
+	// of UTF-8, without NUL.
 	Queue string
 	// Slots is how many handlers run at once, at most MaxSlots.
 	Slots int
@@ -116,7 +119,7 @@ type Config struct {
 	// another live session holds it. A process restarted under the same
 	// id (a pod name, say) takes it over at once, and the jobs its dead
 	// predecessor held come back as quickly as any dead worker's.
-	// Default: host-pid-random.
+	// At most 128 bytes of UTF-8, without NUL. Default: host-pid-random.
 	ID string
 	// SessionDatabaseURL is where the worker opens its session: the one
 	// connection that holds the lock showing it alive (so that its jobs
@@ -371,6 +374,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("worker config: queue name longer than 128 bytes")
 	case len(c.ID) > 128:
 		return c, errors.New("worker config: id longer than 128 bytes")
+	case !textValue(c.Queue):
+		return c, fmt.Errorf("worker config: queue name %q must be valid UTF-8 without NUL, which PostgreSQL text cannot hold", c.Queue)
+	case !textValue(c.ID):
+		return c, fmt.Errorf("worker config: id %q must be valid UTF-8 without NUL, which PostgreSQL text cannot hold", c.ID)
 	case c.Slots < 1 || c.Slots > MaxSlots:
 		return c, fmt.Errorf("worker config: slots must be from 1 to %d (MaxSlots), got %d", MaxSlots, c.Slots)
 	case c.Prefetch > MaxPrefetch:
@@ -392,6 +399,13 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// textValue reports whether PostgreSQL text can hold s: valid UTF-8,
+// without NUL. A queue name or worker id it cannot hold would otherwise be
+// refused by every statement, and the worker would retry forever.
+func textValue(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 // maxLockWait bounds how long a completion or failure waits for a job's

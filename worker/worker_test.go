@@ -542,6 +542,10 @@ func TestNew_RejectsInvalidConfigWithTheErrorValidateReturns(t *testing.T) {
 		{"tiny lease", worker.Config{Lease: time.Millisecond}, "lease must be at least 100ms"},
 		{"heartbeat not shorter than lease", worker.Config{Lease: time.Second, HeartbeatInterval: time.Second}, "heartbeat interval"},
 		{"long queue name", worker.Config{Queue: strings.Repeat("q", 129)}, "queue name longer than 128 bytes"},
+		{"queue name not UTF-8", worker.Config{Queue: "q\xff"}, `queue name "q\xff" must be valid UTF-8 without NUL`},
+		{"queue name with NUL", worker.Config{Queue: "q\x00"}, `queue name "q\x00" must be valid UTF-8 without NUL`},
+		{"id not UTF-8", worker.Config{ID: "w\xff"}, `id "w\xff" must be valid UTF-8 without NUL`},
+		{"id with NUL", worker.Config{ID: "w\x00"}, `id "w\x00" must be valid UTF-8 without NUL`},
 		{"negative prefetch wait", worker.Config{PrefetchWait: -time.Millisecond}, "prefetch wait"},
 		{"prefetch wait not shorter than lease", worker.Config{Lease: time.Second, PrefetchWait: time.Second}, "prefetch wait"},
 	} {
@@ -575,6 +579,21 @@ func TestNew_AcceptsTheUpperBoundsOfSlotsPrefetchAndQueueListeners(t *testing.T)
 	t.Parallel()
 	b := setup(t)
 	cfg := worker.Config{Slots: worker.MaxSlots, Prefetch: worker.MaxPrefetch, QueueListeners: worker.MaxQueueListeners}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if _, err := worker.New(b.pool, cfg); err != nil {
+		t.Errorf("New: %v", err)
+	}
+}
+
+// TestNew_AcceptsNamesWithControlCharacters: enqueueing refuses control
+// characters in a queue's name, but jobs stored before it did may have
+// them, and a worker must still be able to drain their queue.
+func TestNew_AcceptsNamesWithControlCharacters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := worker.Config{Queue: "old\tqueue\u0085", ID: "worker\x1b[0m"}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("Validate: %v", err)
 	}

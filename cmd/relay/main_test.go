@@ -140,6 +140,8 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 		{"negative reclaim interval", db, []string{"work", "--reclaim-interval", "-1s"}, "--reclaim-interval must be positive, got -1s"},
 		{"empty queue to work", db, []string{"work", "--queue", ""}, "--queue must not be empty"},
 		{"long worker id", db, []string{"work", "--id", strings.Repeat("w", 129)}, "id longer than 128 bytes"},
+		{"worker queue not UTF-8", db, []string{"work", "--queue", "q\xff"}, `queue name "q\xff" must be valid UTF-8 without NUL`},
+		{"serve's worker id not UTF-8", db, []string{"serve", "--slots", "1", "--id", "w\xff"}, `id "w\xff" must be valid UTF-8 without NUL`},
 		{"worker flag of serve without slots", db, []string{"serve", "--lease", "-5s"}, "--lease must be positive, got -5s"},
 		{"queue listeners of serve without slots", db, []string{"serve", "--queue-listeners", "-7"}, "--queue-listeners must be positive, or -1 for every worker, got -7"},
 		{"bad log level", db, []string{"work", "--log-level", "loud"}, `invalid --log-level "loud"`},
