@@ -9,6 +9,8 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const jobAnnounce = `-- name: JobAnnounce :exec
@@ -57,23 +59,67 @@ func (q *Queries) JobAnnounceMany(ctx context.Context, arg JobAnnounceManyParams
 }
 
 const jobCancel = `-- name: JobCancel :one
-UPDATE jobs AS j
-SET state               = CASE WHEN j.state = 'available' THEN 'cancelled'::job_state ELSE j.state END,
-    finished_at         = CASE WHEN j.state = 'available' THEN now() ELSE j.finished_at END,
-    cancel_requested_at = CASE WHEN j.state = 'running' THEN COALESCE(j.cancel_requested_at, now()) END
-WHERE j.id = $1
-  AND j.state IN ('available', 'running')
-RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count
+WITH found AS (
+    SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count FROM jobs AS f WHERE f.id = $1 FOR UPDATE
+),
+cancelled AS (
+    UPDATE jobs AS j
+    SET state               = CASE WHEN found.state = 'available' THEN 'cancelled'::job_state ELSE found.state END,
+        finished_at         = CASE WHEN found.state = 'available' THEN now() ELSE found.finished_at END,
+        cancel_requested_at = CASE WHEN found.state = 'running' THEN COALESCE(found.cancel_requested_at, now()) END
+    FROM found
+    WHERE j.id = found.id
+      AND found.state IN ('available', 'running')
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.state, j.attempt, j.max_attempts, j.fence, j.run_at, j.lease_token, j.lease_expires_at, j.leased_by, j.cancel_requested_at, j.created_at, j.started_at, j.finished_at, j.last_error, j.errors, j.result, j.idempotency_key, j.lease_session, j.error_count
+)
+SELECT true AS applied, cancelled.id, cancelled.queue, cancelled.kind, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempt, cancelled.max_attempts, cancelled.fence, cancelled.run_at, cancelled.lease_token, cancelled.lease_expires_at, cancelled.leased_by, cancelled.cancel_requested_at, cancelled.created_at, cancelled.started_at, cancelled.finished_at, cancelled.last_error, cancelled.errors, cancelled.result, cancelled.idempotency_key, cancelled.lease_session, cancelled.error_count FROM cancelled
+UNION ALL
+SELECT false AS applied, found.id, found.queue, found.kind, found.payload, found.priority, found.state, found.attempt, found.max_attempts, found.fence, found.run_at, found.lease_token, found.lease_expires_at, found.leased_by, found.cancel_requested_at, found.created_at, found.started_at, found.finished_at, found.last_error, found.errors, found.result, found.idempotency_key, found.lease_session, found.error_count FROM found WHERE NOT EXISTS (SELECT FROM cancelled)
 `
+
+type JobCancelRow struct {
+	Applied           bool
+	ID                int64
+	Queue             string
+	Kind              string
+	Payload           json.RawMessage
+	Priority          int16
+	State             JobState
+	Attempt           int32
+	MaxAttempts       int32
+	Fence             int64
+	RunAt             time.Time
+	LeaseToken        pgtype.UUID
+	LeaseExpiresAt    *time.Time
+	LeasedBy          *string
+	CancelRequestedAt *time.Time
+	CreatedAt         time.Time
+	StartedAt         *time.Time
+	FinishedAt        *time.Time
+	LastError         *string
+	Errors            json.RawMessage
+	Result            json.RawMessage
+	IdempotencyKey    *string
+	LeaseSession      *int32
+	ErrorCount        int32
+}
 
 // Cancels an available job at once. A running job is only marked: its
 // worker learns of it at its next heartbeat, cancels the context of the handler,
-// and its failure then ends the job as cancelled. Returns no row for a job
-// that is missing or already finished.
-func (q *Queries) JobCancel(ctx context.Context, id int64) (Job, error) {
+// and its failure then ends the job as cancelled. Returns the job as the
+// statement leaves it, with applied false when it had already finished
+// (and is left as it was), or no row for a job that is missing.
+//
+// The job is locked first (found), and every decision is taken on the row
+// found holds: FOR UPDATE waits for a change in progress and reads the row
+// that change leaves, where the UPDATE's own scan reads the older version
+// in the statement's snapshot. So a cancel refused is refused for the
+// state it returns, never for one that a concurrent change has since left.
+func (q *Queries) JobCancel(ctx context.Context, id int64) (JobCancelRow, error) {
 	row := q.db.QueryRow(ctx, jobCancel, id)
-	var i Job
+	var i JobCancelRow
 	err := row.Scan(
+		&i.Applied,
 		&i.ID,
 		&i.Queue,
 		&i.Kind,
@@ -1310,24 +1356,64 @@ func (q *Queries) JobQueueStats(ctx context.Context) ([]JobQueueStatsRow, error)
 }
 
 const jobRetry = `-- name: JobRetry :one
-UPDATE jobs
-SET state       = 'available',
-    attempt     = 0,
-    run_at      = now(),
-    finished_at = NULL,
-    result      = NULL
-WHERE id = $1
-  AND state IN ('dead', 'cancelled')
-RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count
+WITH found AS (
+    SELECT id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count FROM jobs AS f WHERE f.id = $1 FOR UPDATE
+),
+retried AS (
+    UPDATE jobs AS j
+    SET state       = 'available',
+        attempt     = 0,
+        run_at      = now(),
+        finished_at = NULL,
+        result      = NULL
+    FROM found
+    WHERE j.id = found.id
+      AND found.state IN ('dead', 'cancelled')
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.state, j.attempt, j.max_attempts, j.fence, j.run_at, j.lease_token, j.lease_expires_at, j.leased_by, j.cancel_requested_at, j.created_at, j.started_at, j.finished_at, j.last_error, j.errors, j.result, j.idempotency_key, j.lease_session, j.error_count
+)
+SELECT true AS applied, retried.id, retried.queue, retried.kind, retried.payload, retried.priority, retried.state, retried.attempt, retried.max_attempts, retried.fence, retried.run_at, retried.lease_token, retried.lease_expires_at, retried.leased_by, retried.cancel_requested_at, retried.created_at, retried.started_at, retried.finished_at, retried.last_error, retried.errors, retried.result, retried.idempotency_key, retried.lease_session, retried.error_count FROM retried
+UNION ALL
+SELECT false AS applied, found.id, found.queue, found.kind, found.payload, found.priority, found.state, found.attempt, found.max_attempts, found.fence, found.run_at, found.lease_token, found.lease_expires_at, found.leased_by, found.cancel_requested_at, found.created_at, found.started_at, found.finished_at, found.last_error, found.errors, found.result, found.idempotency_key, found.lease_session, found.error_count FROM found WHERE NOT EXISTS (SELECT FROM retried)
 `
+
+type JobRetryRow struct {
+	Applied           bool
+	ID                int64
+	Queue             string
+	Kind              string
+	Payload           json.RawMessage
+	Priority          int16
+	State             JobState
+	Attempt           int32
+	MaxAttempts       int32
+	Fence             int64
+	RunAt             time.Time
+	LeaseToken        pgtype.UUID
+	LeaseExpiresAt    *time.Time
+	LeasedBy          *string
+	CancelRequestedAt *time.Time
+	CreatedAt         time.Time
+	StartedAt         *time.Time
+	FinishedAt        *time.Time
+	LastError         *string
+	Errors            json.RawMessage
+	Result            json.RawMessage
+	IdempotencyKey    *string
+	LeaseSession      *int32
+	ErrorCount        int32
+}
 
 // Makes a dead or cancelled job available again now, with a fresh set of
 // attempts. Its fence keeps growing, so its new claims still outrank every
-// old one. Returns no row for a job in any other state.
-func (q *Queries) JobRetry(ctx context.Context, id int64) (Job, error) {
+// old one. Returns the job as the statement leaves it, with applied false
+// when it was in any other state (and is left as it was), or no row for a
+// job that is missing. The job is locked first, and the retry decided on
+// the row found holds, as in JobCancel.
+func (q *Queries) JobRetry(ctx context.Context, id int64) (JobRetryRow, error) {
 	row := q.db.QueryRow(ctx, jobRetry, id)
-	var i Job
+	var i JobRetryRow
 	err := row.Scan(
+		&i.Applied,
 		&i.ID,
 		&i.Queue,
 		&i.Kind,

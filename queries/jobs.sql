@@ -436,29 +436,57 @@ ORDER BY q.queue;
 -- name: JobCancel :one
 -- Cancels an available job at once. A running job is only marked: its
 -- worker learns of it at its next heartbeat, cancels the context of the handler,
--- and its failure then ends the job as cancelled. Returns no row for a job
--- that is missing or already finished.
-UPDATE jobs AS j
-SET state               = CASE WHEN j.state = 'available' THEN 'cancelled'::job_state ELSE j.state END,
-    finished_at         = CASE WHEN j.state = 'available' THEN now() ELSE j.finished_at END,
-    cancel_requested_at = CASE WHEN j.state = 'running' THEN COALESCE(j.cancel_requested_at, now()) END
-WHERE j.id = @id
-  AND j.state IN ('available', 'running')
-RETURNING *;
+-- and its failure then ends the job as cancelled. Returns the job as the
+-- statement leaves it, with applied false when it had already finished
+-- (and is left as it was), or no row for a job that is missing.
+--
+-- The job is locked first (found), and every decision is taken on the row
+-- found holds: FOR UPDATE waits for a change in progress and reads the row
+-- that change leaves, where the UPDATE's own scan reads the older version
+-- in the statement's snapshot. So a cancel refused is refused for the
+-- state it returns, never for one that a concurrent change has since left.
+WITH found AS (
+    SELECT * FROM jobs AS f WHERE f.id = @id FOR UPDATE
+),
+cancelled AS (
+    UPDATE jobs AS j
+    SET state               = CASE WHEN found.state = 'available' THEN 'cancelled'::job_state ELSE found.state END,
+        finished_at         = CASE WHEN found.state = 'available' THEN now() ELSE found.finished_at END,
+        cancel_requested_at = CASE WHEN found.state = 'running' THEN COALESCE(found.cancel_requested_at, now()) END
+    FROM found
+    WHERE j.id = found.id
+      AND found.state IN ('available', 'running')
+    RETURNING j.*
+)
+SELECT true AS applied, cancelled.* FROM cancelled
+UNION ALL
+SELECT false AS applied, found.* FROM found WHERE NOT EXISTS (SELECT FROM cancelled);
 
 -- name: JobRetry :one
 -- Makes a dead or cancelled job available again now, with a fresh set of
 -- attempts. Its fence keeps growing, so its new claims still outrank every
--- old one. Returns no row for a job in any other state.
-UPDATE jobs
-SET state       = 'available',
-    attempt     = 0,
-    run_at      = now(),
-    finished_at = NULL,
-    result      = NULL
-WHERE id = @id
-  AND state IN ('dead', 'cancelled')
-RETURNING *;
+-- old one. Returns the job as the statement leaves it, with applied false
+-- when it was in any other state (and is left as it was), or no row for a
+-- job that is missing. The job is locked first, and the retry decided on
+-- the row found holds, as in JobCancel.
+WITH found AS (
+    SELECT * FROM jobs AS f WHERE f.id = @id FOR UPDATE
+),
+retried AS (
+    UPDATE jobs AS j
+    SET state       = 'available',
+        attempt     = 0,
+        run_at      = now(),
+        finished_at = NULL,
+        result      = NULL
+    FROM found
+    WHERE j.id = found.id
+      AND found.state IN ('dead', 'cancelled')
+    RETURNING j.*
+)
+SELECT true AS applied, retried.* FROM retried
+UNION ALL
+SELECT false AS applied, found.* FROM found WHERE NOT EXISTS (SELECT FROM retried);
 
 -- name: JobPrune :one
 -- Deletes finished jobs whose retention has passed: succeeded jobs that

@@ -536,13 +536,23 @@ func handleCancelJob(logger *slog.Logger, queries *db.Queries) http.Handler {
 // becomes available again at once with a fresh set of attempts. 409 for a
 // job in any other state.
 func handleRetryJob(logger *slog.Logger, queries *db.Queries) http.Handler {
-	return handleTransition(logger, queries, "retry", queries.JobRetry)
+	return handleTransition(logger, queries, "retry", func(ctx context.Context, id int64) (db.JobCancelRow, error) {
+		row, err := queries.JobRetry(ctx, id)
+		return db.JobCancelRow(row), err
+	})
 }
 
-// handleTransition runs a state change that returns no row both when the job
-// is missing and when its state does not allow the change, and tells the
-// two apart by reading the job.
-func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, change func(context.Context, int64) (db.Job, error)) http.Handler {
+// transitionDone, when not nil, runs once the statement of a cancel or a
+// retry has returned, before the answer is made: tests set it to change
+// the job at that moment (export_test.go). It is nil in production.
+var transitionDone func(id int64)
+
+// handleTransition runs a state change, JobCancel or JobRetry (whose rows
+// have the same columns), which returns no row for a missing job, and the
+// job as it found it, locked, when its state does not allow the change:
+// the 409 then names the state the change was refused for, whatever a
+// concurrent change has made of the job since.
+func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, change func(context.Context, int64) (db.JobCancelRow, error)) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		id, err := jobID(r)
 		if err != nil {
@@ -550,21 +560,49 @@ func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, cha
 		}
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		job, err := change(ctx, id)
-		if err == nil {
-			writeJSON(w, http.StatusOK, NewJobView(job))
-			return nil
+		row, err := change(ctx, id)
+		if transitionDone != nil {
+			transitionDone(id)
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%s job %d: %w", verb, id, err)
-		}
-		current, err := queries.JobGet(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return jobNotFound(ctx, queries, id)
 		}
 		if err != nil {
-			return fmt.Errorf("%s job %d: get job: %w", verb, id, err)
+			return fmt.Errorf("%s job %d: %w", verb, id, err)
 		}
-		return conflict("", fmt.Sprintf("cannot %s a job that is %s", verb, current.State))
+		if !row.Applied {
+			return conflict("", fmt.Sprintf("cannot %s a job that is %s", verb, row.State))
+		}
+		writeJSON(w, http.StatusOK, NewJobView(transitionJob(row)))
+		return nil
 	})
+}
+
+// transitionJob returns the job of a row of JobCancel or JobRetry.
+func transitionJob(r db.JobCancelRow) db.Job {
+	return db.Job{
+		ID:                r.ID,
+		Queue:             r.Queue,
+		Kind:              r.Kind,
+		Payload:           r.Payload,
+		Priority:          r.Priority,
+		State:             r.State,
+		Attempt:           r.Attempt,
+		MaxAttempts:       r.MaxAttempts,
+		Fence:             r.Fence,
+		RunAt:             r.RunAt,
+		LeaseToken:        r.LeaseToken,
+		LeaseExpiresAt:    r.LeaseExpiresAt,
+		LeasedBy:          r.LeasedBy,
+		CancelRequestedAt: r.CancelRequestedAt,
+		CreatedAt:         r.CreatedAt,
+		StartedAt:         r.StartedAt,
+		FinishedAt:        r.FinishedAt,
+		LastError:         r.LastError,
+		Errors:            r.Errors,
+		Result:            r.Result,
+		IdempotencyKey:    r.IdempotencyKey,
+		LeaseSession:      r.LeaseSession,
+		ErrorCount:        r.ErrorCount,
+	}
 }

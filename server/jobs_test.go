@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
@@ -664,6 +665,195 @@ func TestRetryJob_MissingIs404(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	wantError(t, e.do(t, "POST", "/v1/jobs/12345/retry", ""), http.StatusNotFound, "")
+}
+
+// transitionCase is a job in some state, a cancel or a retry asked of it,
+// and a change that someone else makes to it meanwhile.
+type transitionCase struct {
+	name string
+	// job enqueues a job and brings it to its state, and returns its id
+	// and, for a running job, its lease token.
+	job  func(t *testing.T, e *testEnv) (int64, pgtype.UUID)
+	verb string
+	// meanwhile is the other change, made through q.
+	meanwhile func(t *testing.T, q *db.Queries, id int64, token pgtype.UUID)
+}
+
+func deadJob(t *testing.T, e *testEnv) (int64, pgtype.UUID) {
+	t.Helper()
+	job := e.enqueue(t, `{"kind":"a","queue":"q"}`)
+	e.kill(t, "q", job.ID)
+	return job.ID, pgtype.UUID{}
+}
+
+func cancelledJob(t *testing.T, e *testEnv) (int64, pgtype.UUID) {
+	t.Helper()
+	job := e.enqueue(t, `{"kind":"a"}`)
+	wantStatus(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", job.ID), ""), http.StatusOK)
+	return job.ID, pgtype.UUID{}
+}
+
+func availableJob(t *testing.T, e *testEnv) (int64, pgtype.UUID) {
+	t.Helper()
+	return e.enqueue(t, `{"kind":"a"}`).ID, pgtype.UUID{}
+}
+
+func runningJob(t *testing.T, e *testEnv) (int64, pgtype.UUID) {
+	t.Helper()
+	id := e.enqueue(t, `{"kind":"a","queue":"q"}`).ID
+	return id, e.claimOne(t, id, time.Minute)
+}
+
+func retryJob(t *testing.T, q *db.Queries, id int64, _ pgtype.UUID) {
+	t.Helper()
+	if row, err := q.JobRetry(context.Background(), id); err != nil || !row.Applied {
+		t.Fatalf("retry job %d: applied %t, %v", id, row.Applied, err)
+	}
+}
+
+func cancelJob(t *testing.T, q *db.Queries, id int64, _ pgtype.UUID) {
+	t.Helper()
+	if row, err := q.JobCancel(context.Background(), id); err != nil || !row.Applied {
+		t.Fatalf("cancel job %d: applied %t, %v", id, row.Applied, err)
+	}
+}
+
+// failForGood fails the running job id, under the lease token, with an
+// error that is permanent, as its worker would: it ends dead.
+func failForGood(t *testing.T, q *db.Queries, id int64, token pgtype.UUID) {
+	t.Helper()
+	rows, err := q.JobFailMany(context.Background(), db.JobFailManyParams{
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"boom"},
+		Permanent: []bool{true}, RetryInMs: []int64{0},
+	})
+	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
+		t.Fatalf("fail job %d: %v %+v", id, err, rows)
+	}
+}
+
+// TestTransitionJob_RefusalNamesTheStateThatRefusedItWhateverComesNext
+// makes, right after the statement of a cancel or a retry has refused the
+// change, another change that makes the job one that the refused change
+// allows. The 409 still names the state the change was refused for, never
+// one that allows it, and the other change stands.
+//
+// Not parallel: it sets the package's transitionDone.
+func TestTransitionJob_RefusalNamesTheStateThatRefusedItWhateverComesNext(t *testing.T) {
+	for _, tc := range []struct {
+		transitionCase
+		wantNamed db.JobState // in the 409
+		wantAfter db.JobState // the job's state in the end
+	}{
+		{transitionCase{"cancel of a dead job retried meanwhile", deadJob, "cancel", retryJob},
+			db.JobStateDead, db.JobStateAvailable},
+		{transitionCase{"cancel of a cancelled job retried meanwhile", cancelledJob, "cancel", retryJob},
+			db.JobStateCancelled, db.JobStateAvailable},
+		{transitionCase{"retry of an available job cancelled meanwhile", availableJob, "retry", cancelJob},
+			db.JobStateAvailable, db.JobStateCancelled},
+		{transitionCase{"retry of a running job failed for good meanwhile", runningJob, "retry", failForGood},
+			db.JobStateRunning, db.JobStateDead},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t)
+			id, token := tc.job(t, e)
+			done := false
+			setTransitionDone(t, func(got int64) {
+				if got != id || done {
+					return
+				}
+				done = true
+				tc.meanwhile(t, e.q, id, token)
+			})
+			got := wantError(t, e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/%s", id, tc.verb), ""), http.StatusConflict, "")
+			if want := fmt.Sprintf("cannot %s a job that is %s", tc.verb, tc.wantNamed); got.Error != want {
+				t.Errorf("error %q, want %q", got.Error, want)
+			}
+			if !done {
+				t.Fatal("the other change was never made")
+			}
+			if stored, err := e.q.JobGet(context.Background(), id); err != nil || stored.State != tc.wantAfter {
+				t.Errorf("stored job: state %s, %v; want %s", stored.State, err, tc.wantAfter)
+			}
+		})
+	}
+}
+
+// TestTransitionJob_WaitsForAChangeInProgressAndDecidesOnItsOutcome asks
+// for a cancel or a retry while another transaction holds a change of the
+// job that is not yet committed: the request waits for it, and decides on
+// the job that change leaves, as a 200 or a 409 that names its state.
+func TestTransitionJob_WaitsForAChangeInProgressAndDecidesOnItsOutcome(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		transitionCase
+		wantStatus int
+		wantState  db.JobState // of the job answered, or named in the 409
+	}{
+		{transitionCase{"cancel of a dead job being retried", deadJob, "cancel", retryJob},
+			http.StatusOK, db.JobStateCancelled},
+		{transitionCase{"cancel of a running job being failed for good", runningJob, "cancel", failForGood},
+			http.StatusConflict, db.JobStateDead},
+		{transitionCase{"retry of an available job being cancelled", availableJob, "retry", cancelJob},
+			http.StatusOK, db.JobStateAvailable},
+		{transitionCase{"retry of a dead job being retried", deadJob, "retry", retryJob},
+			http.StatusConflict, db.JobStateAvailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := context.Background()
+			id, token := tc.job(t, e)
+			tx, err := e.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(ctx) })
+			tc.meanwhile(t, e.q.WithTx(tx), id, token)
+
+			answered := make(chan *httptest.ResponseRecorder, 1)
+			go func() { answered <- serve(t, e.h, "POST", fmt.Sprintf("/v1/jobs/%d/%s", id, tc.verb), "") }()
+			waitBlocks(t, e.pool, tx, answered)
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rec := <-answered
+			if tc.wantStatus == http.StatusOK {
+				wantStatus(t, rec, http.StatusOK)
+				if got := decode[JobView](t, rec); got.State != tc.wantState {
+					t.Errorf("job answered: state %s, want %s", got.State, tc.wantState)
+				}
+				return
+			}
+			got := wantError(t, rec, tc.wantStatus, "")
+			if want := fmt.Sprintf("cannot %s a job that is %s", tc.verb, tc.wantState); got.Error != want {
+				t.Errorf("error %q, want %q", got.Error, want)
+			}
+		})
+	}
+}
+
+// waitBlocks waits up to 10 s for tx to hold up another session, or for
+// a request that was to wait for it to be answered instead, and fails the
+// test if neither comes.
+func waitBlocks(t *testing.T, pool *pgxpool.Pool, tx pgx.Tx, answered <-chan *httptest.ResponseRecorder) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if len(answered) > 0 {
+			return // it did not wait: what it answered is checked
+		}
+		var waiting bool
+		if err := pool.QueryRow(context.Background(),
+			"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid)))",
+			tx.Conn().PgConn().PID()).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request neither waited for the change in progress nor was answered within 10s")
+		}
+	}
 }
 
 // TestListQueues_CountsWaitingAndRunningJobsWithOldestReadyAge lists

@@ -152,11 +152,11 @@ func TestNotifications_ReachTheirQueuesListenersAlone(t *testing.T) {
 	cancelAndRetry := func(t *testing.T, b *bundle, queue string) {
 		t.Helper()
 		job := enqueueIn(t, b, queue)
-		if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
-			t.Fatal(err)
+		if got, err := b.q.JobCancel(b.ctx, job.ID); err != nil || !got.Applied {
+			t.Fatalf("cancel: applied %t, %v", got.Applied, err)
 		}
-		if _, err := b.q.JobRetry(b.ctx, job.ID); err != nil {
-			t.Fatal(err)
+		if got, err := b.q.JobRetry(b.ctx, job.ID); err != nil || !got.Applied {
+			t.Fatalf("retry: applied %t, %v", got.Applied, err)
 		}
 	}
 	for _, tc := range []struct {

@@ -358,8 +358,8 @@ func TestComplete_EndsTheJobAlikeWithOrWithoutAClaimBesideIt(t *testing.T) {
 		// cancel request too: the completion must clear each (the schema's
 		// checks refuse a finished job that keeps one), and its success
 		// stands over the request.
-		if _, err := b.q.JobCancel(b.ctx, id); err != nil {
-			t.Fatalf("ask to cancel: %v", err)
+		if got, err := b.q.JobCancel(b.ctx, id); err != nil || !got.Applied {
+			t.Fatalf("ask to cancel: applied %t, %v", got.Applied, err)
 		}
 		if !c.complete(b, t, id, token, `{"sum": 42}`) {
 			t.Fatalf("%s refused the completion of a job under its lease", c.name)
@@ -772,8 +772,8 @@ func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *test
 
 	// A job someone asked to cancel while it waited ends cancelled.
 	_, token = b.claimOne(t, "ahead", time.Minute)
-	if _, err := b.q.JobCancel(b.ctx, job.ID); err != nil {
-		t.Fatalf("cancel: %v", err)
+	if got, err := b.q.JobCancel(b.ctx, job.ID); err != nil || !got.Applied {
+		t.Fatalf("cancel: applied %t, %v", got.Applied, err)
 	}
 	if _, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}}); err != nil {
 		t.Fatalf("release: %v", err)
@@ -788,14 +788,14 @@ func TestCancel_AvailableJobEndsAtOnceRunningJobIsMarked(t *testing.T) {
 	b := setup(t)
 	waiting := b.enqueue(t, "noop", `{}`, 1)
 	got, err := b.q.JobCancel(b.ctx, waiting.ID)
-	if err != nil || got.State != db.JobStateCancelled || got.FinishedAt == nil {
+	if err != nil || !got.Applied || got.State != db.JobStateCancelled || got.FinishedAt == nil {
 		t.Fatalf("cancel available: %+v, %v", got, err)
 	}
 
 	running := b.enqueue(t, "noop", `{}`, 1)
 	_, token := b.claimOne(t, "w", time.Minute)
 	got, err = b.q.JobCancel(b.ctx, running.ID)
-	if err != nil || got.State != db.JobStateRunning || got.CancelRequestedAt == nil {
+	if err != nil || !got.Applied || got.State != db.JobStateRunning || got.CancelRequestedAt == nil {
 		t.Fatalf("cancel running: %+v, %v", got, err)
 	}
 	rows, err := b.q.JobHeartbeatMany(b.ctx, db.JobHeartbeatManyParams{LeaseMs: 60_000, IDs: []int64{running.ID}, Tokens: []pgtype.UUID{token}})
@@ -810,8 +810,8 @@ func TestCancel_AvailableJobEndsAtOnceRunningJobIsMarked(t *testing.T) {
 		t.Fatalf("failure of a cancelled job: %+v, %v; want cancelled", failed, err)
 	}
 
-	if _, err := b.q.JobCancel(b.ctx, running.ID); !errors.Is(err, pgx.ErrNoRows) {
-		t.Errorf("cancel of a finished job: err %v, want no rows", err)
+	if got, err := b.q.JobCancel(b.ctx, running.ID); err != nil || got.Applied || got.State != db.JobStateCancelled {
+		t.Errorf("cancel of a finished job: applied %t state %s, %v; want refused, cancelled", got.Applied, got.State, err)
 	}
 }
 
@@ -826,15 +826,15 @@ func TestRetry_MakesDeadJobAvailableWithFreshAttemptsAndGrowingFence(t *testing.
 		t.Fatal(err)
 	}
 	got, err := b.q.JobRetry(b.ctx, job.ID)
-	if err != nil || got.State != db.JobStateAvailable || got.Attempt != 0 || got.FinishedAt != nil {
+	if err != nil || !got.Applied || got.State != db.JobStateAvailable || got.Attempt != 0 || got.FinishedAt != nil {
 		t.Fatalf("retry: %+v, %v", got, err)
 	}
 	b.claimOne(t, "w", time.Minute)
 	if got := b.get(t, job.ID); got.Attempt != 1 || got.Fence != 2 {
 		t.Errorf("after retry and claim: attempt %d fence %d, want 1 2", got.Attempt, got.Fence)
 	}
-	if _, err := b.q.JobRetry(b.ctx, job.ID); !errors.Is(err, pgx.ErrNoRows) {
-		t.Errorf("retry of a running job: err %v, want no rows", err)
+	if got, err := b.q.JobRetry(b.ctx, job.ID); err != nil || got.Applied || got.State != db.JobStateRunning {
+		t.Errorf("retry of a running job: applied %t state %s, %v; want refused, running", got.Applied, got.State, err)
 	}
 }
 

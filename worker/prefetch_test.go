@@ -266,8 +266,8 @@ func TestWorker_JobCancelledWhileWaitingForASlotEndsCancelledWithoutRunning(t *t
 	<-blocking
 	b.waitHeldBy(t, next.ID, w.ID())
 	cancelled, err := b.q.JobCancel(b.ctx, next.ID)
-	if err != nil {
-		t.Fatalf("cancel: %v", err)
+	if err != nil || !cancelled.Applied {
+		t.Fatalf("cancel: applied %t, %v", cancelled.Applied, err)
 	}
 	// The worker learns of the cancel from the first heartbeat to renew the
 	// lease after it. Heartbeats run one after another, so once a second

@@ -350,8 +350,8 @@ func (b *bundle) cancelOnceStarted(t *testing.T, started <-chan struct{}, id int
 	case <-time.After(10 * time.Second):
 		t.Fatal("handler never started")
 	}
-	if _, err := b.q.JobCancel(b.ctx, id); err != nil {
-		t.Fatal(err)
+	if got, err := b.q.JobCancel(b.ctx, id); err != nil || !got.Applied {
+		t.Fatalf("cancel job %d: applied %t, %v", id, got.Applied, err)
 	}
 }
 

@@ -775,50 +775,72 @@ func (d *Driver) cancel(ctx context.Context) error {
 		states = []db.JobState{db.JobStateAvailable}
 	}
 	id := d.pickJob(states...)
-	return d.oneJob(ctx, "cancel", id, func(q *db.Queries) (db.Job, error) { return q.JobCancel(ctx, id) }, d.model.Cancel)
+	return d.oneJob(ctx, "cancel", id, func(q *db.Queries) (db.JobCancelRow, error) { return q.JobCancel(ctx, id) }, d.model.Cancel)
 }
 
 func (d *Driver) retry(ctx context.Context) error {
 	id := d.pickJob(db.JobStateDead, db.JobStateCancelled)
 	d.retried[id] = true
-	return d.oneJob(ctx, "retry", id, func(q *db.Queries) (db.Job, error) { return q.JobRetry(ctx, id) }, d.model.Retry)
+	return d.oneJob(ctx, "retry", id, func(q *db.Queries) (db.JobCancelRow, error) {
+		row, err := q.JobRetry(ctx, id)
+		return db.JobCancelRow(row), err
+	}, d.model.Retry)
 }
 
-// oneJob runs a statement on job id that returns the job, or no row when
-// it does not apply, and checks it against the model's transition.
-func (d *Driver) oneJob(ctx context.Context, kind string, id int64, stmt func(*db.Queries) (db.Job, error), model func(time.Time, int64) (Job, bool)) error {
-	var row db.Job
-	found := true
+// oneJob runs a statement on job id that returns the job with whether it
+// applied (JobCancel, JobRetry: their rows have the same columns), or no
+// row for a missing job, and checks it against the model's transition: a
+// job refused is returned as the model has it.
+func (d *Driver) oneJob(ctx context.Context, kind string, id int64, stmt func(*db.Queries) (db.JobCancelRow, error), model func(time.Time, int64) (Job, bool)) error {
+	var row db.JobCancelRow
+	exists := true
 	now, err := d.inTx(ctx, func(q *db.Queries, _ time.Time) error {
 		var err error
 		row, err = stmt(q)
 		if noRow(err) {
-			found, err = false, nil
+			exists, err = false, nil
 		}
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", kind, err)
 	}
-	before, exists := d.model.Job(id)
-	if !exists {
+	before, known := d.model.Job(id)
+	if !known {
 		before.State = "missing"
 	}
 	want, ok := model(now, id)
-	d.logf("%s job %d (%s), now %s: applied %t", kind, id, before.State, stamp(now), found)
-	if found != ok {
-		return fmt.Errorf("%s of job %d in state %s at %s: database applied it %t, model %t", kind, id, before.State, stamp(now), found, ok)
+	applied := exists && row.Applied
+	d.logf("%s job %d (%s), now %s: applied %t", kind, id, before.State, stamp(now), applied)
+	if applied != ok {
+		return fmt.Errorf("%s of job %d in state %s at %s: database applied it %t, model %t", kind, id, before.State, stamp(now), applied, ok)
 	}
-	if !found {
+	if !applied {
 		d.count(kind + "/refused")
-		return nil
+		if !exists || !known {
+			return nil
+		}
+		want = before
+	} else {
+		d.count(kind + "/applied")
 	}
-	d.count(kind + "/applied")
-	got, err := fromDB(row)
+	got, err := fromDB(jobOf(row))
 	if err != nil {
 		return err
 	}
 	return diffOrNil(fmt.Sprintf("%s of job %d", kind, id), want, got)
+}
+
+// jobOf returns the job of a row of JobCancel or JobRetry.
+func jobOf(r db.JobCancelRow) db.Job {
+	return db.Job{
+		ID: r.ID, Queue: r.Queue, Kind: r.Kind, Payload: r.Payload, Priority: r.Priority, State: r.State,
+		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Fence: r.Fence, RunAt: r.RunAt,
+		LeaseToken: r.LeaseToken, LeaseExpiresAt: r.LeaseExpiresAt, LeasedBy: r.LeasedBy,
+		CancelRequestedAt: r.CancelRequestedAt, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
+		LastError: r.LastError, Errors: r.Errors, Result: r.Result, IdempotencyKey: r.IdempotencyKey,
+		LeaseSession: r.LeaseSession, ErrorCount: r.ErrorCount,
+	}
 }
 
 // pruneRetentions are the retentions a prune picks from for each state:
