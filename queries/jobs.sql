@@ -443,8 +443,10 @@ ORDER BY q.queue;
 -- The job is locked first (found), and every decision is taken on the row
 -- found holds: FOR UPDATE waits for a change in progress and reads the row
 -- that change leaves, where the UPDATE's own scan reads the older version
--- in the statement's snapshot. So a cancel refused is refused for the
--- state it returns, never for one that a concurrent change has since left.
+-- in the statement's snapshot, and a condition on j.state would refuse, on
+-- that version, a change the locked row allows. So a cancel refused is
+-- refused for the state it returns, never for one that a concurrent change
+-- has since left.
 WITH found AS (
     SELECT * FROM jobs AS f WHERE f.id = @id FOR UPDATE
 ),
