@@ -69,7 +69,15 @@ func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
 		{"long kind", client.Request{Kind: strings.Repeat("k", 129)}, "kind", "kind must be at most 128 bytes"},
 		{"kind with NUL", client.Request{Kind: "a\x00b"}, "kind", `kind must not contain NUL characters (\u0000)`},
 		{"kind not UTF-8", client.Request{Kind: "a\xffb"}, "kind", "kind must be valid UTF-8"},
+		{"kind with a newline", client.Request{Kind: "send\nemail"}, "kind", "kind must not contain control characters (U+000A at byte 4)"},
+		{"kind with an escape", client.Request{Kind: "\x1b[31mred"}, "kind", "kind must not contain control characters (U+001B at byte 0)"},
+		{"kind with DEL", client.Request{Kind: "k\x7f"}, "kind", "kind must not contain control characters (U+007F at byte 1)"},
+		{"kind with a C1 control", client.Request{Kind: "é\u0085"}, "kind", "kind must not contain control characters (U+0085 at byte 2)"},
 		{"empty queue", client.Request{Kind: "k", Queue: ptr("")}, "queue", "queue must not be empty"},
+		{"queue with NUL", client.Request{Kind: "k", Queue: ptr("\x00")}, "queue", `queue must not contain NUL characters (\u0000)`},
+		{"queue with a tab", client.Request{Kind: "k", Queue: ptr("a\tb")}, "queue", "queue must not contain control characters (U+0009 at byte 1)"},
+		{"queue with a carriage return", client.Request{Kind: "k", Queue: ptr("q\r")}, "queue", "queue must not contain control characters (U+000D at byte 1)"},
+		{"queue with a C1 control", client.Request{Kind: "k", Queue: ptr("\u009bq")}, "queue", "queue must not contain control characters (U+009B at byte 0)"},
 		{"payload not JSON", client.Request{Kind: "k", Payload: json.RawMessage(`{not json`)}, "payload", "payload is not valid JSON"},
 		{"payload of two values", client.Request{Kind: "k", Payload: json.RawMessage(`{"a":1} {"b":2}`)}, "payload", "payload is not valid JSON"},
 		{"payload trailing text", client.Request{Kind: "k", Payload: json.RawMessage(`123abc`)}, "payload", "payload is not valid JSON"},
@@ -97,6 +105,42 @@ func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
 				t.Errorf("refused %q: %q, want %q: %q…", fe.Field, fe.Error(), tt.field, tt.msg)
 			}
 		})
+	}
+}
+
+// TestValidate_AcceptsNamesOfPrintableCharacters: the control characters
+// refused are those of Unicode's Cc category; spaces, format characters
+// and the rest of Unicode are names like any other.
+func TestValidate_AcceptsNamesOfPrintableCharacters(t *testing.T) {
+	for _, name := range []string{"send email", "e\u0301té", "\u00a0nbsp", "zero\u200bwidth", "日本語", "\U0001F600"} {
+		if _, err := client.Validate(client.Request{Kind: name, Queue: &name}, time.Now()); err != nil {
+			t.Errorf("kind and queue %q: %v", name, err)
+		}
+	}
+}
+
+// TestCheckName_AcceptsControlCharactersThatValidateRefuses: jobs stored
+// before Validate refused control characters in their names can still be
+// looked for by name; what PostgreSQL cannot hold is refused as before.
+func TestCheckName_AcceptsControlCharactersThatValidateRefuses(t *testing.T) {
+	for _, name := range []string{"send\nemail", "\x1b[31mred", "k\x7f", "é\u0085", "a\tb"} {
+		if err := client.CheckName(client.FieldQueue, name); err != nil {
+			t.Errorf("CheckName(%q) = %v, want nil", name, err)
+		}
+		if _, err := client.Validate(client.Request{Kind: name}, time.Now()); err == nil {
+			t.Errorf("Validate accepted the kind %q", name)
+		}
+	}
+	for name, want := range map[string]string{
+		"":                       "queue must not be empty",
+		"a\x00b":                 `queue must not contain NUL characters (\u0000)`,
+		"a\xffb":                 "queue must be valid UTF-8",
+		strings.Repeat("q", 129): "queue must be at most 128 bytes",
+	} {
+		var fe *client.FieldError
+		if err := client.CheckName(client.FieldQueue, name); !errors.As(err, &fe) || fe.Error() != want {
+			t.Errorf("CheckName(%q) = %v, want %q", name, err, want)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/relayq/relay/internal/jsonb"
@@ -47,7 +48,9 @@ var earliestRunAt = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
 // Request is one job to enqueue, as a client asks for it. A nil field was
 // not given and takes its default.
 type Request struct {
-	// Kind (required) is the name handlers are registered under.
+	// Kind (required) is the name handlers are registered under. It and
+	// Queue are names of at most MaxNameBytes bytes of UTF-8, without NUL
+	// or any other control character.
 	Kind string
 	// Queue defaults to DefaultQueue.
 	Queue *string
@@ -138,11 +141,11 @@ func Validate(r Request, now time.Time) (Job, error) {
 	if r.Kind == "" {
 		return job, fieldError(FieldKind, "is required")
 	}
-	if err := checkName(FieldKind, r.Kind, MaxNameBytes); err != nil {
+	if err := checkNewName(FieldKind, r.Kind); err != nil {
 		return job, err
 	}
 	if r.Queue != nil {
-		if err := checkName(FieldQueue, *r.Queue, MaxNameBytes); err != nil {
+		if err := checkNewName(FieldQueue, *r.Queue); err != nil {
 			return job, err
 		}
 		job.Queue = *r.Queue
@@ -203,14 +206,33 @@ func Validate(r Request, now time.Time) (Job, error) {
 	return job, nil
 }
 
-// CheckName checks a queue or kind name, as Validate does: not empty, at
-// most MaxNameBytes bytes, valid UTF-8 and free of NUL, which PostgreSQL
-// text cannot hold. Its error is a *FieldError for field.
+// CheckName checks a queue or kind name that jobs may already have, as
+// the filters of a listing take it: not empty, at most MaxNameBytes
+// bytes, valid UTF-8 and free of NUL, which PostgreSQL text cannot hold.
+// Unlike Validate, it accepts control characters, which jobs stored before
+// Validate refused them may have in their names, so that they can still
+// be found. Its error is a *FieldError for field.
 func CheckName(field, s string) error {
 	if err := checkName(field, s, MaxNameBytes); err != nil {
 		return err
 	}
 	return nil // not checkName's nil *FieldError, which is a non-nil error
+}
+
+// checkNewName checks the queue or kind name of a job to enqueue: as
+// CheckName does, and free of control characters (C0, DEL and C1), which
+// would break a log line or a terminal that shows the name. The first one
+// is named, with its byte offset.
+func checkNewName(field, s string) *FieldError {
+	if err := checkName(field, s, MaxNameBytes); err != nil {
+		return err
+	}
+	for i, r := range s {
+		if unicode.IsControl(r) {
+			return fieldError(field, "must not contain control characters (%U at byte %d)", r, i)
+		}
+	}
+	return nil
 }
 
 func checkName(field, s string, maxBytes int) *FieldError {

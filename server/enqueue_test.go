@@ -177,9 +177,13 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 		{name: "kind too long in bytes", body: `{"kind":"` + strings.Repeat("é", 65) + `"}`, status: 400, field: "kind"},
 		{name: "kind not a string", body: `{"kind":5}`, status: 400, field: "kind"},
 		{name: "NUL in kind", body: `{"kind":"a\u0000b"}`, status: 400, field: "kind"},
+		{name: "newline in kind", body: `{"kind":"a\nb"}`, status: 400, field: "kind"},
+		{name: "C1 control in kind", body: `{"kind":"a\u0085"}`, status: 400, field: "kind"},
 		{name: "empty queue", body: `{"kind":"a","queue":""}`, status: 400, field: "queue"},
 		{name: "queue too long", body: `{"kind":"a","queue":"` + long + `"}`, status: 400, field: "queue"},
 		{name: "NUL in queue", body: `{"kind":"a","queue":"\u0000"}`, status: 400, field: "queue"},
+		{name: "escape in queue", body: `{"kind":"a","queue":"\u001b[2J"}`, status: 400, field: "queue"},
+		{name: "DEL in queue", body: `{"kind":"a","queue":"q\u007f"}`, status: 400, field: "queue"},
 		{name: "queue not a string", body: `{"kind":"a","queue":["q"]}`, status: 400, field: "queue"},
 		{name: "NUL in payload string", body: `{"kind":"a","payload":"\u0000"}`, status: 400, field: "payload"},
 		{name: "NUL in nested payload string", body: `{"kind":"a","payload":{"a":[1,{"b":"x\u0000y"}]}}`, status: 400, field: "payload"},
@@ -320,6 +324,26 @@ func gzipped(t testing.TB, s string) string {
 		t.Fatal(err)
 	}
 	return buf.String()
+}
+
+// TestEnqueue_RefusesControlCharactersInNamesSayingWhichAndWhere: the
+// 400 names the field, the character and its byte offset, and nothing is
+// stored.
+func TestEnqueue_RefusesControlCharactersInNamesSayingWhichAndWhere(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for body, want := range map[string]string{
+		`{"kind":"send\nemail"}`:           "kind must not contain control characters (U+000A at byte 4)",
+		`{"kind":"a","queue":"é\u009b2J"}`: "queue must not contain control characters (U+009B at byte 2)",
+	} {
+		field, _, _ := strings.Cut(want, " ")
+		if got := wantError(t, e.do(t, "POST", "/v1/jobs", body), http.StatusBadRequest, field); got.Error != want {
+			t.Errorf("%s: error %q, want %q", body, got.Error, want)
+		}
+	}
+	if n := dbtest.CountJobs(t, e.pool); n != 0 {
+		t.Errorf("%d jobs stored, want none", n)
+	}
 }
 
 func TestEnqueue_RejectsNULInPayload(t *testing.T) {
@@ -643,6 +667,7 @@ func TestEnqueueBatch_RejectsWholeBatchNamingFirstBadJob(t *testing.T) {
 	}{
 		{name: "missing kind", body: `{"jobs":[{"kind":"a"},{"kind":"b"},{"kind":"c"},{"queue":"q"},{"kind":""}]}`, status: 400, field: "jobs[3].kind"},
 		{name: "NUL in payload", body: `{"jobs":[{"kind":"a"},{"kind":"b","payload":{"k":"\u0000"}}]}`, status: 400, field: "jobs[1].payload"},
+		{name: "control character in queue", body: `{"jobs":[{"kind":"a"},{"kind":"b","queue":"q\r"}]}`, status: 400, field: "jobs[1].queue"},
 		{name: "payload key given twice", body: `{"jobs":[{"kind":"a"},{"kind":"b","payload":{"k":1,"k":2}}]}`, status: 400, field: "jobs[1].payload"},
 		{name: "unknown field", body: `{"jobs":[{"kind":"a","extra":true}]}`, status: 400, field: "jobs[0].extra"},
 		{name: "field in wrong case", body: `{"jobs":[{"kind":"a"},{"KIND":"a"}]}`, status: 400, field: "jobs[1].KIND"},

@@ -415,6 +415,33 @@ func TestListJobs_FiltersByQueueStateAndKind(t *testing.T) {
 	}
 }
 
+// TestListJobs_FindsJobsWhoseNamesHoldControlCharacters: enqueueing
+// refuses control characters in a queue or a kind, but jobs stored before
+// it did may have them, and a listing still finds them by those names.
+func TestListJobs_FindsJobsWhoseNamesHoldControlCharacters(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// Stored as a job enqueued before the refusal was.
+	old, err := e.q.JobInsert(context.Background(), db.JobInsertParams{
+		Queue: "old\nqueue", Kind: "old\u0085kind", Payload: json.RawMessage(`{}`), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(t, `{"kind":"new","queue":"old"}`)
+	for _, query := range []string{
+		"queue=" + url.QueryEscape(old.Queue),
+		"kind=" + url.QueryEscape(old.Kind),
+		"queue=" + url.QueryEscape(old.Queue) + "&kind=" + url.QueryEscape(old.Kind) + "&state=available",
+	} {
+		rec := e.do(t, "GET", "/v1/jobs?"+query, "")
+		wantStatus(t, rec, http.StatusOK)
+		jobs := decode[listResponse](t, rec).Jobs
+		if len(jobs) != 1 || jobs[0].ID != old.ID || jobs[0].Queue != old.Queue || jobs[0].Kind != old.Kind {
+			t.Errorf("%s listed %+v, want job %d alone", query, jobs, old.ID)
+		}
+	}
+}
+
 // TestListJobs_EveryCombinationOfFiltersPagesThroughItsJobs lists jobs of
 // two queues, two kinds and every state by each combination of filters,
 // values that match nothing included, a page of two at a time: each

@@ -100,7 +100,10 @@ func apiField(field string) string {
 	return field
 }
 
-// checkName checks a queue or kind name of a listing as enqueueing does.
+// checkName checks a queue or kind name of a listing as enqueueing does,
+// but for control characters, which enqueueing refuses and a listing
+// accepts, to find the jobs stored before they were refused
+// (client.CheckName).
 func checkName(field, s string) error {
 	var fe *client.FieldError
 	if err := client.CheckName(field, s); errors.As(err, &fe) {

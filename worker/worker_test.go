@@ -44,6 +44,29 @@ func TestWorker_RunsHandlerAndStoresResult(t *testing.T) {
 	}
 }
 
+// TestWorker_DrainsAQueueWhoseNameHoldsControlCharacters: enqueueing
+// refuses control characters in a queue or a kind, but jobs stored before
+// it did may have them, and a worker configured with such a queue still
+// runs them.
+func TestWorker_DrainsAQueueWhoseNameHoldsControlCharacters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	queue, kind := "old\nqueue\u0085", "old\tkind"
+	// Stored as a job enqueued before the refusal was.
+	job, err := b.q.JobInsert(b.ctx, db.JobInsertParams{Queue: queue, Kind: kind, Payload: json.RawMessage(`{}`), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := worker.Config{Queue: queue}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	b.startWorker(t, cfg, func(w *worker.Worker) {
+		w.HandleFunc(kind, func(context.Context, *worker.Job) (any, error) { return "done", nil })
+	})
+	b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+}
+
 func TestWorker_HeartbeatsKeepJobPastItsLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

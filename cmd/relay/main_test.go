@@ -166,6 +166,8 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 		{"enqueue long kind", db, []string{"enqueue", strings.Repeat("k", 129)}, "kind must be at most 128 bytes"},
 		{"enqueue empty idempotency key", db, []string{"enqueue", "hash", "--idempotency-key", ""}, "--idempotency-key must not be empty"},
 		{"enqueue empty run-at", db, []string{"enqueue", "hash", "--run-at", ""}, "--run-at must be an RFC 3339 time"},
+		{"enqueue kind with a control character", db, []string{"enqueue", "send\nemail"}, "kind must not contain control characters (U+000A at byte 4)"},
+		{"enqueue queue with a control character", db, []string{"enqueue", "hash", "--queue", "q\x1b"}, "--queue must not contain control characters (U+001B at byte 1)"},
 		{"no database configured", nil, []string{"work"}, "no database: give --database-url or set DATABASE_URL"},
 		{"version with argument", nil, []string{"version", "x"}, `unexpected argument "x"`},
 	}
