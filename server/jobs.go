@@ -18,6 +18,7 @@ import (
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jobrow"
 )
 
 // JobSummary is a job as a listing shows it: all of its view but the
@@ -573,36 +574,7 @@ func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, cha
 		if !row.Applied {
 			return conflict("", fmt.Sprintf("cannot %s a job that is %s", verb, row.State))
 		}
-		writeJSON(w, http.StatusOK, NewJobView(transitionJob(row)))
+		writeJSON(w, http.StatusOK, NewJobView(jobrow.OfTransition(row)))
 		return nil
 	})
-}
-
-// transitionJob returns the job of a row of JobCancel or JobRetry.
-func transitionJob(r db.JobCancelRow) db.Job {
-	return db.Job{
-		ID:                r.ID,
-		Queue:             r.Queue,
-		Kind:              r.Kind,
-		Payload:           r.Payload,
-		Priority:          r.Priority,
-		State:             r.State,
-		Attempt:           r.Attempt,
-		MaxAttempts:       r.MaxAttempts,
-		Fence:             r.Fence,
-		RunAt:             r.RunAt,
-		LeaseToken:        r.LeaseToken,
-		LeaseExpiresAt:    r.LeaseExpiresAt,
-		LeasedBy:          r.LeasedBy,
-		CancelRequestedAt: r.CancelRequestedAt,
-		CreatedAt:         r.CreatedAt,
-		StartedAt:         r.StartedAt,
-		FinishedAt:        r.FinishedAt,
-		LastError:         r.LastError,
-		Errors:            r.Errors,
-		Result:            r.Result,
-		IdempotencyKey:    r.IdempotencyKey,
-		LeaseSession:      r.LeaseSession,
-		ErrorCount:        r.ErrorCount,
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jobrow"
 )
 
 // ShutdownNote is what a worker shutting down records on the jobs it
@@ -824,23 +825,11 @@ func (d *Driver) oneJob(ctx context.Context, kind string, id int64, stmt func(*d
 	} else {
 		d.count(kind + "/applied")
 	}
-	got, err := fromDB(jobOf(row))
+	got, err := fromDB(jobrow.OfTransition(row))
 	if err != nil {
 		return err
 	}
 	return diffOrNil(fmt.Sprintf("%s of job %d", kind, id), want, got)
-}
-
-// jobOf returns the job of a row of JobCancel or JobRetry.
-func jobOf(r db.JobCancelRow) db.Job {
-	return db.Job{
-		ID: r.ID, Queue: r.Queue, Kind: r.Kind, Payload: r.Payload, Priority: r.Priority, State: r.State,
-		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Fence: r.Fence, RunAt: r.RunAt,
-		LeaseToken: r.LeaseToken, LeaseExpiresAt: r.LeaseExpiresAt, LeasedBy: r.LeasedBy,
-		CancelRequestedAt: r.CancelRequestedAt, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-		LastError: r.LastError, Errors: r.Errors, Result: r.Result, IdempotencyKey: r.IdempotencyKey,
-		LeaseSession: r.LeaseSession, ErrorCount: r.ErrorCount,
-	}
 }
 
 // pruneRetentions are the retentions a prune picks from for each state:
