@@ -30,9 +30,11 @@ SELECT count(*)::bigint AS jobs FROM jobs;
 --
 --   - 'autovacuum is off': autovacuum, off on the server or for the table,
 --     will not gather them, and more rows were inserted, updated or
---     deleted since the last ANALYZE than autovacuum's own rule allows
---     (autovacuum_analyze_threshold, plus autovacuum_analyze_scale_factor
---     of the rows);
+--     deleted since the last ANALYZE than autovacuum's rule allows with
+--     the server's settings (autovacuum_analyze_threshold, plus
+--     autovacuum_analyze_scale_factor of the rows): the table's own,
+--     lower, scale factor (migrations/00001) is meant for autovacuum,
+--     whose rounds come a minute apart, not for a look every second;
 --   - 'the table outgrew them': more rows changed since the last ANALYZE
 --     than the table then held (plus autovacuum_analyze_threshold), so
 --     that the plans kept were made for a table less than half its size.
