@@ -82,8 +82,9 @@ type EnqueuerConfig struct {
 // error, even one that arrives as a PostgreSQL error, may have come after
 // the commit: a connection pooler between, such as PgBouncer at its
 // query_timeout, answers with an error of its own while the server goes
-// on to commit. Each Insert of the group then returns it, and nothing is
-// stored again.
+// on to commit. Each Insert of the group then returns it, wrapped in
+// ErrOutcomeUnknown where the statement may have committed (see Insert),
+// and nothing is stored again.
 //
 // An Enqueuer is safe for concurrent use; that is what it is for. It runs
 // at most two statements that store groups at once, and one that sends
@@ -165,17 +166,34 @@ func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
 // Insert stores job, together with the jobs of the callers that arrive
 // meanwhile, and returns it as stored. A job with an idempotency key is
 // refused with ErrNoIdempotencyInBatch: store it with the package's
-// Insert function, which looks up the key. If ctx ends before a statement
-// takes the job, nothing is stored and Insert returns ctx's error; once
-// taken, it waits for the statement's outcome, which StoreTimeout bounds.
-// When the database refuses a job of the group, the group's jobs are
-// stored again one at a time, each within a StoreTimeout of its own, so
-// that a job late in such a group waits for those before it; if one of
-// them fails for another reason than a refusal, those after it fail at
-// once, unsent.
+// Insert function, which looks up the key. If ctx has ended as Insert is
+// called, or ends before a statement takes the job, nothing is stored
+// and Insert returns ctx's error (its cause, if it has one); once taken,
+// it waits for the statement's outcome, which StoreTimeout bounds,
+// whatever ctx. When the database refuses a job of the group, the
+// group's jobs are stored again one at a time, each within a StoreTimeout
+// of its own, so that a job late in such a group waits for those before
+// it; if one of them fails for another reason than a refusal, those after
+// it fail at once, unsent.
+//
+// An error says whether the job may have been stored. One that wraps
+// ErrOutcomeUnknown says that its statement was sent and the answer lost:
+// StoreTimeout passed while the statement ran, the connection failed, or
+// a pooler answered in the server's place. The job may have been stored,
+// and inserting it again may store it twice: a job that must be stored
+// once whatever happens is inserted, from its first attempt, with an
+// idempotency key, through the package's Insert. Any other error says
+// that nothing was stored: ctx's, a context error of StoreTimeout passing
+// before the statement was sent (while it waited for a connection), one
+// for which RefusedAValue reports true, a job left unsent behind another
+// of its group, or another error PostgreSQL answered with, which rolled
+// the statement back.
 func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 	if job.IdempotencyKey != nil {
 		return db.Job{}, fmt.Errorf("insert job: %w", ErrNoIdempotencyInBatch)
+	}
+	if err := context.Cause(ctx); err != nil {
+		return db.Job{}, fmt.Errorf("insert job: %w", err)
 	}
 	p := &pendingJob{job: job, done: make(chan stored, 1)}
 	e.mu.Lock()
@@ -310,6 +328,8 @@ func (e *Enqueuer) store(group []*pendingJob) error {
 		// reason than a refusal, as when the database stops answering,
 		// those after it fail at once, unsent, rather than each waiting
 		// out a StoreTimeout of its own.
+		// Their errors wrap the cause of that failure, not
+		// ErrOutcomeUnknown: nothing of theirs was sent.
 		var failed error
 		for _, p := range group {
 			if failed != nil {
@@ -318,6 +338,9 @@ func (e *Enqueuer) store(group []*pendingJob) error {
 			}
 			if err := e.store([]*pendingJob{p}); err != nil && !RefusedAValue(err) {
 				failed = err
+				if lost := (*answerLostError)(nil); errors.As(err, &lost) {
+					failed = lost.cause
+				}
 			}
 		}
 		return err

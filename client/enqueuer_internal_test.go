@@ -149,8 +149,9 @@ func TestEnqueuer_AGroupHoldsAtMostMaxGroupBytes(t *testing.T) {
 // TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain stores a group through
 // PgBouncer in transaction mode whose query_timeout ends the wait for a
 // slow commit: PgBouncer answers with an error of its own (08P01) while
-// the server goes on to commit the group. Each request gets that error,
-// and the group's jobs are stored once, not replayed one by one beside it.
+// the server goes on to commit the group. Each request gets that error as
+// ErrOutcomeUnknown, and the group's jobs are stored once, not replayed
+// one by one beside it.
 func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
 	t.Parallel()
 	dsn := dbtest.NewURL(t)
@@ -187,8 +188,8 @@ func TestEnqueuer_AGroupAPoolerGaveUpOnIsNotStoredAgain(t *testing.T) {
 	}
 	NewEnqueuer(pooled, EnqueuerConfig{AnnounceEvery: -1}).store(group)
 	for i, p := range group {
-		if s := <-p.done; s.err == nil {
-			t.Errorf("job %d: stored as job %d, want the pooler's error: its outcome is not known", i, s.job.ID)
+		if s := <-p.done; !errors.Is(s.err, ErrOutcomeUnknown) {
+			t.Errorf("job %d: stored as job %d with error %v, want ErrOutcomeUnknown for the pooler's error", i, s.job.ID, s.err)
 		}
 	}
 	// The server committed the group after PgBouncer gave up on it.

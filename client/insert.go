@@ -58,11 +58,19 @@ const idempotencyAttempts = 3
 // and sent once more: refused, it stored nothing. Otherwise, as in a
 // transaction, which the refusal has failed, its error is returned.
 //
-// Outside a transaction of the caller's, an error does not always mean
-// that nothing was stored: if ctx ends or the connection is lost while the
-// insert commits, the job may have committed all the same, and a caller
-// that tries again stores it twice unless it gives an idempotency key
-// (docs/failure-semantics.md, "An enqueue's answer is lost").
+// Outside a transaction of the caller's, an error says whether the job
+// may have been stored. One that wraps ErrOutcomeUnknown says that the
+// insert was sent and its answer lost, as when ctx ends or the connection
+// fails while it commits: the job may have been stored, and a caller that
+// tries again stores it twice unless the job has an idempotency key, with
+// which the retry returns the job the first attempt stored
+// (docs/failure-semantics.md, "An enqueue's answer is lost"). Any other
+// error, ctx's included, says that this call stored nothing: the insert
+// was not sent (ctx had ended, no connection could be had), PostgreSQL
+// answered it with an error, which rolled it back, or, with an
+// idempotency key the queue holds, the job holding it could not be read.
+// In a transaction of the caller's, nothing is stored before that
+// transaction commits, and an error is returned as it came.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	tx, inTx := dbtx.(*Tx)
 	ownCommit := commitsOnItsOwn(dbtx)
@@ -87,7 +95,7 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		var stored db.Job
 		if handled, err := storeThenAnnounce(ctx, dbtx, own, func(d db.DBTX) (err error) {
 			stored, err = db.New(d).JobInsert(ctx, params)
-			return err
+			return outcome(err)
 		}); handled {
 			if err != nil {
 				return db.Job{}, false, fmt.Errorf("insert job: %w", err)
@@ -99,6 +107,9 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 		var stored db.Job
 		err := againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
 			stored, err = db.New(d).JobInsert(ctx, params)
+			if ownCommit {
+				return outcome(err)
+			}
 			return err
 		})
 		if err == nil {
@@ -210,6 +221,10 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // both. If that announcement fails, as when ctx ends first, the jobs are
 // stored all the same and InsertMany does not fail: the workers find them
 // at their next poll. A statement found stale is sent again as Insert's.
+// Its errors say what Insert's do: outside a transaction of the caller's,
+// one that wraps ErrOutcomeUnknown says that the jobs may have been
+// stored, and inserting them again may store them twice; any other, that
+// none was.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -226,7 +241,7 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 		var ids []int64
 		if handled, err := storeThenAnnounce(ctx, dbtx, own, func(d db.DBTX) (err error) {
 			ids, err = db.New(d).JobInsertMany(ctx, params)
-			return err
+			return outcome(err)
 		}); handled {
 			if err != nil {
 				return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
@@ -237,6 +252,9 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 	var ids []int64
 	err = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
 		ids, err = db.New(d).JobInsertMany(ctx, params)
+		if ownCommit {
+			return outcome(err)
+		}
 		return err
 	})
 	if err != nil {
@@ -281,7 +299,8 @@ func addDue(due *dueQueues, job Job) {
 // beside an idle fleet of workers and with a slower flush
 // (docs/experiments.md, "The API's groups, announced after their
 // commit"). In a Tx they are announced once it has committed. A statement
-// found stale is sent again as Insert's.
+// found stale is sent again as Insert's. Its errors say what InsertMany's
+// do.
 func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
 	return insertAll(ctx, dbtx, jobs, true)
 }
@@ -298,10 +317,14 @@ func insertAll(ctx context.Context, dbtx db.DBTX, jobs []Job, announced bool) ([
 		return nil, err
 	}
 	tx, inTx := dbtx.(*Tx)
+	ownCommit := commitsOnItsOwn(dbtx)
 	params.AnnounceAfterCommit = inTx || !announced
 	var stored []db.Job
-	err = againIfStale(ctx, dbtx, commitsOnItsOwn(dbtx), func(d db.DBTX) (err error) {
+	err = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
 		stored, err = db.New(d).JobInsertAll(ctx, db.JobInsertAllParams(params))
+		if ownCommit {
+			return outcome(err)
+		}
 		return err
 	})
 	if err != nil {

@@ -145,7 +145,9 @@ type announcedBehind struct {
 // Query sends the statement and the announcement, and returns the
 // statement's rows, whose Err is also that of the statement's commit.
 // Closing them reads the rest of the pipeline; the announcement's own
-// outcome is dropped.
+// outcome is dropped. An error of a step before the two are sent, their
+// preparation or the encoding of their arguments, is marked safe to
+// retry (unsent): nothing was stored.
 func (a *announcedBehind) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if a.sent {
 		return nil, errors.New("a second statement sent where one was expected with an announcement behind it")
@@ -153,18 +155,18 @@ func (a *announcedBehind) Query(ctx context.Context, sql string, args ...any) (p
 	a.sent = true
 	first, err := a.conn.Prepare(ctx, statementName(sql), sql)
 	if err != nil {
-		return nil, fmt.Errorf("prepare: %w", err)
+		return nil, unsent{fmt.Errorf("prepare: %w", err)}
 	}
 	second, err := a.conn.Prepare(ctx, statementName(a.announcement.sql), a.announcement.sql)
 	if err != nil {
-		return nil, fmt.Errorf("prepare the announcement: %w", err)
+		return nil, unsent{fmt.Errorf("prepare the announcement: %w", err)}
 	}
 	var stored, announced pgx.ExtendedQueryBuilder
 	if err := stored.Build(a.conn.TypeMap(), first, args); err != nil {
-		return nil, fmt.Errorf("encode the arguments: %w", err)
+		return nil, unsent{fmt.Errorf("encode the arguments: %w", err)}
 	}
 	if err := announced.Build(a.conn.TypeMap(), second, a.announcement.args); err != nil {
-		return nil, fmt.Errorf("encode the announcement: %w", err)
+		return nil, unsent{fmt.Errorf("encode the announcement: %w", err)}
 	}
 	p := a.conn.PgConn().StartPipeline(ctx)
 	p.SendQueryStatement(first, stored.ParamValues, stored.ParamFormats, stored.ResultFormats)

@@ -490,7 +490,7 @@ func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
 }
 
 // An insert whose connection is lost once its transaction has committed,
-// before the answer comes back, fails: its outcome is unknown to it. It is
+// before the answer comes back, fails with ErrOutcomeUnknown. It is
 // not sent again on another of the pool's connections, and the job is
 // stored once.
 func TestInsert_AConnectionLostAtTheCommitFailsTheInsert(t *testing.T) {
@@ -516,8 +516,9 @@ func TestInsert_AConnectionLostAtTheCommitFailsTheInsert(t *testing.T) {
 		t.Fatal(err) // prepares its statements before the cut
 	}
 	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobInsert :one", Times: 1})
-	if _, _, err := client.Insert(ctx, through, job); err == nil {
-		t.Error("Insert whose connection was lost at its commit: no error")
+	_, _, err = client.Insert(ctx, through, job)
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Errorf("Insert whose connection was lost at its commit: %v, want ErrOutcomeUnknown", err)
 	}
 	if proxy.Armed() != 0 {
 		t.Fatal("the connection was never cut at the insert's commit")

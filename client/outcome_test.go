@@ -1,0 +1,138 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/internal/dbtest"
+)
+
+// insertPath is one way of storing a job that commits on its own.
+type insertPath struct {
+	name   string
+	insert func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error
+}
+
+// insertPaths are the ways of storing a job that commits on its own; the
+// Enqueuer's StoreTimeout is timeout, which its callers' ctx does not
+// bound.
+func insertPaths(timeout time.Duration) []insertPath {
+	return []insertPath{
+		{"Insert", func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			_, _, err := client.Insert(ctx, pool, job)
+			return err
+		}},
+		{"InsertWithAnIdempotencyKey", func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			job.IdempotencyKey = ptr("key")
+			_, _, err := client.Insert(ctx, pool, job)
+			return err
+		}},
+		{"InsertMany", func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			_, err := client.InsertMany(ctx, pool, []client.Job{job})
+			return err
+		}},
+		{"InsertAll", func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			_, err := client.InsertAll(ctx, pool, []client.Job{job})
+			return err
+		}},
+		{"Enqueuer.Insert", func(ctx context.Context, pool *pgxpool.Pool, job client.Job) error {
+			enq := client.NewEnqueuer(pool, client.EnqueuerConfig{AnnounceEvery: -1, StoreTimeout: timeout})
+			defer enq.Close(context.WithoutCancel(ctx))
+			_, err := enq.Insert(ctx, job)
+			return err
+		}},
+	}
+}
+
+// TestInsert_AnAnswerLostToATimeoutIsErrOutcomeUnknownNotTheContexts
+// times out each way of storing a job while its commit waits, and the
+// commit lands all the same: the error is ErrOutcomeUnknown, not a
+// context error, which would say that nothing was stored.
+func TestInsert_AnAnswerLostToATimeoutIsErrOutcomeUnknownNotTheContexts(t *testing.T) {
+	t.Parallel()
+	const timeout = 300 * time.Millisecond
+	for _, path := range insertPaths(timeout) {
+		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
+			pool := dbtest.New(t)
+			slowCommitsACancelCannotUndo(t, pool, 3*timeout)
+			job := newJob(t, client.Request{Payload: json.RawMessage(dbtest.SlowCommitPayload)})
+			ctx := t.Context()
+			if path.name != "Enqueuer.Insert" { // bounded by its StoreTimeout
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			err := path.insert(ctx, pool, job)
+			if !errors.Is(err, client.ErrOutcomeUnknown) {
+				t.Errorf("insert timed out at its commit: %v, want ErrOutcomeUnknown", err)
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("insert timed out at its commit: %v is context.DeadlineExceeded, which says that nothing was stored", err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for dbtest.CountJobs(t, pool) == 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if n := dbtest.CountJobs(t, pool); n != 1 {
+				t.Errorf("%d jobs stored once the commit landed, want 1", n)
+			}
+		})
+	}
+}
+
+// slowCommitsACancelCannotUndo makes the commit of each transaction that
+// inserts a job whose payload has the key slow_commit wait d, as
+// dbtest.SlowCommits does, and commit all the same if the statement is
+// cancelled meanwhile, as pgx does when it gives up on an answer: as a
+// commit waiting for its WAL flush, or for a synchronous standby once it
+// has committed locally, does.
+func slowCommitsACancelCannotUndo(t *testing.T, pool *pgxpool.Pool, d time.Duration) {
+	t.Helper()
+	sql := fmt.Sprintf(`
+		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM pg_sleep(%f);
+			RETURN NULL;
+		EXCEPTION WHEN query_canceled THEN
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`, d.Seconds())
+	if _, err := pool.Exec(t.Context(), sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInsert_AContextEndedBeforeTheStatementIsSentStoresNothing gives
+// each way of storing a job a context already cancelled: the error is
+// the context's, not ErrOutcomeUnknown, and nothing is stored.
+func TestInsert_AContextEndedBeforeTheStatementIsSentStoresNothing(t *testing.T) {
+	t.Parallel()
+	for _, path := range insertPaths(client.DefaultStoreTimeout) {
+		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
+			pool := dbtest.New(t)
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			err := path.insert(ctx, pool, newJob(t, client.Request{}))
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("insert with its context cancelled: %v, want context.Canceled", err)
+			}
+			if errors.Is(err, client.ErrOutcomeUnknown) {
+				t.Errorf("insert with its context cancelled: %v, want it not ErrOutcomeUnknown: nothing was sent", err)
+			}
+			if n := dbtest.CountJobs(t, pool); n != 0 {
+				t.Errorf("%d jobs stored, want none", n)
+			}
+		})
+	}
+}
