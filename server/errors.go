@@ -47,6 +47,15 @@ func conflict(field, msg string) *apiError {
 
 var errUnavailable = errors.New("database unavailable")
 
+// outcomeUnknown answers an enqueue whose statement was sent and whose
+// answer was lost (client.ErrOutcomeUnknown) with a 504, as a gateway
+// that got no answer from the server behind it answers: the jobs may have
+// been stored. Unlike a 503, which says that nothing was, it carries no
+// Retry-After, and msg says what a retry does.
+func outcomeUnknown(msg string, err error) *apiError {
+	return &apiError{status: http.StatusGatewayTimeout, msg: "the database's answer was lost: " + msg, cause: err}
+}
+
 // respondError writes err as a JSON error. An *apiError is shown as is;
 // any other error is classified (see classify) and shown only as a generic
 // message, while the real error is logged.
@@ -80,10 +89,14 @@ func respondError(logger *slog.Logger, w http.ResponseWriter, r *http.Request, e
 // classify maps an error from the database to what a client may see:
 // constraint violations and bad values that slipped through validation
 // (client.RefusedAValue, the errors a group of one-job requests is stored
-// again one job at a time for) are 400 or 409, an unreachable or
-// overloaded database is 503, anything else is 500. The message never
-// includes the database's own text.
+// again one job at a time for) are 400 or 409, an insert whose answer was
+// lost (client.ErrOutcomeUnknown) is 504, an unreachable or overloaded
+// database is 503, anything else is 500. The message never includes the
+// database's own text.
 func classify(err error) *apiError {
+	if errors.Is(err, client.ErrOutcomeUnknown) {
+		return outcomeUnknown("what it stored is not known", err)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		code := pgErr.Code

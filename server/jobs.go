@@ -147,7 +147,9 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 // not compared, since a delay is relative to the time of each request)
 // returns the original job with 200, and a different request under the same
 // key in the same queue is a 409. Jobs without a key are stored through
-// e, together with those of requests that arrive meanwhile.
+// e, together with those of requests that arrive meanwhile. An insert
+// whose answer was lost (client.ErrOutcomeUnknown) is a 504: the job may
+// have been stored, and only a request with a key is safe to send again.
 func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		key, err := idempotencyKey(r)
@@ -179,6 +181,8 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBod
 		switch {
 		case errors.Is(err, client.ErrIdempotencyConflict):
 			return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")
+		case errors.Is(err, client.ErrOutcomeUnknown):
+			return outcomeUnknown("the job may have been stored, and a retry stores it again unless the request has an Idempotency-Key", err)
 		case errors.Is(err, client.ErrIdempotencyRace):
 			return &apiError{
 				status: http.StatusServiceUnavailable,
@@ -225,7 +229,8 @@ type batchResponse struct {
 // each as in POST /v1/jobs, inserted in one statement, all or none. It
 // answers 201 with their ids in request order. If any job is invalid the
 // whole batch is rejected, naming the first bad one (field "jobs[3].kind").
-// Batches take no Idempotency-Key.
+// Batches take no Idempotency-Key. An insert whose answer was lost is a
+// 504, as in handleEnqueue: the jobs may have been stored.
 func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		if _, ok := r.Header["Idempotency-Key"]; ok {
@@ -259,6 +264,9 @@ func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.H
 		ctx, cancel := dbContext(r)
 		defer cancel()
 		ids, err := client.InsertMany(ctx, dbtx, jobs)
+		if errors.Is(err, client.ErrOutcomeUnknown) {
+			return outcomeUnknown("the jobs may have been stored, and a retry may store them again", err)
+		}
 		if err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/dbtest"
 )
 
@@ -187,6 +188,7 @@ func TestClassify_MapsDatabaseErrorsToStatuses(t *testing.T) {
 		{"undefined table", pg("42P01"), http.StatusInternalServerError},
 		{"deadline", fmt.Errorf("get job: %w", context.DeadlineExceeded), http.StatusServiceUnavailable},
 		{"connect error", &pgconn.ConnectError{}, http.StatusServiceUnavailable},
+		{"answer lost", fmt.Errorf("insert job: %w", client.ErrOutcomeUnknown), http.StatusGatewayTimeout},
 		{"anything else", errors.New("scan: bad type"), http.StatusInternalServerError},
 	}
 	for _, tt := range tests {
