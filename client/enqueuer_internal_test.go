@@ -343,6 +343,51 @@ func TestEnqueuer_AJobOfARefusedGroupThatFailsOtherwiseStopsTheRest(t *testing.T
 	}
 }
 
+// TestEnqueuer_AJobLeftUnsentBehindALostAnswerIsNotErrOutcomeUnknown
+// stores a refused group one job at a time, and loses the answer of the
+// second, whose commit outlasts the StoreTimeout and lands all the same:
+// that job's error is ErrOutcomeUnknown, and the one left unsent behind
+// it gets an error that is not, since nothing of it was stored.
+func TestEnqueuer_AJobLeftUnsentBehindALostAnswerIsNotErrOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	forbidKind(t, pool)
+	const timeout = 300 * time.Millisecond
+	dbtest.SlowCommitsPastCancels(t, pool, 3*timeout)
+	kinds := []string{"forbidden", "slow", "k3"}
+	group := groupOf(t, kinds, func(kind string) Request {
+		if kind == "slow" {
+			return Request{Kind: kind, Payload: json.RawMessage(dbtest.SlowCommitPayload)}
+		}
+		return Request{Kind: kind}
+	})
+	NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1, StoreTimeout: timeout}).store(group)
+	errs := make([]error, len(group))
+	for i, p := range group {
+		errs[i] = (<-p.done).err
+	}
+	if !RefusedAValue(errs[0]) {
+		t.Errorf("forbidden: %v, want the database's refusal", errs[0])
+	}
+	if !errors.Is(errs[1], ErrOutcomeUnknown) {
+		t.Errorf("slow: %v, want ErrOutcomeUnknown", errs[1])
+	}
+	if errs[2] == nil || errors.Is(errs[2], ErrOutcomeUnknown) || !strings.Contains(errs[2].Error(), "not sent") {
+		t.Errorf("k3: %v, want an error saying that it was not sent, not ErrOutcomeUnknown", errs[2])
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for dbtest.CountJobs(t, pool) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	var stored string
+	if err := pool.QueryRow(t.Context(), `SELECT string_agg(kind, ',' ORDER BY id) FROM jobs`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != "slow" {
+		t.Errorf("jobs stored: %s, want only slow, whose answer was lost", stored)
+	}
+}
+
 // forbidKind makes the database refuse every job of kind "forbidden", by
 // a constraint named no_forbidden.
 func forbidKind(t *testing.T, pool *pgxpool.Pool) {

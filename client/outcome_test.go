@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -62,7 +61,7 @@ func TestInsert_AnAnswerLostToATimeoutIsErrOutcomeUnknownNotTheContexts(t *testi
 		t.Run(path.name, func(t *testing.T) {
 			t.Parallel()
 			pool := dbtest.New(t)
-			slowCommitsACancelCannotUndo(t, pool, 3*timeout)
+			dbtest.SlowCommitsPastCancels(t, pool, 3*timeout)
 			job := newJob(t, client.Request{Payload: json.RawMessage(dbtest.SlowCommitPayload)})
 			ctx := t.Context()
 			if path.name != "Enqueuer.Insert" { // bounded by its StoreTimeout
@@ -85,30 +84,6 @@ func TestInsert_AnAnswerLostToATimeoutIsErrOutcomeUnknownNotTheContexts(t *testi
 				t.Errorf("%d jobs stored once the commit landed, want 1", n)
 			}
 		})
-	}
-}
-
-// slowCommitsACancelCannotUndo makes the commit of each transaction that
-// inserts a job whose payload has the key slow_commit wait d, as
-// dbtest.SlowCommits does, and commit all the same if the statement is
-// cancelled meanwhile, as pgx does when it gives up on an answer: as a
-// commit waiting for its WAL flush, or for a synchronous standby once it
-// has committed locally, does.
-func slowCommitsACancelCannotUndo(t *testing.T, pool *pgxpool.Pool, d time.Duration) {
-	t.Helper()
-	sql := fmt.Sprintf(`
-		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			PERFORM pg_sleep(%f);
-			RETURN NULL;
-		EXCEPTION WHEN query_canceled THEN
-			RETURN NULL;
-		END $$;
-		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
-		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`, d.Seconds())
-	if _, err := pool.Exec(t.Context(), sql); err != nil {
-		t.Fatal(err)
 	}
 }
 
