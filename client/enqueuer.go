@@ -73,18 +73,18 @@ type EnqueuerConfig struct {
 // is owed; if it cannot be sent (the database out of reach), the workers
 // find those jobs at their next poll.
 //
-// Each Insert returns once its own job is committed, or with the error
-// that kept it from being stored. A job the database refuses fails alone:
-// a statement the database refuses for a value it holds (a data
-// exception, a constraint violation, or a statement too large or too
-// complex, 54000 and 54001: each raised before the statement commits, so
-// that nothing of it was stored) is replayed one job at a time. Any other
-// error, even one that arrives as a PostgreSQL error, may have come after
-// the commit: a connection pooler between, such as PgBouncer at its
-// query_timeout, answers with an error of its own while the server goes
-// on to commit. Each Insert of the group then returns it, wrapped in
-// ErrOutcomeUnknown where the statement may have committed (see Insert),
-// and nothing is stored again.
+// Each Insert returns once its own job is committed, or with an error,
+// which says whether the job may have been stored (see Insert). A job the
+// database refuses fails alone: a statement the database refuses for a
+// value it holds (a data exception, a constraint violation, or a
+// statement too large or too complex, 54000 and 54001: each raised before
+// the statement commits, so that nothing of it was stored) is replayed
+// one job at a time. Any other error is not: it may have come after the
+// commit, even one that arrives as a PostgreSQL error, as when a
+// connection pooler between, such as PgBouncer at its query_timeout,
+// answers with an error of its own while the server goes on to commit.
+// Each Insert of the group then returns it, wrapped in ErrOutcomeUnknown
+// where the statement may have committed, and nothing is stored again.
 //
 // An Enqueuer is safe for concurrent use; that is what it is for. It runs
 // at most two statements that store groups at once, and one that sends

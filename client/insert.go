@@ -58,19 +58,20 @@ const idempotencyAttempts = 3
 // and sent once more: refused, it stored nothing. Otherwise, as in a
 // transaction, which the refusal has failed, its error is returned.
 //
-// Outside a transaction of the caller's, an error says whether the job
-// may have been stored. One that wraps ErrOutcomeUnknown says that the
-// insert was sent and its answer lost, as when ctx ends or the connection
-// fails while it commits: the job may have been stored, and a caller that
-// tries again stores it twice unless the job has an idempotency key, with
-// which the retry returns the job the first attempt stored
-// (docs/failure-semantics.md, "An enqueue's answer is lost"). Any other
-// error, ctx's included, says that this call stored nothing: the insert
-// was not sent (ctx had ended, no connection could be had), PostgreSQL
-// answered it with an error, which rolled it back, or, with an
-// idempotency key the queue holds, the job holding it could not be read.
-// In a transaction of the caller's, nothing is stored before that
-// transaction commits, and an error is returned as it came.
+// Through a pool, or a connection with no transaction open, an error says
+// whether the job may have been stored. One that wraps ErrOutcomeUnknown
+// says that the insert was sent and its answer lost, as when ctx ends or
+// the connection fails while it commits: the job may have been stored,
+// and a caller that tries again stores it twice unless the job has an
+// idempotency key, with which the retry returns the job the first attempt
+// stored (docs/failure-semantics.md, "An enqueue's answer is lost"). Any
+// other error, ctx's included, says that this call stored nothing: the
+// insert was not sent (ctx had ended, or no connection could be had),
+// PostgreSQL answered it with an error, which rolled it back, or it found
+// the idempotency key taken (ErrIdempotencyConflict, ErrIdempotencyRace,
+// or the job holding the key could not be read). In a transaction, nothing
+// is stored before that transaction commits, and an error is returned as
+// it came.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	tx, inTx := dbtx.(*Tx)
 	ownCommit := commitsOnItsOwn(dbtx)
@@ -221,10 +222,10 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // both. If that announcement fails, as when ctx ends first, the jobs are
 // stored all the same and InsertMany does not fail: the workers find them
 // at their next poll. A statement found stale is sent again as Insert's.
-// Its errors say what Insert's do: outside a transaction of the caller's,
-// one that wraps ErrOutcomeUnknown says that the jobs may have been
-// stored, and inserting them again may store them twice; any other, that
-// none was.
+// Its errors say what Insert's do: through a pool, or a connection with no
+// transaction open, one that wraps ErrOutcomeUnknown says that the jobs
+// may have been stored, and inserting them again may store them twice;
+// any other, that none was.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {

@@ -13,8 +13,8 @@ import (
 // it timed out, the connection failed, or a connection pooler between
 // answered with an error of its own (a connection exception, class 08,
 // such as PgBouncer's at its query_timeout) while the server may go on.
-// The jobs may have been stored. Inserting them again stores them twice,
-// unless the job has an idempotency key: Insert with the same key returns
+// The jobs may have been stored. Inserting them again may store them
+// twice, unless the job has an idempotency key: Insert with the same key returns
 // the job the first attempt stored, if it did (docs/failure-semantics.md,
 // "An enqueue's answer is lost").
 //
@@ -56,8 +56,9 @@ func outcome(err error) error {
 // and any other error PostgreSQL answered with mean that the statement
 // returned, or failed and rolled back.
 //
-// It is the worker's answerLost, with pgx.ErrNoRows and the pooler's
-// errors set apart, since an insert is answered with both.
+// It is the worker's answerLost (worker/leases.go), with pgx.ErrNoRows
+// and the pooler's errors set apart, since an insert is answered with
+// both.
 func answerLost(err error) bool {
 	if err == nil || pgconn.SafeToRetry(err) || errors.Is(err, pgx.ErrNoRows) {
 		return false
