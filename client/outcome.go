@@ -9,7 +9,8 @@ import (
 )
 
 // ErrOutcomeUnknown is wrapped by the error of an insert whose statement,
-// committing on its own, was sent and whose answer was lost: the wait for
+// committing on its own, was sent and whose answer was lost, and by that
+// of a Tx's Commit whose answer was lost (see Tx.Commit): the wait for
 // it timed out, the connection failed, or a connection pooler between
 // answered with an error of its own (a connection exception, class 08,
 // such as PgBouncer's at its query_timeout) while the server may go on.
@@ -22,7 +23,7 @@ import (
 // the wait short: errors.Is(err, context.DeadlineExceeded) or
 // context.Canceled reports true only for an insert that stored nothing.
 // The message holds the error that lost the answer.
-var ErrOutcomeUnknown = errors.New("the insert was sent but its answer was lost: the jobs may have been stored")
+var ErrOutcomeUnknown = errors.New("the statement was sent but its answer was lost: the jobs may have been stored")
 
 // answerLostError is ErrOutcomeUnknown for one insert. It keeps the error
 // that lost the answer out of the chain: that error is often a context's,

@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/faultproxy"
 )
 
 // insertPath is one way of storing a job that commits on its own.
@@ -109,5 +111,73 @@ func TestInsert_AContextEndedBeforeTheStatementIsSentStoresNothing(t *testing.T)
 				t.Errorf("%d jobs stored, want none", n)
 			}
 		})
+	}
+}
+
+// TestTxCommit_AConnectionLostAtTheCommitIsErrOutcomeUnknown cuts the
+// connection of a Tx just after the server committed it, before its
+// answer arrives: Commit fails with ErrOutcomeUnknown, and the job, which
+// was stored, is there. A Tx whose connection closed before its commit,
+// and one an earlier error failed, which Commit rolls back, say so with
+// pgx's own errors, not ErrOutcomeUnknown.
+func TestTxCommit_AConnectionLostAtTheCommitIsErrOutcomeUnknown(t *testing.T) {
+	url := dbtest.NewURL(t)
+	ctx := t.Context()
+	proxy, proxied, err := faultproxy.StartFor(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	through, err := pgxpool.New(ctx, proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer through.Close()
+
+	tx, err := client.Begin(ctx, through)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := client.Insert(ctx, tx, newJob(t, client.Request{})); err != nil {
+		t.Fatal(err)
+	}
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "commit", Times: 1})
+	err = tx.Commit(ctx)
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Errorf("Commit whose connection was lost as it committed: %v want ErrOutcomeUnknown", err)
+	}
+	if proxy.Armed() != 0 {
+		t.Fatal("the connection was never cut at the commit")
+	}
+	if stored := dbtest.CountJobs(t, pool); stored != 1 {
+		t.Errorf("%d jobs stored, want 1: the committed transaction's", stored)
+	}
+
+	closed, err := client.Begin(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closed.Conn().Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := closed.Commit(ctx); err == nil || errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Errorf("Commit on a connection closed before it: %v, want an error that is not ErrOutcomeUnknown", err)
+	}
+
+	failed, err := client.Begin(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failed.Exec(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("a division by zero did not fail the transaction")
+	}
+	err = failed.Commit(ctx)
+	if !errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Errorf("Commit of a failed transaction: %v, want pgx.ErrTxCommitRollback alone", err)
 	}
 }

@@ -2,9 +2,11 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayq/relay/db"
 )
@@ -74,9 +76,27 @@ func BeginTx(ctx context.Context, b Beginner, opts pgx.TxOptions) (*Tx, error) {
 // Commit commits the transaction and then announces the queues of the
 // jobs stored through it (JobAnnounceMany). It returns the commit's error
 // alone: a failed announcement leaves the jobs to the workers' next poll.
+// A commit sent whose answer was lost (a timeout, a connection failed, a
+// pooler's own error) fails with an error that wraps ErrOutcomeUnknown,
+// and not the context's: the transaction may have committed. Any other
+// error says that it did not, pgx.ErrTxCommitRollback for a transaction
+// that an earlier error had failed.
 func (tx *Tx) Commit(ctx context.Context) error {
+	wasOpen := !tx.Conn().IsClosed()
 	if err := tx.Tx.Commit(ctx); err != nil {
-		return err
+		switch {
+		case errors.Is(err, pgx.ErrTxCommitRollback), errors.Is(err, pgx.ErrTxClosed), !wasOpen:
+			// Answered, or never sent: a connection closed before the
+			// commit took the transaction with it.
+			return err
+		case errors.Is(err, pgconn.ErrConnClosed):
+			// pgx reports a connection that failed as it read the answer
+			// of a statement without parameters, such as the commit, as
+			// closed, and as safe to retry; it was open as Commit began,
+			// so the commit was sent.
+			return &answerLostError{cause: err}
+		}
+		return outcome(err)
 	}
 	due := tx.due
 	tx.due = nil
