@@ -121,23 +121,8 @@ func TestInsert_AContextEndedBeforeTheStatementIsSentStoresNothing(t *testing.T)
 // and one an earlier error failed, which Commit rolls back, say so with
 // pgx's own errors, not ErrOutcomeUnknown.
 func TestTxCommit_AConnectionLostAtTheCommitIsErrOutcomeUnknown(t *testing.T) {
-	url := dbtest.NewURL(t)
 	ctx := t.Context()
-	proxy, proxied, err := faultproxy.StartFor(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	through, err := pgxpool.New(ctx, proxied)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer through.Close()
+	proxy, pool, through := proxiedPools(t)
 
 	tx, err := client.Begin(ctx, through)
 	if err != nil {
@@ -180,4 +165,27 @@ func TestTxCommit_AConnectionLostAtTheCommitIsErrOutcomeUnknown(t *testing.T) {
 	if !errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, client.ErrOutcomeUnknown) {
 		t.Errorf("Commit of a failed transaction: %v, want pgx.ErrTxCommitRollback alone", err)
 	}
+}
+
+// proxiedPools returns a fresh database's pool, and a pool that reaches
+// it through proxy, a faultproxy, all closed as the test ends.
+func proxiedPools(t *testing.T) (proxy *faultproxy.Proxy, pool, through *pgxpool.Pool) {
+	t.Helper()
+	url := dbtest.NewURL(t)
+	proxy, proxied, err := faultproxy.StartFor(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	for _, p := range []struct {
+		pool **pgxpool.Pool
+		url  string
+	}{{&pool, url}, {&through, proxied}} {
+		*p.pool, err = pgxpool.New(t.Context(), p.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup((*p.pool).Close)
+	}
+	return proxy, pool, through
 }

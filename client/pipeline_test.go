@@ -494,29 +494,14 @@ func TestInsert_PreparesAStaleStatementAgainAndStoresOnce(t *testing.T) {
 // not sent again on another of the pool's connections, and the job is
 // stored once.
 func TestInsert_AConnectionLostAtTheCommitFailsTheInsert(t *testing.T) {
-	url := dbtest.NewURL(t)
 	ctx := t.Context()
-	proxy, proxied, err := faultproxy.StartFor(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	through, err := pgxpool.New(ctx, proxied)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer through.Close()
+	proxy, pool, through := proxiedPools(t)
 	job := newJob(t, client.Request{})
 	if _, _, err := client.Insert(ctx, through, job); err != nil {
 		t.Fatal(err) // prepares its statements before the cut
 	}
 	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobInsert :one", Times: 1})
-	_, _, err = client.Insert(ctx, through, job)
+	_, _, err := client.Insert(ctx, through, job)
 	if !errors.Is(err, client.ErrOutcomeUnknown) {
 		t.Errorf("Insert whose connection was lost at its commit: %v, want ErrOutcomeUnknown", err)
 	}
