@@ -440,21 +440,26 @@ ORDER BY q.queue;
 -- statement leaves it, with applied false when it had already finished
 -- (and is left as it was), or no row for a job that is missing.
 --
--- The job is locked first (found), and every decision is taken on the row
--- found holds: FOR UPDATE waits for a change in progress and reads the row
--- that change leaves, where the UPDATE's own scan reads the older version
--- in the statement's snapshot, and a condition on j.state would refuse, on
--- that version, a change the locked row allows. So a cancel refused is
--- refused for the state it returns, never for one that a concurrent change
--- has since left.
+-- The job is locked first (found), and whether the cancel applies is
+-- decided on the row found holds: FOR UPDATE waits for a change in
+-- progress and reads the row that change leaves, where the UPDATE's own
+-- scan reads the older version in the statement's snapshot, and a
+-- condition on j.state would refuse, on that version, a change the locked
+-- row allows. So a cancel refused is refused for the state it returns,
+-- never for one that a concurrent change has since left. The new values,
+-- though, are computed from j alone: PostgreSQL builds the row from that
+-- older version, and checks its constraints, before it finds the version
+-- found locked and computes the row again from it, so values taken from
+-- found would meet the older version's lease (a claim, a failure or a
+-- reclaim in between) and break jobs_lease_iff_running.
 WITH found AS (
     SELECT * FROM jobs AS f WHERE f.id = @id FOR UPDATE
 ),
 cancelled AS (
     UPDATE jobs AS j
-    SET state               = CASE WHEN found.state = 'available' THEN 'cancelled'::job_state ELSE found.state END,
-        finished_at         = CASE WHEN found.state = 'available' THEN now() ELSE found.finished_at END,
-        cancel_requested_at = CASE WHEN found.state = 'running' THEN COALESCE(found.cancel_requested_at, now()) END
+    SET state               = CASE WHEN j.state = 'available' THEN 'cancelled'::job_state ELSE j.state END,
+        finished_at         = CASE WHEN j.state = 'available' THEN now() ELSE j.finished_at END,
+        cancel_requested_at = CASE WHEN j.state = 'running' THEN COALESCE(j.cancel_requested_at, now()) END
     FROM found
     WHERE j.id = found.id
       AND found.state IN ('available', 'running')
@@ -470,17 +475,19 @@ SELECT false AS applied, found.* FROM found WHERE NOT EXISTS (SELECT FROM cancel
 -- old one. Returns the job as the statement leaves it, with applied false
 -- when it was in any other state (and is left as it was), or no row for a
 -- job that is missing. The job is locked first, and the retry decided on
--- the row found holds, as in JobCancel.
+-- the row found holds, its new values computed from j, as in JobCancel:
+-- a row still running in the statement's snapshot is left as it is until
+-- the version found locked, dead or cancelled, is retried.
 WITH found AS (
     SELECT * FROM jobs AS f WHERE f.id = @id FOR UPDATE
 ),
 retried AS (
     UPDATE jobs AS j
-    SET state       = 'available',
-        attempt     = 0,
-        run_at      = now(),
-        finished_at = NULL,
-        result      = NULL
+    SET state       = CASE WHEN j.state IN ('dead', 'cancelled') THEN 'available'::job_state ELSE j.state END,
+        attempt     = CASE WHEN j.state IN ('dead', 'cancelled') THEN 0 ELSE j.attempt END,
+        run_at      = CASE WHEN j.state IN ('dead', 'cancelled') THEN now() ELSE j.run_at END,
+        finished_at = CASE WHEN j.state IN ('dead', 'cancelled') THEN NULL ELSE j.finished_at END,
+        result      = CASE WHEN j.state IN ('dead', 'cancelled') THEN NULL ELSE j.result END
     FROM found
     WHERE j.id = found.id
       AND found.state IN ('dead', 'cancelled')

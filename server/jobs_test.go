@@ -758,6 +758,37 @@ func failForGood(t *testing.T, q *db.Queries, id int64, token pgtype.UUID) {
 	}
 }
 
+// claimJob claims the job id, the only ready job of its queue, as a
+// worker would.
+func claimJob(t *testing.T, q *db.Queries, id int64, _ pgtype.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	job, err := q.JobGet(ctx, id)
+	if err != nil {
+		t.Fatalf("get job %d: %v", id, err)
+	}
+	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		Queue: job.Queue, ClaimTokens: leaseTokens(1), LeaseMs: time.Minute.Milliseconds(), WorkerID: "another-worker",
+	})
+	if err != nil || len(rows) != 1 || rows[0].ID == nil || *rows[0].ID != id {
+		t.Fatalf("claim job %d: %v %+v", id, err, rows)
+	}
+}
+
+// failToRunAgain fails the running job id, under the lease token, with an
+// error that leaves it attempts: it is available again at once.
+func failToRunAgain(t *testing.T, q *db.Queries, id int64, token pgtype.UUID) {
+	t.Helper()
+	rows, err := q.JobFailMany(context.Background(), db.JobFailManyParams{
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"try again"},
+		Permanent: []bool{false}, RetryInMs: []int64{0},
+	})
+	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateAvailable {
+		t.Fatalf("fail job %d: %v %+v", id, err, rows)
+	}
+}
+
 // TestTransitionJob_RefusalNamesTheStateThatRefusedItWhateverComesNext
 // makes, right after the statement of a cancel or a retry has refused the
 // change, another change that makes the job one that the refused change
@@ -824,6 +855,14 @@ func TestTransitionJob_WaitsForAChangeInProgressAndDecidesOnItsOutcome(t *testin
 			http.StatusOK, db.JobStateAvailable},
 		{transitionCase{"retry of a dead job being retried", deadJob, "retry", retryJob},
 			http.StatusConflict, db.JobStateAvailable},
+		// Changes that take or give back the lease: the cancel or retry
+		// must decide on the row they leave, lease and all.
+		{transitionCase{"cancel of an available job being claimed", availableJob, "cancel", claimJob},
+			http.StatusOK, db.JobStateRunning},
+		{transitionCase{"cancel of a running job being failed to run again", runningJob, "cancel", failToRunAgain},
+			http.StatusOK, db.JobStateCancelled},
+		{transitionCase{"retry of a running job being failed for good", runningJob, "retry", failForGood},
+			http.StatusOK, db.JobStateAvailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
