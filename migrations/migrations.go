@@ -135,10 +135,15 @@ func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
 }
 
 // DownTo rolls back every migration after version, newest first, and
-// returns the versions rolled back.
+// returns the versions rolled back: none, creating nothing, when no
+// migration is applied (see Down).
 func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
-	if err := m.refuseUnknownAbove(ctx, version); err != nil {
+	s, err := m.refuseUnknownAbove(ctx, version)
+	if err != nil {
 		return nil, fmt.Errorf("migrate down to %d: %w", version, err)
+	}
+	if len(s.Applied) == 0 {
+		return nil, nil
 	}
 	results, err := m.provider.DownTo(ctx, version)
 	if err != nil {
@@ -148,10 +153,16 @@ func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
 }
 
 // Down rolls back the most recent migration and returns its version, or
-// nothing when no migration is applied.
+// nothing when no migration is applied. Like Status, it then creates
+// nothing: goose would first create its version and lock tables, in a
+// database that may not be Relay's at all.
 func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
-	if err := m.refuseUnknownAbove(ctx, 0); err != nil {
+	s, err := m.refuseUnknownAbove(ctx, 0)
+	if err != nil {
 		return nil, fmt.Errorf("migrate down: %w", err)
+	}
+	if len(s.Applied) == 0 {
+		return nil, nil
 	}
 	result, err := m.provider.Down(ctx)
 	if errors.Is(err, goose.ErrNoNextVersion) {
@@ -296,14 +307,15 @@ var ErrUnknownMigration = errors.New("the database holds a migration this build 
 
 // refuseUnknownAbove returns ErrUnknownMigration, naming the versions, if
 // the database holds a migration after version that this build does not
-// carry: only the build that applied it knows how to roll it back. It
-// reads before the roll-back takes the migration lock: a newer build's
-// migration recorded in between makes the roll-back fail on goose's own
-// "version not found" instead, having rolled back nothing.
-func (m *Migrator) refuseUnknownAbove(ctx context.Context, version int64) error {
+// carry: only the build that applied it knows how to roll it back, and
+// otherwise returns what Inspect read. It reads before the roll-back takes
+// the migration lock: a newer build's migration recorded in between makes
+// the roll-back fail on goose's own "version not found" instead, having
+// rolled back nothing.
+func (m *Migrator) refuseUnknownAbove(ctx context.Context, version int64) (Schema, error) {
 	s, err := m.Inspect(ctx)
 	if err != nil {
-		return err
+		return Schema{}, err
 	}
 	var above []int64
 	for _, v := range s.Unknown {
@@ -312,9 +324,9 @@ func (m *Migrator) refuseUnknownAbove(ctx context.Context, version int64) error 
 		}
 	}
 	if len(above) == 0 {
-		return nil
+		return s, nil
 	}
-	return fmt.Errorf("%w: %s; roll back with the build of relay that applied it",
+	return Schema{}, fmt.Errorf("%w: %s; roll back with the build of relay that applied it",
 		ErrUnknownMigration, newerThan(above, s.Newest))
 }
 

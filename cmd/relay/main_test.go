@@ -374,6 +374,32 @@ func TestMigrate_StatusAndTheSchemaCheckCreateNothing(t *testing.T) {
 	}
 }
 
+// TestMigrate_DownOnANeverMigratedDatabaseCreatesNothing rolls back a
+// database that was never migrated, as a mistyped URL would name: there is
+// nothing to roll back, and the database still holds no table afterwards.
+func TestMigrate_DownOnANeverMigratedDatabaseCreatesNothing(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := emptyDatabaseURL(t)
+	r := runRelay(ctx, nil, "", "migrate", "down", "--database-url", dsn)
+	if r.err != nil {
+		t.Fatalf("relay migrate down: %v", r.err)
+	}
+	if diff := cmp.Diff("no migration to roll back\n", r.stdout); diff != "" {
+		t.Errorf("relay migrate down: stdout (-want +got):\n%s", diff)
+	}
+	var tables []string
+	rows, err := mustPool(t, dsn).Query(ctx, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+	if err == nil {
+		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) > 0 {
+		t.Errorf("the database holds %v after relay migrate down, want no table", tables)
+	}
+}
+
 // TestMigrate_ADatabaseANewerBuildMigratedIsToldApartAndNotRolledBack
 // records in a migrated database a migration this build does not carry,
 // as a newer build of Relay would. Status lists it, up says the database
