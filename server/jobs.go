@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -307,7 +308,7 @@ func inBatch(i int, err error) error {
 func jobID(r *http.Request) (int64, error) {
 	id, ok := parseDigits(r.PathValue("id"))
 	if !ok || id <= 0 {
-		return 0, badRequest("id", "job id must be a positive integer")
+		return 0, badRequest("id", "job id must be a whole number from 1 to %d", int64(math.MaxInt64))
 	}
 	return id, nil
 }

@@ -160,7 +160,10 @@ func TestGetJob_BadIDIs400(t *testing.T) {
 	for _, id := range []string{"abc", "0", "-1", "+1", "1.5", "1e3", "0x10", "9223372036854775808", "%201", "batch"} {
 		t.Run(id, func(t *testing.T) {
 			if id != "batch" { // the path of POST /v1/jobs/batch: a 405 (TestRoutes_WrongMethodIs405JSONWithAllow)
-				wantError(t, e.do(t, "GET", "/v1/jobs/"+id, ""), http.StatusBadRequest, "id")
+				got := wantError(t, e.do(t, "GET", "/v1/jobs/"+id, ""), http.StatusBadRequest, "id")
+				if want := "job id must be a whole number from 1 to 9223372036854775807"; got.Error != want {
+					t.Errorf("error %q, want %q", got.Error, want)
+				}
 			}
 			wantError(t, e.do(t, "POST", "/v1/jobs/"+id+"/cancel", ""), http.StatusBadRequest, "id")
 			wantError(t, e.do(t, "POST", "/v1/jobs/"+id+"/retry", ""), http.StatusBadRequest, "id")
