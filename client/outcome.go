@@ -2,10 +2,8 @@ package client
 
 import (
 	"errors"
-	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/relayq/relay/internal/pgerr"
 )
 
 // ErrOutcomeUnknown is wrapped by the error of an insert whose statement,
@@ -40,35 +38,13 @@ func (e *answerLostError) Unwrap() error { return ErrOutcomeUnknown }
 
 // outcome returns err, the error of a statement that stores jobs and
 // commits on its own, as ErrOutcomeUnknown where it leaves unknown
-// whether the statement committed (answerLost), and otherwise as it is.
+// whether the statement committed (pgerr.AnswerLost), and otherwise as it
+// is.
 func outcome(err error) error {
-	if !answerLost(err) {
+	if !pgerr.AnswerLost(err) {
 		return err
 	}
 	return &answerLostError{cause: err}
-}
-
-// answerLost reports whether err, the error of a statement that commits
-// on its own, leaves it unknown whether the statement committed: it was
-// sent, and no answer from the server came back (the connection failed,
-// or the wait for the answer timed out, by the caller's context or its
-// own), or a pooler answered in the server's place (class 08). An error
-// pgx marks safe to retry came before anything was sent; pgx.ErrNoRows
-// and any other error PostgreSQL answered with mean that the statement
-// returned, or failed and rolled back.
-//
-// It is the worker's answerLost (worker/leases.go), with pgx.ErrNoRows
-// and the pooler's errors set apart, since an insert is answered with
-// both.
-func answerLost(err error) bool {
-	if err == nil || pgconn.SafeToRetry(err) || errors.Is(err, pgx.ErrNoRows) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "08")
-	}
-	return true
 }
 
 // unsent marks the error of a step that runs before a statement is sent,

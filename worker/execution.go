@@ -31,7 +31,7 @@ type execution struct {
 	// one a shutdown may release.
 	returned bool
 	// unanswered is set once a statement carrying the outcome, or the
-	// release, got no answer (answerLost): that statement may have
+	// release, got no answer (pgerr.AnswerLost): that statement may have
 	// recorded it, and a refusal from the fence later no longer says that
 	// nothing was (Ack.InDoubt). Whoever sends the statement sets it, a
 	// round or the shutdown, and the dispatcher reads it once that is

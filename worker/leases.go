@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgerr"
 )
 
 // leases makes the worker's calls of the lease statements of
@@ -105,7 +106,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	r.sentAt = time.Now()
 	rows, err := w.q.JobCompleteAndClaim(ctx, params)
 	if err != nil {
-		if answerLost(err) {
+		if pgerr.AnswerLost(err) {
 			r.lostClaim = params.ClaimTokens
 			markUnanswered(done)
 		}
@@ -139,7 +140,7 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 	r.sentAt = time.Now()
 	ids, err := l.w.q.JobCompleteMany(ctx, params)
 	if err != nil {
-		if answerLost(err) {
+		if pgerr.AnswerLost(err) {
 			markUnanswered(done)
 		}
 		return err
@@ -168,15 +169,6 @@ func markUnanswered(outcomes []outcome) {
 	for _, o := range outcomes {
 		o.exec.unanswered = true
 	}
-}
-
-// answerLost reports whether err leaves it unknown whether the statement
-// committed: it was sent, and no answer from the server came back (the
-// connection failed, or the wait for the answer timed out). An error the
-// server answered with means the statement did not commit.
-func answerLost(err error) bool {
-	var pgErr *pgconn.PgError
-	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
 }
 
 // getClaimed returns the jobs still running under the lease tokens given,
@@ -270,7 +262,7 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 		for _, r := range rows {
 			states[r.ID] = r.State
 		}
-		if err != nil && answerLost(err) {
+		if err != nil && pgerr.AnswerLost(err) {
 			markUnanswered(part)
 		}
 		return err
@@ -395,7 +387,7 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 		for _, id := range ids {
 			released[id] = true
 		}
-		if err != nil && answerLost(err) {
+		if err != nil && pgerr.AnswerLost(err) {
 			for _, e := range part {
 				e.unanswered = true
 			}
