@@ -752,30 +752,19 @@ func cancelJob(t *testing.T, q *db.Queries, id int64, _ pgtype.UUID) {
 // error that is permanent, as its worker would: it ends dead.
 func failForGood(t *testing.T, q *db.Queries, id int64, token pgtype.UUID) {
 	t.Helper()
-	rows, err := q.JobFailMany(context.Background(), db.JobFailManyParams{
-		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"boom"},
-		Permanent: []bool{true}, RetryInMs: []int64{0},
-	})
-	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
-		t.Fatalf("fail job %d: %v %+v", id, err, rows)
-	}
+	failLeased(t, q, id, token, true)
 }
 
 // claimJob claims the job id, the only ready job of its queue, as a
 // worker would.
 func claimJob(t *testing.T, q *db.Queries, id int64, _ pgtype.UUID) {
 	t.Helper()
-	ctx := context.Background()
-	job, err := q.JobGet(ctx, id)
+	job, err := q.JobGet(context.Background(), id)
 	if err != nil {
 		t.Fatalf("get job %d: %v", id, err)
 	}
-	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
-		Queue: job.Queue, ClaimTokens: leaseTokens(1), LeaseMs: time.Minute.Milliseconds(), WorkerID: "another-worker",
-	})
-	if err != nil || len(rows) != 1 || rows[0].ID == nil || *rows[0].ID != id {
-		t.Fatalf("claim job %d: %v %+v", id, err, rows)
+	if tokens := claimWith(t, q, job.Queue, time.Minute); len(tokens) != 1 || tokens[id] == (pgtype.UUID{}) {
+		t.Fatalf("job %d was not claimed alone (claimed %v)", id, tokens)
 	}
 }
 
@@ -783,13 +772,7 @@ func claimJob(t *testing.T, q *db.Queries, id int64, _ pgtype.UUID) {
 // error that leaves it attempts: it is available again at once.
 func failToRunAgain(t *testing.T, q *db.Queries, id int64, token pgtype.UUID) {
 	t.Helper()
-	rows, err := q.JobFailMany(context.Background(), db.JobFailManyParams{
-		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"try again"},
-		Permanent: []bool{false}, RetryInMs: []int64{0},
-	})
-	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateAvailable {
-		t.Fatalf("fail job %d: %v %+v", id, err, rows)
-	}
+	failLeased(t, q, id, token, false)
 }
 
 // TestTransitionJob_RefusalNamesTheStateThatRefusedItWhateverComesNext

@@ -169,7 +169,13 @@ func (e *testEnv) claim(t testing.TB, queue string) map[int64]pgtype.UUID {
 // claimFor claims as claim does, under leases of the given length.
 func (e *testEnv) claimFor(t testing.TB, queue string, lease time.Duration) map[int64]pgtype.UUID {
 	t.Helper()
-	rows, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
+	return claimWith(t, e.q, queue, lease)
+}
+
+// claimWith claims through q as claimFor does.
+func claimWith(t testing.TB, q *db.Queries, queue string, lease time.Duration) map[int64]pgtype.UUID {
+	t.Helper()
+	rows, err := q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
 		CompleteIDs:     []int64{},
 		CompleteTokens:  []pgtype.UUID{},
 		CompleteResults: []json.RawMessage{},
@@ -215,12 +221,24 @@ func (e *testEnv) kill(t testing.TB, queue string, id int64) {
 	if !ok {
 		t.Fatalf("job %d was not claimed (claimed %v)", id, tokens)
 	}
-	rows, err := e.q.JobFailMany(context.Background(), db.JobFailManyParams{
+	failLeased(t, e.q, id, token, true)
+}
+
+// failLeased fails the running job id through q, under the lease token,
+// as its worker would: for good, or with attempts left, to run again at
+// once. It ends dead, or available.
+func failLeased(t testing.TB, q *db.Queries, id int64, token pgtype.UUID, permanent bool) {
+	t.Helper()
+	want := db.JobStateAvailable
+	if permanent {
+		want = db.JobStateDead
+	}
+	rows, err := q.JobFailMany(context.Background(), db.JobFailManyParams{
 		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"boom"},
-		Permanent: []bool{true}, RetryInMs: []int64{0},
+		Permanent: []bool{permanent}, RetryInMs: []int64{0},
 	})
-	if err != nil || len(rows) != 1 || rows[0].State != db.JobStateDead {
-		t.Fatalf("fail job %d: %v %+v", id, err, rows)
+	if err != nil || len(rows) != 1 || rows[0].State != want {
+		t.Fatalf("fail job %d: %v %+v, want it %s", id, err, rows, want)
 	}
 }
 

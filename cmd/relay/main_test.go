@@ -361,17 +361,7 @@ func TestMigrate_StatusAndTheSchemaCheckCreateNothing(t *testing.T) {
 	if r := runRelay(ctx, nil, "", "enqueue", "noop", "--database-url", dsn); !errors.Is(r.err, errNotMigrated) {
 		t.Fatalf("relay enqueue: error = %v, want %v", r.err, errNotMigrated)
 	}
-	var tables []string
-	rows, err := mustPool(t, dsn).Query(ctx, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
-	if err == nil {
-		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(tables) > 0 {
-		t.Errorf("the database holds %v after relay migrate status and relay enqueue, want no table", tables)
-	}
+	wantNoTable(t, ctx, dsn, "relay migrate status and relay enqueue")
 }
 
 // TestMigrate_DownOnANeverMigratedDatabaseCreatesNothing rolls back a
@@ -387,6 +377,13 @@ func TestMigrate_DownOnANeverMigratedDatabaseCreatesNothing(t *testing.T) {
 	if diff := cmp.Diff("no migration to roll back\n", r.stdout); diff != "" {
 		t.Errorf("relay migrate down: stdout (-want +got):\n%s", diff)
 	}
+	wantNoTable(t, ctx, dsn, "relay migrate down")
+}
+
+// wantNoTable fails the test if the database at dsn holds a table in its
+// current schema after what ran.
+func wantNoTable(t *testing.T, ctx context.Context, dsn, after string) {
+	t.Helper()
 	var tables []string
 	rows, err := mustPool(t, dsn).Query(ctx, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
 	if err == nil {
@@ -396,7 +393,7 @@ func TestMigrate_DownOnANeverMigratedDatabaseCreatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(tables) > 0 {
-		t.Errorf("the database holds %v after relay migrate down, want no table", tables)
+		t.Errorf("the database holds %v after %s, want no table", tables, after)
 	}
 }
 
