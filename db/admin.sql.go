@@ -159,6 +159,39 @@ func (q *Queries) JobStatisticsDue(ctx context.Context) (JobStatisticsDueRow, er
 	return i, err
 }
 
+const relayTablesFound = `-- name: RelayTablesFound :one
+SELECT
+    (to_regclass('jobs') IS NOT NULL)::boolean AS jobs,
+    (to_regclass('workers') IS NOT NULL)::boolean AS workers,
+    (to_regclass('worker_sessions') IS NOT NULL)::boolean AS worker_sessions,
+    (to_regclass('job_summaries') IS NOT NULL)::boolean AS job_summaries
+`
+
+type RelayTablesFoundRow struct {
+	Jobs           bool
+	Workers        bool
+	WorkerSessions bool
+	JobSummaries   bool
+}
+
+// Which of the relations Relay's first migrations create the search_path
+// finds: 00001's table jobs, 00002's workers, 00003's worker_sessions and
+// 00005's view job_summaries. relay migrate reads them to tell whether the
+// versions goose's default table goose_db_version records are Relay's,
+// as builds before relay_migrations recorded them there, or another
+// program's.
+func (q *Queries) RelayTablesFound(ctx context.Context) (RelayTablesFoundRow, error) {
+	row := q.db.QueryRow(ctx, relayTablesFound)
+	var i RelayTablesFoundRow
+	err := row.Scan(
+		&i.Jobs,
+		&i.Workers,
+		&i.WorkerSessions,
+		&i.JobSummaries,
+	)
+	return i, err
+}
+
 const serverAutovacuum = `-- name: ServerAutovacuum :one
 SELECT current_setting('autovacuum')::boolean AS autovacuum
 `

@@ -1,9 +1,10 @@
 // Package migrations holds Relay's schema as goose SQL files, embedded so
 // that the relay binary can apply them, and the functions that do.
 //
-// The same files work with the stock goose command:
+// The same files work with the stock goose command, given Relay's version
+// table:
 //
-//	goose -dir migrations postgres "$DATABASE_URL" up
+//	goose -table relay_migrations -dir migrations postgres "$DATABASE_URL" up
 package migrations
 
 import (
@@ -23,6 +24,8 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/relayq/relay/db"
 )
 
 // FS holds the migration files.
@@ -34,13 +37,32 @@ var FS embed.FS
 // this build of Relay carries.
 var ErrNotMigrated = errors.New("database schema is not up to date: run `relay migrate up`")
 
+// VersionTable is the table Relay records its applied migrations in, in
+// the first schema of the connection's search_path: goose's version table
+// under a name of Relay's own, so that an application that keeps its own
+// goose migrations in goose's default table, goose_db_version, in the same
+// schema never has them read as Relay's, nor Relay's as its own.
+const VersionTable = "relay_migrations"
+
+// legacyVersionTable is goose's default version table, where builds of
+// Relay before VersionTable recorded their migrations, and legacyNewest
+// the newest migration those builds carried: a version above it in that
+// table is never Relay's.
+const (
+	legacyVersionTable       = goose.DefaultTablename
+	legacyNewest       int64 = 16
+)
+
 // Migrator applies and inspects the embedded migrations on one database.
 type Migrator struct {
 	db       *sql.DB
+	queries  *db.Queries
 	provider *goose.Provider
-	// store reads goose's version table for Inspect, which neither
-	// creates it nor waits for the migration lock, as the provider would.
-	store database.Store
+	locker   lock.Locker
+	// store reads and writes VersionTable for Inspect, which neither
+	// creates it nor waits for the migration lock, as the provider would,
+	// and for Adopt; legacy reads legacyVersionTable.
+	store, legacy database.Store
 }
 
 // NewMigrator returns a Migrator for the database behind pool. Close it when
@@ -59,18 +81,21 @@ func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("make the migration lock: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	store, err := database.NewStore(database.DialectPostgres, goose.DefaultTablename)
+	store, err := database.NewStore(database.DialectPostgres, VersionTable)
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("open goose's version table: %w", err)
+		return nil, fmt.Errorf("open the version table %s: %w", VersionTable, err)
 	}
-	provider, err := goose.NewProvider(goose.DialectCustom, db, FS, goose.WithStore(store), goose.WithLocker(locker))
+	legacy, err := database.NewStore(database.DialectPostgres, legacyVersionTable)
 	if err != nil {
-		db.Close()
+		return nil, fmt.Errorf("open the version table %s: %w", legacyVersionTable, err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	provider, err := goose.NewProvider(goose.DialectCustom, sqlDB, FS, goose.WithStore(store), goose.WithLocker(locker))
+	if err != nil {
+		sqlDB.Close()
 		return nil, fmt.Errorf("load migrations: %w", err)
 	}
-	return &Migrator{db: db, provider: provider, store: store}, nil
+	return &Migrator{db: sqlDB, queries: db.New(pool), provider: provider, locker: locker, store: store, legacy: legacy}, nil
 }
 
 // lockTry and lockWaitLimit are how often a Migrator tries to take the
@@ -107,6 +132,9 @@ func (m *Migrator) Close() error { return m.db.Close() }
 
 // Up applies every pending migration and returns the versions applied.
 func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
+	if _, err := m.Adopt(ctx); err != nil {
+		return nil, fmt.Errorf("migrate up: %w", err)
+	}
 	results, err := m.provider.Up(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate up: %w%s", err, appliedBefore(err))
@@ -127,6 +155,9 @@ func appliedBefore(err error) string {
 // UpTo applies the pending migrations up to and including version, and
 // returns the versions applied.
 func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
+	if _, err := m.Adopt(ctx); err != nil {
+		return nil, fmt.Errorf("migrate up to %d: %w", version, err)
+	}
 	results, err := m.provider.UpTo(ctx, version)
 	if err != nil {
 		return nil, fmt.Errorf("migrate up to %d: %w%s", version, err, appliedBefore(err))
@@ -144,6 +175,9 @@ func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
 	}
 	if len(s.Applied) == 0 {
 		return nil, nil
+	}
+	if _, err := m.Adopt(ctx); err != nil {
+		return nil, fmt.Errorf("migrate down to %d: %w", version, err)
 	}
 	results, err := m.provider.DownTo(ctx, version)
 	if err != nil {
@@ -163,6 +197,9 @@ func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
 	}
 	if len(s.Applied) == 0 {
 		return nil, nil
+	}
+	if _, err := m.Adopt(ctx); err != nil {
+		return nil, fmt.Errorf("migrate down: %w", err)
 	}
 	result, err := m.provider.Down(ctx)
 	if errors.Is(err, goose.ErrNoNextVersion) {
@@ -249,34 +286,46 @@ func (m *Migrator) Inspect(ctx context.Context) (Schema, error) {
 	return s, nil
 }
 
-// applied returns the versions goose's version table records as applied,
+// applied returns the versions Relay's migrations are recorded as applied:
+// those VersionTable records or, where it records none, those an earlier
+// build recorded in legacyVersionTable (see Adopt).
+func (m *Migrator) applied(ctx context.Context) (map[int64]bool, error) {
+	applied, err := m.recorded(ctx, m.store)
+	if err != nil || len(applied) > 0 {
+		return applied, err
+	}
+	earlier, err := m.earlierBuilds(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range earlier {
+		applied[v] = true
+	}
+	return applied, nil
+}
+
+// recorded returns the versions a goose version table records as applied,
 // none if the table does not exist: every version with a row, as the goose
 // Provider that applies and rolls back Relay's migrations reads the table
 // (a roll-back deletes the version's row). Version 0 is the row goose
 // writes when it creates the table, not a migration.
-func (m *Migrator) applied(ctx context.Context) (map[int64]bool, error) {
+func (m *Migrator) recorded(ctx context.Context, store database.Store) (map[int64]bool, error) {
 	conn, err := m.db.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close()
-	exists, ok := m.store.(interface {
-		TableExists(context.Context, database.DBTxConn) (bool, error)
-	})
-	if !ok {
-		return nil, errors.New("goose's store cannot tell whether its version table exists")
-	}
-	found, err := exists.TableExists(ctx, conn)
+	found, err := tableExists(ctx, store, conn)
 	if err != nil {
-		return nil, fmt.Errorf("look for the version table %s: %w", m.store.Tablename(), err)
+		return nil, err
 	}
 	applied := map[int64]bool{}
 	if !found {
 		return applied, nil
 	}
-	rows, err := m.store.ListMigrations(ctx, conn)
+	rows, err := store.ListMigrations(ctx, conn)
 	if err != nil {
-		return nil, fmt.Errorf("read the version table %s: %w", m.store.Tablename(), err)
+		return nil, fmt.Errorf("read the version table %s: %w", store.Tablename(), err)
 	}
 	for _, r := range rows {
 		if r.Version != 0 {
@@ -284,6 +333,140 @@ func (m *Migrator) applied(ctx context.Context) (map[int64]bool, error) {
 		}
 	}
 	return applied, nil
+}
+
+// tableExists reports whether store's version table exists in the first
+// schema of the connection's search_path.
+func tableExists(ctx context.Context, store database.Store, conn database.DBTxConn) (bool, error) {
+	exists, ok := store.(interface {
+		TableExists(context.Context, database.DBTxConn) (bool, error)
+	})
+	if !ok {
+		return false, errors.New("goose's store cannot tell whether its version table exists")
+	}
+	found, err := exists.TableExists(ctx, conn)
+	if err != nil {
+		return false, fmt.Errorf("look for the version table %s: %w", store.Tablename(), err)
+	}
+	return found, nil
+}
+
+// ErrUnclearHistory reports a database whose goose_db_version records
+// versions that cannot be told to be Relay's or another program's, though
+// the database holds Relay's tables.
+var ErrUnclearHistory = errors.New("cannot tell which of the migrations goose_db_version records are Relay's")
+
+// earlierBuilds returns the migrations an earlier build of Relay recorded
+// in legacyVersionTable, in order: none where VersionTable records any, or
+// where legacyVersionTable records none of Relay's versions, or where the
+// database does not hold Relay's first table (the versions are then
+// another program's). Relay's versions there are the run from 1 up to
+// legacyNewest that goose applied in order, and the database holds the
+// tables and view they created; anything else, beside Relay's tables, is
+// ErrUnclearHistory.
+func (m *Migrator) earlierBuilds(ctx context.Context) ([]int64, error) {
+	own, err := m.recorded(ctx, m.store)
+	if err != nil || len(own) > 0 {
+		return nil, err
+	}
+	recorded, err := m.recorded(ctx, m.legacy)
+	if err != nil {
+		return nil, err
+	}
+	var versions []int64
+	for v := range recorded {
+		if v <= legacyNewest {
+			versions = append(versions, v)
+		}
+	}
+	if len(versions) == 0 {
+		return nil, nil
+	}
+	slices.Sort(versions)
+	found, err := m.queries.RelayTablesFound(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("look for Relay's tables: %w", err)
+	}
+	if !found.Jobs {
+		return nil, nil
+	}
+	newest := versions[len(versions)-1]
+	unlike := ""
+	switch {
+	case versions[0] != 1 || newest != int64(len(versions)):
+		unlike = "they are not a run from 1, as goose applies Relay's migrations"
+	case newest >= 2 && !found.Workers:
+		unlike = "migration 2's table workers is missing"
+	case newest >= 3 && !found.WorkerSessions:
+		unlike = "migration 3's table worker_sessions is missing"
+	case newest >= 5 && !found.JobSummaries:
+		unlike = "migration 5's view job_summaries is missing"
+	}
+	if unlike != "" {
+		return nil, fmt.Errorf("%w: the database holds a table jobs and %s records versions %v of 1 to %d, but %s; "+
+			"insert the versions of the Relay migrations this database holds into %s (version_id, is_applied), which relay migrate reads first",
+			ErrUnclearHistory, legacyVersionTable, versions, legacyNewest, unlike, VersionTable)
+	}
+	return versions, nil
+}
+
+// Adopt records in VersionTable the migrations an earlier build of Relay
+// recorded in goose's default table, goose_db_version, and returns them:
+// none when VersionTable already records a migration, or when
+// goose_db_version holds none of Relay's (see earlierBuilds). It runs under
+// the migration lock, in one transaction, and leaves goose_db_version as it
+// was, for an application that shares it and for an earlier build still
+// running. Up, UpTo, Down and DownTo adopt first; Inspect reads what Adopt
+// would record without writing it.
+func (m *Migrator) Adopt(ctx context.Context) ([]int64, error) {
+	versions, err := m.earlierBuilds(ctx)
+	if err != nil || len(versions) == 0 {
+		return nil, err
+	}
+	if err := m.locker.Lock(ctx, m.db); err != nil {
+		return nil, fmt.Errorf("take the migration lock: %w", err)
+	}
+	defer m.locker.Unlock(context.WithoutCancel(ctx), m.db) //nolint:errcheck // the lock's lease ends on its own
+	// Another migrator may have adopted them while this one waited.
+	if versions, err = m.earlierBuilds(ctx); err != nil || len(versions) == 0 {
+		return nil, err
+	}
+	if err := m.record(ctx, versions); err != nil {
+		return nil, fmt.Errorf("record migrations %v of %s in %s: %w", versions, legacyVersionTable, VersionTable, err)
+	}
+	return versions, nil
+}
+
+// record writes versions to VersionTable in one transaction, creating the
+// table first, with goose's version-0 row, where it does not exist.
+func (m *Migrator) record(ctx context.Context, versions []int64) (err error) {
+	exists, err := tableExists(ctx, m.store, m.db)
+	if err != nil {
+		return err
+	}
+	tx, err := m.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback() //nolint:errcheck // the error that made it roll back is returned
+		}
+	}()
+	if !exists {
+		if err := m.store.CreateVersionTable(ctx, tx); err != nil {
+			return err
+		}
+		if err := m.store.Insert(ctx, tx, database.InsertRequest{Version: 0}); err != nil {
+			return err
+		}
+	}
+	for _, v := range versions {
+		if err := m.store.Insert(ctx, tx, database.InsertRequest{Version: v}); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // CheckCurrent returns ErrNotMigrated if any migration this build carries

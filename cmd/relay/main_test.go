@@ -397,6 +397,36 @@ func wantNoTable(t *testing.T, ctx context.Context, dsn, after string) {
 	}
 }
 
+// TestMigrate_UpTakesOverWhatAnEarlierBuildRecorded migrates a database
+// whose migrations an earlier build of Relay recorded in goose's default
+// table: up says it recorded them in relay_migrations, and has nothing to
+// apply; down then rolls back the newest.
+func TestMigrate_UpTakesOverWhatAnEarlierBuildRecorded(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := dbtest.NewURL(t)
+	if _, err := mustPool(t, dsn).Exec(ctx, "ALTER TABLE "+migrations.VersionTable+" RENAME TO goose_db_version"); err != nil {
+		t.Fatal(err)
+	}
+	all := len(migrationNames)
+	for _, s := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "status"}, migrateStatus(all)},
+		{[]string{"migrate", "up"}, fmt.Sprintf("recorded migrations 1 to %d, which an earlier relay recorded in goose_db_version, in %s\n"+
+			"no migrations to apply: the database is up to date", all, migrations.VersionTable)},
+		{[]string{"migrate", "down"}, fmt.Sprintf("rolled back migration %d %s", all, migrationNames[all-1])},
+	} {
+		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
+		if r.err != nil {
+			t.Fatalf("relay %s: %v", strings.Join(s.args, " "), r.err)
+		}
+		if diff := cmp.Diff(s.want+"\n", r.stdout); diff != "" {
+			t.Errorf("relay %s: stdout (-want +got):\n%s", strings.Join(s.args, " "), diff)
+		}
+	}
+}
+
 // TestMigrate_ADatabaseANewerBuildMigratedIsToldApartAndNotRolledBack
 // records in a migrated database a migration this build does not carry,
 // as a newer build of Relay would. Status lists it, up says the database
@@ -406,7 +436,7 @@ func TestMigrate_ADatabaseANewerBuildMigratedIsToldApartAndNotRolledBack(t *test
 	ctx := testContext(t, 30*time.Second)
 	dsn := dbtest.NewURL(t)
 	newer := len(migrationNames) + 1
-	if _, err := mustPool(t, dsn).Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)", newer); err != nil {
+	if _, err := mustPool(t, dsn).Exec(ctx, "INSERT INTO "+migrations.VersionTable+" (version_id, is_applied) VALUES ($1, true)", newer); err != nil {
 		t.Fatal(err)
 	}
 	relay := func(args ...string) result {

@@ -65,6 +65,16 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	}
 	defer m.Close()
 
+	if action != "status" {
+		adopted, err := m.Adopt(ctx)
+		if err != nil {
+			return err
+		}
+		if len(adopted) > 0 {
+			fmt.Fprintf(env.stdout, "recorded migrations %d to %d, which an earlier relay recorded in goose_db_version, in %s\n",
+				adopted[0], adopted[len(adopted)-1], migrations.VersionTable)
+		}
+	}
 	switch action {
 	case "up":
 		applied, err := m.Up(ctx)

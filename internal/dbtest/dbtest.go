@@ -241,10 +241,12 @@ func migrate(ctx context.Context, admin, database string) error {
 	return err
 }
 
-// templateName derives the template's name from the migration files, so a
-// changed schema gets a new template instead of a stale one.
+// templateName derives the template's name from the migration files and
+// the table that records them, so a changed schema gets a new template
+// instead of a stale one.
 func templateName() (string, error) {
 	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00", migrations.VersionTable)
 	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
