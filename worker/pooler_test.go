@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -49,6 +50,23 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// waitForLog polls the buffer until it holds every one of parts, and fails
+// the test with what it holds once timeout has passed: a worker logs an
+// outcome after its statement's answer, so after the database shows it.
+func (s *syncBuffer) waitForLog(t *testing.T, timeout time.Duration, parts ...string) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(5 * time.Millisecond) {
+		got := s.String()
+		missing := slices.IndexFunc(parts, func(p string) bool { return !strings.Contains(got, p) })
+		if missing < 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s the log does not hold %q; it holds:\n%s", timeout, parts[missing], got)
+		}
+	}
 }
 
 func TestWorker_ThroughATransactionPoolerWithoutASessionRunsOnLeasesAloneAndSaysSo(t *testing.T) {

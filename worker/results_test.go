@@ -177,9 +177,7 @@ func TestWorker_AResultWhoseMarshalerPanicsFailsItsJobAndTheWorkerGoesOn(t *test
 		!strings.HasPrefix(deref(got.LastError), want) || !strings.Contains(deref(got.LastError), "results_test.go") {
 		t.Errorf("dead after attempt %d with %q; want dead after attempt 1 with %q... and a stack", got.Attempt, deref(got.LastError), want)
 	}
-	if !strings.Contains(logs.String(), "job failed") || !strings.Contains(logs.String(), "boom in MarshalJSON") {
-		t.Errorf("the failure is not logged; logs:\n%s", logs.String())
-	}
+	logs.waitForLog(t, 5*time.Second, "job failed", "boom in MarshalJSON")
 	// The process, and the worker's only slot, go on.
 	fine := b.enqueue(t, "fine", `{}`, 1)
 	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/url"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -531,16 +530,7 @@ func TestReclaim_LogsACountOfTheFleetThatFailed(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		got := logs.String()
-		if strings.Contains(got, "level=WARN msg=\"count live workers failed\"") && strings.Contains(got, "queue") &&
-			strings.Contains(got, "does not exist") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no warning of the failed count within 5s; logs:\n%s", got)
-		}
-	}
+	logs.waitForLog(t, 5*time.Second, "level=WARN msg=\"count live workers failed\"", "queue", "does not exist")
 }
 
 // waitFleet waits up to timeout for w to have counted want live workers,
