@@ -1,11 +1,13 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -264,6 +266,65 @@ func TestNewHTTPServer_SetsTimeoutsAndHeaderLimit(t *testing.T) {
 	}
 	if srv.MaxHeaderBytes <= 0 {
 		t.Error("MaxHeaderBytes is not set")
+	}
+}
+
+// A few requests are answered by net/http before any of the API's code
+// runs, not in JSON: what the README lists, each on a connection of its
+// own to the server NewHTTPServer makes, which the server then closes.
+func TestNewHTTPServer_AnswersWhatNetHTTPRefusesBeforeTheAPI(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	srv := NewHTTPServer("127.0.0.1:0", e.h)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	headers := func(n int) string { return "X-Big: " + strings.Repeat("a", n) + "\r\n" }
+	tests := []struct {
+		name, request string
+		status        int
+		body          string // the start of the body
+	}{
+		{"not HTTP", "hello\r\n\r\n", http.StatusBadRequest, "400 Bad Request"},
+		{"a control character in a header", "GET /healthz HTTP/1.1\r\nHost: x\r\nX: a\x01b\r\n\r\n", http.StatusBadRequest, "400 Bad Request"},
+		{"no Host", "GET /healthz HTTP/1.1\r\n\r\n", http.StatusBadRequest, "400 Bad Request: missing required Host header"},
+		{"headers beyond 68 KiB", "GET /healthz HTTP/1.1\r\nHost: x\r\n" + headers(70<<10) + "\r\n",
+			http.StatusRequestHeaderFieldsTooLarge, "431 Request Header Fields Too Large"},
+		{"an Expect other than 100-continue", "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nExpect: later\r\nContent-Length: 2\r\n\r\n{}",
+			http.StatusExpectationFailed, ""},
+		{"a Transfer-Encoding other than chunked", "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+			http.StatusNotImplemented, "Unsupported transfer encoding"},
+		{"HTTP/2 in cleartext", "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported"},
+		{"HTTP/1.0, which is served", "GET /healthz HTTP/1.0\r\n\r\n", http.StatusOK, `{"status":"ok"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(conn, tt.request); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("read the answer: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.status || !strings.HasPrefix(string(body), tt.body) {
+				t.Errorf("answer %d %q, want %d %q...", resp.StatusCode, body, tt.status, tt.body)
+			}
+			if tt.status != http.StatusOK && bytes.HasPrefix(body, []byte("{")) {
+				t.Errorf("answer %d %q is JSON: it came from the API, not from net/http", resp.StatusCode, body)
+			}
+		})
 	}
 }
 
