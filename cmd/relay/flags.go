@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/pgurl"
 	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/worker"
@@ -29,11 +30,14 @@ const servingMinConns = 3
 
 // poolConfig parses dsn into a pool configuration: appName shows in
 // pg_stat_activity unless the URL sets application_name, and the pool keeps
-// minConns connections open unless the URL sets pool_min_conns.
+// minConns connections open unless the URL sets pool_min_conns. A dsn
+// that does not parse is a usage error.
 func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("invalid database URL: %w", err)
+		// A mistake in --database-url or DATABASE_URL, as one in
+		// --session-database-url is: pgx's message hides the password.
+		return nil, cli.Usagef("invalid database URL: %v", err)
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName

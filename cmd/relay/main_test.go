@@ -169,6 +169,16 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 		{"enqueue kind with a control character", db, []string{"enqueue", "send\nemail"}, "kind must not contain control characters (U+000A at byte 4)"},
 		{"enqueue queue with a control character", db, []string{"enqueue", "hash", "--queue", "q\x1b"}, "--queue must not contain control characters (U+001B at byte 1)"},
 		{"no database configured", nil, []string{"work"}, "no database: give --database-url or set DATABASE_URL"},
+		{"database URL that does not parse, to work", map[string]string{"DATABASE_URL": "postgres://h:notaport/db"},
+			[]string{"work"}, "invalid database URL: cannot parse `postgres://h:notaport/db`: invalid port"},
+		{"database URL that does not parse, to serve", nil,
+			[]string{"serve", "--database-url", "postgres://h:notaport/db"}, "invalid database URL"},
+		{"database URL that does not parse, to dev", nil,
+			[]string{"dev", "--database-url", "postgres://h:notaport/db"}, "invalid database URL"},
+		{"database URL that does not parse, to migrate", nil,
+			[]string{"migrate", "status", "--database-url", "postgres://h:notaport/db"}, "invalid database URL"},
+		{"database URL that does not parse, to enqueue", nil,
+			[]string{"enqueue", "hash", "--database-url", "postgres://u:s3cret@h:notaport/db"}, "cannot parse `postgres://u:xxxxx@h:notaport/db`"},
 		{"version with argument", nil, []string{"version", "x"}, `unexpected argument "x"`},
 	}
 	for _, tt := range tests {
