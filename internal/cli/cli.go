@@ -192,11 +192,16 @@ type WorkerFlags struct {
 	RetainSucceeded time.Duration
 	RetainDead      time.Duration
 	RetainCancelled time.Duration
+
+	// fs is the flag set Register added the flags to, which tells
+	// whether --prefetch was given.
+	fs *FlagSet
 }
 
 // Register adds the worker's flags to fs, --slots with the default and
 // help given.
 func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) {
+	w.fs = fs
 	fs.StringVar(&w.SessionURL, "session-database-url", "", "PostgreSQL URL of the worker's session, which shows it alive: PostgreSQL itself or a session-mode pool, never a transaction-mode pooler (default $RELAY_SESSION_DATABASE_URL, else the database URL)")
 	fs.StringVar(&w.Queue, "queue", worker.DefaultQueue, "queue to work on")
 	fs.IntVar(&w.Slots, "slots", defaultSlots, slotsHelp)
@@ -206,7 +211,7 @@ func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) 
 	fs.DurationVar(&w.Poll, "poll", worker.DefaultPollInterval, "how often an idle worker looks for jobs no notification announced; a listening worker of a fleet of more than 16 on its queue less often, in proportion to the fleet")
 	fs.DurationVar(&w.ReclaimInterval, "reclaim-interval", worker.DefaultReclaimInterval, "how often jobs of dead workers and expired leases are taken back")
 	fs.IntVar(&w.QueueListeners, "queue-listeners", worker.DefaultQueueListeners, "how many workers of the queue, at most, listen for its new jobs (each is woken by every commit of the database that notifies); the others look every --poll and with every completion (-1: every worker listens)")
-	fs.IntVar(&w.Prefetch, "prefetch", 0, fmt.Sprintf("jobs claimed ahead of a free slot while jobs are short (default: as many as --slots, at least %d; -1: none)", worker.DefaultMinPrefetch))
+	fs.IntVar(&w.Prefetch, "prefetch", 0, fmt.Sprintf("jobs claimed ahead of a free slot while jobs are short (default: as many as --slots, at least %d; 0 or -1: none)", worker.DefaultMinPrefetch))
 	fs.DurationVar(&w.PrefetchWait, "prefetch-wait", worker.DefaultPrefetchWait, "longest a job claimed ahead waits for a slot before it is released")
 	fs.DurationVar(&w.ShutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "how long running jobs may finish at shutdown before they are released (0: release at once)")
 	fs.DurationVar(&w.RetainSucceeded, "retain-succeeded", worker.DefaultRetainSucceeded, "how long a succeeded job is kept after it finished, then deleted (0: forever)")
@@ -224,11 +229,21 @@ func (w *WorkerFlags) ResolveEnv(getenv func(string) string) {
 	}
 }
 
+// given reports whether the flag named name was given on the command line
+// Register's flag set parsed.
+func (w *WorkerFlags) given(name string) bool {
+	found := false
+	if w.fs != nil {
+		w.fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	}
+	return found
+}
+
 // Config returns the worker configuration the flags describe, or a usage
 // error for anything worker.New would refuse in it. A flag given zero
 // means zero, never the package's default: --shutdown-grace 0 releases at
-// once, and the others must be positive (--heartbeat 0 is its default,
-// lease/3).
+// once, --prefetch 0 claims no job ahead, and the others must be positive
+// (--heartbeat 0 is its default, lease/3).
 func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 	if w.Queue == "" {
 		return worker.Config{}, Usagef("--queue must not be empty")
@@ -250,6 +265,13 @@ func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 	}
 	if w.QueueListeners == 0 || w.QueueListeners < -1 {
 		return worker.Config{}, Usagef("--queue-listeners must be positive, or -1 for every worker, got %d", w.QueueListeners)
+	}
+	prefetch := w.Prefetch
+	switch {
+	case prefetch < -1:
+		return worker.Config{}, Usagef("--prefetch must be 0 or -1 (none) or positive, got %d", prefetch)
+	case prefetch == 0 && w.given("prefetch"):
+		prefetch = -1 // worker.Config's zero is its default
 	}
 	if w.BackoffBase <= 0 {
 		return worker.Config{}, Usagef("--backoff-base must be positive, got %s", w.BackoffBase)
@@ -278,7 +300,7 @@ func (w *WorkerFlags) Config(logger *slog.Logger) (worker.Config, error) {
 		PollInterval:       w.Poll,
 		ReclaimInterval:    w.ReclaimInterval,
 		QueueListeners:     w.QueueListeners,
-		Prefetch:           w.Prefetch,
+		Prefetch:           prefetch,
 		PrefetchWait:       w.PrefetchWait,
 		ShutdownGrace:      grace,
 		RetainSucceeded:    retain[0],

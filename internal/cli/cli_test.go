@@ -97,6 +97,38 @@ func TestWorkerFlags_ShutdownGraceZeroReleasesAtOnce(t *testing.T) {
 	}
 }
 
+// --prefetch given 0 claims no job ahead, as -1 does, rather than taking
+// the worker's default, which claims as many as --slots, at least 32;
+// without the flag, the worker's default holds. Below -1 is a usage error.
+func TestWorkerFlags_PrefetchZeroClaimsNoneAhead(t *testing.T) {
+	const none, byDefault = -1, 0 // worker.Config's Prefetch: negative, zero
+	tests := []struct {
+		args    []string
+		want    int
+		wantErr string
+	}{
+		{nil, byDefault, ""},
+		{[]string{"--prefetch", "0"}, none, ""},
+		{[]string{"--prefetch=0"}, none, ""},
+		{[]string{"--prefetch", "-1"}, none, ""},
+		{[]string{"--prefetch", "1"}, 1, ""},
+		{[]string{"--prefetch", "64"}, 64, ""},
+		{[]string{"--prefetch", "-2"}, 0, "--prefetch must be 0 or -1 (none) or positive, got -2"},
+	}
+	for _, tt := range tests {
+		cfg, err := workerConfig(t, tt.args)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || ExitCode(err) != 2 {
+				t.Errorf("%q: %v, want a usage error %q", tt.args, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || cfg.Prefetch != tt.want {
+			t.Errorf("%q: Prefetch %d, %v; want %d", tt.args, cfg.Prefetch, err, tt.want)
+		}
+	}
+}
+
 // workerConfig parses args as relay work's worker flags and returns the
 // configuration they describe.
 func workerConfig(t *testing.T, args []string) (worker.Config, error) {
