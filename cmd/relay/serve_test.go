@@ -108,6 +108,76 @@ func TestServe_RefusesNonLoopbackAddressWithoutToken(t *testing.T) {
 	}
 }
 
+// An API token that begins or ends with white space, or holds a control
+// character, cannot be presented: HTTP trims the white space around a
+// header's value and refuses control characters in it, so every request
+// would get a 401. Such a token, as a RELAY_API_TOKEN read from a file
+// that ends in a newline, is a usage error, named without the token
+// itself; a token with white space inside, which a request can present,
+// is served.
+func TestServe_RefusesATokenNoRequestCanPresent(t *testing.T) {
+	const unreachable = "postgres://127.0.0.1:1/x"
+	const want = "--api-token (or RELAY_API_TOKEN) begins or ends with white space, or holds a control character: " +
+		"no request can present it in its Authorization header"
+	refused := []struct {
+		name  string
+		token string
+		inEnv bool
+	}{
+		{"a newline at the end of RELAY_API_TOKEN", "s3cret\n", true},
+		{"a space at the end", "s3cret ", false},
+		{"a space at the start", " s3cret", false},
+		{"a tab at the end", "s3cret\t", false},
+		{"a no-break space at the end", "s3cret\u00a0", false},
+		{"a carriage return inside", "s3c\rret", true},
+		{"an escape inside", "s3c\x1bret", false},
+		{"DEL inside", "s3c\x7fret", false},
+	}
+	for _, command := range []string{"serve", "dev"} {
+		for _, tt := range refused {
+			t.Run(command+"/"+tt.name, func(t *testing.T) {
+				env := map[string]string{"DATABASE_URL": unreachable}
+				args := []string{command, "--addr", "127.0.0.1:0"}
+				if tt.inEnv {
+					env["RELAY_API_TOKEN"] = tt.token
+				} else {
+					args = append(args, "--api-token", tt.token)
+				}
+				r := runRelay(testContext(t, 10*time.Second), env, "", args...)
+				var u *cli.UsageError
+				if !errors.As(r.err, &u) {
+					t.Fatalf("error = %v (%T), want a usage error", r.err, r.err)
+				}
+				if got := r.err.Error(); got != command+": "+want {
+					t.Errorf("error = %q, want %q", got, command+": "+want)
+				}
+				if strings.Contains(r.err.Error(), strings.TrimSpace(tt.token)) {
+					t.Errorf("error %q shows the token", r.err)
+				}
+			})
+		}
+	}
+
+	t.Run("white space inside", func(t *testing.T) {
+		const token = "s3c ret\tnow"
+		env := map[string]string{"DATABASE_URL": dbtest.NewURL(t)}
+		api := startAPI(t, env, "serve", "--addr", "127.0.0.1:0", "--api-token", token)
+		ctx := testContext(t, 10*time.Second)
+		for _, tc := range []struct {
+			token string
+			want  int
+		}{{token, http.StatusOK}, {"s3c", http.StatusUnauthorized}, {"", http.StatusUnauthorized}} {
+			resp, _, err := apiRequest(ctx, http.MethodGet, "http://"+api.addr+"/v1/queues", tc.token, "")
+			if err != nil {
+				t.Fatalf("request with token %q: %v", tc.token, err)
+			}
+			if resp.StatusCode != tc.want {
+				t.Errorf("request with token %q: %s, want %d", tc.token, resp.Status, tc.want)
+			}
+		}
+	})
+}
+
 func TestServe_RefusesAnAddressItCannotResolveWithoutToken(t *testing.T) {
 	for _, command := range []string{"serve", "dev"} {
 		t.Run(command, func(t *testing.T) {
