@@ -345,7 +345,7 @@ func (q *Queries) WorkerStopClaimsOfEndedSessions(ctx context.Context) ([]int32,
 
 const workerTakeListenerSeat = `-- name: WorkerTakeListenerSeat :one
 SELECT s.seat::integer AS seat
-FROM generate_series(0, $1::integer - 1) AS s(seat)
+FROM (SELECT generate_series(0, $1::integer - 1) AS seat) AS s
 WHERE pg_try_advisory_lock(1380273243, hashtext($2::text || '/' || s.seat::text))
 LIMIT 1
 `
@@ -364,6 +364,15 @@ type WorkerTakeListenerSeatParams struct {
 // whatever the channel, so the listeners are kept few and the other
 // workers of the queue poll. The seats are tried in order and the first
 // free one is taken. Two queues whose seats hash alike share that seat.
+//
+// The seats are drawn one at a time, as each is tried, so that a look
+// costs the seats it tries (at most one more than the workers seated),
+// however many the queue has: generate_series in FROM would list every
+// seat before the first is tried, and a queue of 2^31 - 1 seats
+// (MaxQueueListeners) would keep the statement listing them for minutes,
+// spilling them to temporary files, at every registration. The subquery
+// is not flattened, nor the condition pushed into it, since it returns a
+// set from its select list.
 func (q *Queries) WorkerTakeListenerSeat(ctx context.Context, arg WorkerTakeListenerSeatParams) (int32, error) {
 	row := q.db.QueryRow(ctx, workerTakeListenerSeat, arg.Seats, arg.Queue)
 	var seat int32

@@ -179,3 +179,20 @@ func waitTold(t *testing.T, w *worker.Worker, want bool) {
 		}
 	}
 }
+
+// TestWorker_TakesAListenerSeatAtOnceHoweverManySeatsTheQueueHas starts
+// two workers of a queue with as many listener seats as Config allows:
+// each takes a seat, and listens, as soon as it has registered. A look for
+// a free seat costs the seats it tries, not the seats the queue has. The
+// lease, which bounds the statements of the session, is short, so that a
+// look that costs more fails rather than run for minutes.
+func TestWorker_TakesAListenerSeatAtOnceHoweverManySeatsTheQueueHas(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := worker.Config{Slots: 1, Lease: time.Second, QueueListeners: worker.MaxQueueListeners}
+	for _, id := range []string{"first", "second"} {
+		cfg.ID = id
+		w, _ := b.startWorker(t, cfg, func(*worker.Worker) {})
+		waitTold(t, w, true)
+	}
+}
