@@ -73,17 +73,24 @@ const sessionLossRecheck = 3
 // (so that reclaims see at once when this process dies) and listens for
 // jobs that become available. It reconnects whenever the session is lost.
 // It sends the outcome of its first registration on first. A refused
-// registration (the id is in use) is fatal: stop is called with it.
+// registration (the id is in use) is fatal: stop is called with it. The
+// wait before it reconnects doubles, up to maxRetryDelay, while attempts
+// fail, and is the shortest again after a session it held.
 func (s *session) run(ctx context.Context, first chan<- error, stop func(error)) {
 	w := s.w
 	delay := minRetryDelay
 	var previous int32
 	for attempt := 0; ctx.Err() == nil; attempt++ {
+		held := false
 		err := s.hold(ctx, &previous, func(err error) {
 			if attempt == 0 {
 				first <- err
 			}
+			held = err == nil
 		})
+		if held {
+			delay = minRetryDelay
+		}
 		w.session.key.Store(0)
 		if ctx.Err() != nil {
 			return

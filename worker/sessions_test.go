@@ -613,3 +613,59 @@ func withParam(t *testing.T, dsn, key, value string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// TestSession_ReconnectsAtOnceAfterEachLossOfASessionItHeld ends a
+// worker's session eight times, each once the worker holds a new one
+// again, and checks that the worker holds a new session within a second
+// every time: the wait before a reconnection grows while reconnections
+// fail, and starts again from the shortest once one succeeds, so that
+// the sessions a long-lived worker lost long ago do not make it wait
+// the longest, without a session and so without claims, at its next.
+func TestSession_ReconnectsAtOnceAfterEachLossOfASessionItHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w, _ := b.startWorker(t, worker.Config{ID: "lossy", Slots: 1}, func(*worker.Worker) {})
+	// sessionPID returns the server process that holds the worker's
+	// session lock, 0 while none does.
+	sessionPID := func() int32 {
+		t.Helper()
+		var pid int32
+		err := b.pool.QueryRow(b.ctx, `
+			SELECT l.pid
+			FROM pg_locks AS l JOIN workers AS wk ON l.objid::integer = wk.session_key
+			WHERE l.locktype = 'advisory' AND l.classid = 1380273241 AND l.objsubid = 2 AND l.granted
+			  AND wk.id = 'lossy'
+			  AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())`).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	waitTold(t, w, true)
+	for loss := 1; loss <= 8; loss++ {
+		pid := sessionPID()
+		if pid == 0 {
+			t.Fatalf("before loss %d: no session holds the worker's lock", loss)
+		}
+		lost := time.Now()
+		var ok bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+			t.Fatalf("loss %d: terminate the session's server process %d: %v, %v", loss, pid, ok, err)
+		}
+		for {
+			if now := sessionPID(); now != 0 && now != pid && w.Told() {
+				break
+			}
+			if time.Since(lost) > 10*time.Second {
+				t.Fatalf("loss %d: no new session after 10s", loss)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if took := time.Since(lost); took > time.Second {
+			t.Errorf("loss %d: a new session after %s, want at most 1s", loss, took.Round(time.Millisecond))
+		}
+	}
+}
