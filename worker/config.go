@@ -80,8 +80,9 @@ const (
 	// jobs whose retention has passed.
 	DefaultPruneInterval = 10 * time.Second
 	// DefaultPruneBatch is how many jobs of each finished state one prune
-	// statement deletes; a worker runs up to maxPruneBatches of them in a
-	// row while each comes back full.
+	// statement deletes; a worker runs up to ten of them in a row while
+	// each comes back full, and, while the tenth does too, ten more after
+	// a pause as long as those took rather than after PruneInterval.
 	DefaultPruneBatch = 1000
 	// MaxErrorLength is how much of an error message is recorded.
 	MaxErrorLength = 4096

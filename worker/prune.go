@@ -15,15 +15,20 @@ type pruner struct {
 }
 
 // maxPruneBatches is how many prune statements a worker runs in a row,
-// each of DefaultPruneBatch jobs per state, before it waits for its next
-// PruneInterval: a worker catching up on a long history deletes at most
-// this many batches at a time and leaves the rest to the next round and
-// to the other workers.
+// each of DefaultPruneBatch jobs per state, in one round: a worker
+// catching up on a long history deletes at most this many batches at a
+// time, each a transaction of its own, and leaves the rest to its next
+// round and to the other workers.
 const maxPruneBatches = 10
 
 // run prunes every PruneInterval, after saying once whether the server
 // runs autovacuum, on which the space of the pruned jobs depends. A
-// worker that keeps every state forever prunes nothing.
+// worker that keeps every state forever prunes nothing. A round whose
+// last batch came back full leaves more to delete: the next follows after
+// a pause as long as that round took, not after PruneInterval, so that a
+// worker whose jobs finish faster than maxPruneBatches batches per
+// interval still keeps up, while spending at most about half its time
+// pruning.
 func (p pruner) run(ctx context.Context) {
 	w := p.w
 	p.warnWithoutAutovacuum(ctx)
@@ -31,30 +36,43 @@ func (p pruner) run(ctx context.Context) {
 	if !some {
 		return
 	}
+	wait := w.cfg.PruneInterval
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(jitter(w.cfg.PruneInterval)):
+		case <-time.After(jitter(wait)):
 		}
-		var total db.JobPruneRow
-		for range maxPruneBatches {
-			n, err := p.prune(ctx, params)
-			if err != nil {
-				break
-			}
-			total.Succeeded += n.Succeeded
-			total.Dead += n.Dead
-			total.Cancelled += n.Cancelled
-			if max(n.Succeeded, n.Dead, n.Cancelled) < DefaultPruneBatch {
-				break
-			}
-		}
+		began := time.Now()
+		total, more := p.round(ctx, params)
 		if total != (db.JobPruneRow{}) {
 			w.log.Info("pruned finished jobs", "succeeded", total.Succeeded,
 				"dead", total.Dead, "cancelled", total.Cancelled)
 		}
+		wait = w.cfg.PruneInterval
+		if more {
+			wait = min(wait, max(time.Since(began), minRetryDelay))
+		}
 	}
+}
+
+// round runs up to maxPruneBatches prune statements while each comes back
+// full, and returns how many jobs of each state they deleted, and whether
+// the last came back full, leaving more to delete.
+func (p pruner) round(ctx context.Context, params db.JobPruneParams) (total db.JobPruneRow, more bool) {
+	for range maxPruneBatches {
+		n, err := p.prune(ctx, params)
+		if err != nil {
+			return total, false
+		}
+		total.Succeeded += n.Succeeded
+		total.Dead += n.Dead
+		total.Cancelled += n.Cancelled
+		if max(n.Succeeded, n.Dead, n.Cancelled) < DefaultPruneBatch {
+			return total, false
+		}
+	}
+	return total, true
 }
 
 // prune runs one JobPrune.

@@ -120,3 +120,55 @@ func (b *bundle) count(t *testing.T, query string) int64 {
 	}
 	return n
 }
+
+// TestPrune_CatchesUpOnAHistoryLongerThanTenBatchesWithinAnInterval runs
+// a worker over a history of succeeded jobs past their retention six
+// times as long as it deletes in one round (maxPruneBatches statements of
+// DefaultPruneBatch jobs), as a worker that finishes more than a thousand
+// jobs a second leaves every ten seconds. Once it has begun, the worker
+// deletes the whole history within one PruneInterval: each statement is
+// short and a transaction of its own, but a worker that waited an
+// interval after every ten would fall further behind with every round,
+// and keep jobs long past their retention, without bound.
+func TestPrune_CatchesUpOnAHistoryLongerThanTenBatchesWithinAnInterval(t *testing.T) {
+	b := setup(t)
+	const (
+		round    = 10 * worker.DefaultPruneBatch
+		history  = 6 * round
+		interval = 5 * time.Second
+	)
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+		SELECT 'done', 'succeeded', 1, 1, now() - interval '3 hours', now() - interval '3 hours'
+		FROM generate_series(1, $1)`, history); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `ANALYZE jobs`); err != nil {
+		t.Fatal(err)
+	}
+	b.startWorker(t, worker.Config{
+		RetainSucceeded: time.Hour,
+		PruneInterval:   interval,
+	}, func(*worker.Worker) {})
+	const left = `SELECT count(*) FROM jobs`
+	deadline := time.Now().Add(2 * interval)
+	for b.count(t, left) == history {
+		if time.Now().After(deadline) {
+			t.Fatalf("no job pruned after %s", 2*interval)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	begun := time.Now()
+	for {
+		n := b.count(t, left)
+		if n == 0 {
+			t.Logf("the history pruned %s after the first round began", time.Since(begun).Round(time.Millisecond))
+			return
+		}
+		if time.Since(begun) > interval {
+			t.Fatalf("%d of %d jobs past their retention still kept %s after the first round began, want none",
+				n, history, interval)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
