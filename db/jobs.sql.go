@@ -1199,24 +1199,33 @@ WITH succeeded AS (
     SELECT s.id FROM jobs AS s
     WHERE s.state = 'succeeded'
       AND s.finished_at < now() - interval '1 millisecond' * $1::bigint
+      AND s.finished_at >= COALESCE(now() - interval '1 millisecond'
+                                  * ($1::bigint + $2::bigint),
+                                  '-infinity')
     ORDER BY s.state, s.finished_at
-    LIMIT $2::integer
+    LIMIT $3::integer
     FOR UPDATE SKIP LOCKED
 ),
 dead AS (
     SELECT d.id FROM jobs AS d
     WHERE d.state = 'dead'
-      AND d.finished_at < now() - interval '1 millisecond' * $3::bigint
+      AND d.finished_at < now() - interval '1 millisecond' * $4::bigint
+      AND d.finished_at >= COALESCE(now() - interval '1 millisecond'
+                                  * ($4::bigint + $2::bigint),
+                                  '-infinity')
     ORDER BY d.state, d.finished_at
-    LIMIT $2::integer
+    LIMIT $3::integer
     FOR UPDATE SKIP LOCKED
 ),
 cancelled AS (
     SELECT c.id FROM jobs AS c
     WHERE c.state = 'cancelled'
-      AND c.finished_at < now() - interval '1 millisecond' * $4::bigint
+      AND c.finished_at < now() - interval '1 millisecond' * $5::bigint
+      AND c.finished_at >= COALESCE(now() - interval '1 millisecond'
+                                  * ($5::bigint + $2::bigint),
+                                  '-infinity')
     ORDER BY c.state, c.finished_at
-    LIMIT $2::integer
+    LIMIT $3::integer
     FOR UPDATE SKIP LOCKED
 ),
 pruned AS (
@@ -1236,6 +1245,7 @@ FROM pruned
 
 type JobPruneParams struct {
 	RetainSucceededMs *int64
+	FinishedWithinMs  *int64
 	MaxJobs           int32
 	RetainDeadMs      *int64
 	RetainCancelledMs *int64
@@ -1260,9 +1270,22 @@ type JobPruneRow struct {
 // retried (JobRetry) while this runs is checked again once locked and
 // kept. Each call is one short statement: a caller with more to delete
 // calls again.
+//
+// Given finished_within_ms, it reads only the jobs whose retention passed
+// in the last finished_within_ms milliseconds: a caller whose last prune
+// found every older job gone (deleted, or skipped as another transaction,
+// another pruner's as a rule, held it) gives the time since that prune
+// began. While a long transaction holds back
+// vacuum, the index still holds an entry for every job deleted since it
+// began, which a prune from the oldest steps over, each time (see
+// docs/experiments.md, "Why a pinned horizon hurts Relay"). Null reads
+// from the oldest: the prune a worker makes at start, after a full batch
+// or a failure, and every so often, which also finds the jobs skipped
+// that the transaction holding them did not delete after all.
 func (q *Queries) JobPrune(ctx context.Context, arg JobPruneParams) (JobPruneRow, error) {
 	row := q.db.QueryRow(ctx, jobPrune,
 		arg.RetainSucceededMs,
+		arg.FinishedWithinMs,
 		arg.MaxJobs,
 		arg.RetainDeadMs,
 		arg.RetainCancelledMs,

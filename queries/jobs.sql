@@ -511,10 +511,25 @@ SELECT false AS applied, found.* FROM found WHERE NOT EXISTS (SELECT FROM retrie
 -- retried (JobRetry) while this runs is checked again once locked and
 -- kept. Each call is one short statement: a caller with more to delete
 -- calls again.
+--
+-- Given finished_within_ms, it reads only the jobs whose retention passed
+-- in the last finished_within_ms milliseconds: a caller whose last prune
+-- found every older job gone (deleted, or skipped as another transaction,
+-- another pruner's as a rule, held it) gives the time since that prune
+-- began. While a long transaction holds back
+-- vacuum, the index still holds an entry for every job deleted since it
+-- began, which a prune from the oldest steps over, each time (see
+-- docs/experiments.md, "Why a pinned horizon hurts Relay"). Null reads
+-- from the oldest: the prune a worker makes at start, after a full batch
+-- or a failure, and every so often, which also finds the jobs skipped
+-- that the transaction holding them did not delete after all.
 WITH succeeded AS (
     SELECT s.id FROM jobs AS s
     WHERE s.state = 'succeeded'
       AND s.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_succeeded_ms)::bigint
+      AND s.finished_at >= COALESCE(now() - interval '1 millisecond'
+                                  * (sqlc.narg(retain_succeeded_ms)::bigint + sqlc.narg(finished_within_ms)::bigint),
+                                  '-infinity')
     ORDER BY s.state, s.finished_at
     LIMIT @max_jobs::integer
     FOR UPDATE SKIP LOCKED
@@ -523,6 +538,9 @@ dead AS (
     SELECT d.id FROM jobs AS d
     WHERE d.state = 'dead'
       AND d.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_dead_ms)::bigint
+      AND d.finished_at >= COALESCE(now() - interval '1 millisecond'
+                                  * (sqlc.narg(retain_dead_ms)::bigint + sqlc.narg(finished_within_ms)::bigint),
+                                  '-infinity')
     ORDER BY d.state, d.finished_at
     LIMIT @max_jobs::integer
     FOR UPDATE SKIP LOCKED
@@ -531,6 +549,9 @@ cancelled AS (
     SELECT c.id FROM jobs AS c
     WHERE c.state = 'cancelled'
       AND c.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_cancelled_ms)::bigint
+      AND c.finished_at >= COALESCE(now() - interval '1 millisecond'
+                                  * (sqlc.narg(retain_cancelled_ms)::bigint + sqlc.narg(finished_within_ms)::bigint),
+                                  '-infinity')
     ORDER BY c.state, c.finished_at
     LIMIT @max_jobs::integer
     FOR UPDATE SKIP LOCKED

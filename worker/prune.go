@@ -37,14 +37,18 @@ func (p pruner) run(ctx context.Context) {
 		return
 	}
 	wait := w.cfg.PruneInterval
-	for {
+	var window pruneWindow
+	for round := 0; ; round++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(jitter(wait)):
 		}
+		if round%fullPruneEvery == 0 {
+			window.forget()
+		}
 		began := time.Now()
-		total, more := p.round(ctx, params)
+		total, more := p.round(ctx, params, &window)
 		if total != (db.JobPruneRow{}) {
 			w.log.Info("pruned finished jobs", "succeeded", total.Succeeded,
 				"dead", total.Dead, "cancelled", total.Cancelled)
@@ -57,11 +61,19 @@ func (p pruner) run(ctx context.Context) {
 }
 
 // round runs up to maxPruneBatches prune statements while each comes back
-// full, and returns how many jobs of each state they deleted, and whether
-// the last came back full, leaving more to delete.
-func (p pruner) round(ctx context.Context, params db.JobPruneParams) (total db.JobPruneRow, more bool) {
+// full, each over the finished jobs window gives, and returns how many
+// jobs of each state they deleted, and whether the last came back full,
+// leaving more to delete.
+func (p pruner) round(ctx context.Context, params db.JobPruneParams, window *pruneWindow) (total db.JobPruneRow, more bool) {
 	for range maxPruneBatches {
+		sent := time.Now()
+		params.FinishedWithinMs = nil
+		if within := window.at(sent); within > 0 {
+			ms := within.Milliseconds()
+			params.FinishedWithinMs = &ms
+		}
 		n, err := p.prune(ctx, params)
+		window.record(sent, err == nil && max(n.Succeeded, n.Dead, n.Cancelled) < DefaultPruneBatch)
 		if err != nil {
 			return total, false
 		}
@@ -74,6 +86,55 @@ func (p pruner) round(ctx context.Context, params db.JobPruneParams) (total db.J
 	}
 	return total, true
 }
+
+// fullPruneEvery is how many prune rounds pass between two whose first
+// statement reads every finished job past its retention, from the oldest,
+// rather than a window of them (see pruneWindow).
+const fullPruneEvery = 30
+
+// pruneWindowMargin is how far a prune's window of finished jobs reaches
+// beyond the last prune that found every older job gone: more than the
+// time a prune takes to reach the database.
+const pruneWindowMargin = time.Second
+
+// pruneWindow decides how far back a prune looks, from the retention of
+// each state, for finished jobs to delete. Once a prune came back with
+// less than a full batch of every state, every job whose retention had
+// passed when it began was deleted, or held by another transaction,
+// another pruner's as a rule, which deletes it; the next needs only those
+// whose retention passed since, a margin covering the time it took to
+// reach the database. Otherwise (at
+// start, after a failure, after a full batch, and every fullPruneEvery
+// rounds, which also finds a job skipped that the transaction holding it
+// did not delete after all) it reads them all, from the oldest. Each
+// worker keeps its own.
+type pruneWindow struct {
+	// since is when the last prune that found every older job gone was
+	// sent; zero: none since the last full pass was due.
+	since time.Time
+}
+
+// at returns the window for a prune sent at now; zero means every
+// finished job past its retention.
+func (p *pruneWindow) at(now time.Time) time.Duration {
+	if p.since.IsZero() {
+		return 0
+	}
+	return now.Sub(p.since) + pruneWindowMargin
+}
+
+// record notes a prune sent at sent: complete if it succeeded and came
+// back with less than a full batch of every state.
+func (p *pruneWindow) record(sent time.Time, complete bool) {
+	if complete {
+		p.since = sent
+	} else {
+		p.since = time.Time{}
+	}
+}
+
+// forget makes the next prune a full pass.
+func (p *pruneWindow) forget() { p.since = time.Time{} }
 
 // prune runs one JobPrune.
 func (p pruner) prune(ctx context.Context, params db.JobPruneParams) (db.JobPruneRow, error) {

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -8,7 +9,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/worker"
 )
 
@@ -170,5 +174,139 @@ func TestPrune_CatchesUpOnAHistoryLongerThanTenBatchesWithinAnInterval(t *testin
 				n, history, interval)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPrune_UnderAPinnedHorizonReadsOnlyTheJobsFinishedSinceItsLastPrune
+// prunes a history of succeeded jobs while a REPEATABLE READ snapshot
+// taken before is held open, as a report or a session idle in a
+// transaction would: the index entries of the jobs deleted can then be
+// neither removed nor marked dead, and a prune that reads the finished
+// jobs from the oldest steps over every one of them. A worker then prunes
+// for two seconds, every 100 ms, with nothing left to delete: after its
+// first prune, which reads them all, each reads only the jobs that
+// finished since the last prune that found the rest gone, and the worker
+// reads in all a few times what one prune of the whole history does, not
+// twenty times.
+func TestPrune_UnderAPinnedHorizonReadsOnlyTheJobsFinishedSinceItsLastPrune(t *testing.T) {
+	b := setup(t)
+	retain := int64(time.Hour / time.Millisecond)
+	params := db.JobPruneParams{RetainSucceededMs: &retain, MaxJobs: worker.DefaultPruneBatch}
+	// read returns the blocks of jobs_finished_idx read so far, by the
+	// sessions that ended: a session reports them as it ends.
+	read := func() int64 {
+		t.Helper()
+		time.Sleep(500 * time.Millisecond)
+		return b.count(t, `SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes WHERE indexrelname = 'jobs_finished_idx'`)
+	}
+	// inSessions runs f on a pool of its own, closed once f returns.
+	inSessions := func(f func(pool *pgxpool.Pool)) {
+		pool := dbtest.Connect(t, b.url)
+		f(pool)
+		pool.Close()
+	}
+	inSessions(func(pool *pgxpool.Pool) {
+		if _, err := pool.Exec(b.ctx, `
+			INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+			SELECT 'done', 'succeeded', 1, 1, now() - interval '3 hours', now() - interval '3 hours' + i * interval '1 millisecond'
+			FROM generate_series(1, 50000) AS i`); err != nil {
+			t.Fatal(err)
+		}
+		reader, err := pgx.Connect(b.ctx, b.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { reader.Close(context.Background()) })
+		pin, err := reader.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.countIn(t, pin, `SELECT count(*) FROM jobs`) != 50000 {
+			t.Fatal("the snapshot does not see the history")
+		}
+		for {
+			n, err := db.New(pool).JobPrune(b.ctx, params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n.Succeeded == 0 {
+				break
+			}
+		}
+	})
+	before := read()
+	inSessions(func(pool *pgxpool.Pool) {
+		if _, err := db.New(pool).JobPrune(b.ctx, params); err != nil {
+			t.Fatal(err)
+		}
+	})
+	one := read() - before
+	if one < 100 {
+		t.Fatalf("one prune of the history read %d blocks of jobs_finished_idx: the snapshot did not pin its entries", one)
+	}
+	before += one
+	inSessions(func(pool *pgxpool.Pool) {
+		_, run := b.runWorker(t, pool, worker.Config{RetainSucceeded: time.Hour, PruneInterval: 100 * time.Millisecond}, func(*worker.Worker) {})
+		time.Sleep(2 * time.Second)
+		if err := run.stop(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	worker := read() - before
+	t.Logf("blocks of jobs_finished_idx read: %d by one prune of the history, %d by a worker pruning for 2s", one, worker)
+	if worker > 3*one {
+		t.Errorf("a worker that found nothing to prune for 2s read %d blocks of jobs_finished_idx, want at most 3 times the %d one prune of the history reads", worker, one)
+	}
+}
+
+// countIn runs a query that counts something in tx.
+func (b *bundle) countIn(t *testing.T, tx pgx.Tx, query string) int64 {
+	t.Helper()
+	var n int64
+	if err := tx.QueryRow(b.ctx, query).Scan(&n); err != nil {
+		t.Fatal(fmt.Errorf("%s: %w", query, err))
+	}
+	return n
+}
+
+// TestPrune_DeletesTheJobsWhoseRetentionPassesWhileItRuns runs a worker
+// that keeps succeeded jobs for half a second and prunes every 100 ms, and
+// finishes jobs one after another meanwhile, most prunes finding nothing
+// to delete: each job is deleted within a second of its retention having
+// passed, though the worker's prunes, once one found nothing older, read
+// only the jobs whose retention passed since, and read them all only
+// every few seconds.
+func TestPrune_DeletesTheJobsWhoseRetentionPassesWhileItRuns(t *testing.T) {
+	b := setup(t)
+	const retain = 500 * time.Millisecond
+	b.startWorker(t, worker.Config{RetainSucceeded: retain, PruneInterval: 100 * time.Millisecond}, func(*worker.Worker) {})
+	for i := range 10 {
+		time.Sleep(150 * time.Millisecond)
+		// Read before the job finishes, by the database clock on this
+		// host: its deletion comes at least retain after.
+		finished := time.Now()
+		var id int64
+		if err := b.pool.QueryRow(b.ctx, `
+			INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+			VALUES ('done', 'succeeded', 1, 1, now(), now())
+			RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			_, err := b.q.JobGet(b.ctx, id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if time.Since(finished) > retain+time.Second {
+				t.Fatalf("job %d of 10 still kept %s after it finished, with a retention of %s", i+1, time.Since(finished).Round(time.Millisecond), retain)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if kept := time.Since(finished); kept < retain {
+			t.Fatalf("job %d of 10 deleted %s after it finished, before its retention of %s passed", i+1, kept.Round(time.Millisecond), retain)
+		}
 	}
 }
