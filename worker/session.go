@@ -75,20 +75,23 @@ const sessionLossRecheck = 3
 // It sends the outcome of its first registration on first. A refused
 // registration (the id is in use) is fatal: stop is called with it. The
 // wait before it reconnects doubles, up to maxRetryDelay, while attempts
-// fail, and is the shortest again after a session it held.
+// fail or their sessions are lost at once, and is the shortest again after
+// a session it held for maxRetryDelay at least.
 func (s *session) run(ctx context.Context, first chan<- error, stop func(error)) {
 	w := s.w
 	delay := minRetryDelay
 	var previous int32
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		held := false
+		var registered time.Time
 		err := s.hold(ctx, &previous, func(err error) {
 			if attempt == 0 {
 				first <- err
 			}
-			held = err == nil
+			if err == nil {
+				registered = time.Now()
+			}
 		})
-		if held {
+		if !registered.IsZero() && time.Since(registered) >= maxRetryDelay {
 			delay = minRetryDelay
 		}
 		w.session.key.Store(0)
