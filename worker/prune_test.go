@@ -139,7 +139,7 @@ func TestPrune_CatchesUpOnAHistoryLongerThanTenBatchesWithinAnInterval(t *testin
 	const (
 		round    = 10 * worker.DefaultPruneBatch
 		history  = 6 * round
-		interval = 5 * time.Second
+		interval = 8 * time.Second
 	)
 	if _, err := b.pool.Exec(b.ctx, `
 		INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)

@@ -317,7 +317,6 @@ func notify(c chan struct{}) {
 	}
 }
 
-// jitter spreads d by ±20% so that many workers do not act in lockstep.
 // fleetSize is how many live workers share the fleet's duties, as last
 // counted: at least this one.
 func (w *Worker) fleetSize() int32 { return max(w.fleet.Load(), 1) }
@@ -345,6 +344,7 @@ func (w *Worker) pollEvery() time.Duration {
 	return fleetInterval(w.cfg.PollInterval, max(w.queueFleet.Load(), 1))
 }
 
+// jitter spreads d by ±20% so that many workers do not act in lockstep.
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return d
