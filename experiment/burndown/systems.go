@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/relayq/relay/experiment/harness"
 	"github.com/relayq/relay/experiment/labdb"
 	"github.com/relayq/relay/internal/builtin"
@@ -76,21 +78,23 @@ func relaySystem(bin string) system {
 		newDatabase: func(ctx context.Context, adminURL string) (*harness.Database, error) {
 			return harness.CreateDatabase(ctx, adminURL, "relay_exp_burndown_")
 		},
+		// On one session, which reports its statistics before the fill
+		// returns (BurndownFlushStats): a session reports them as it goes
+		// idle, but no more often than once a second, and otherwise up to
+		// 10 s later, which would count the end of the fill in the
+		// burn-down's inserts, commits and WAL. River's fill is a process
+		// of its own, whose session reports them as it ends.
 		fill: func(ctx context.Context, d *harness.Database, _ *harness.Procs, jobs int, atOnce bool) error {
-			job := harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25)
-			if !atOnce {
-				return harness.InsertJobs(ctx, d.Pool, job, jobs)
-			}
-			tx, err := d.Pool.Begin(ctx)
+			conn, err := d.Pool.Acquire(ctx)
 			if err != nil {
-				return fmt.Errorf("begin the fill: %w", err)
+				return fmt.Errorf("connect for the fill: %w", err)
 			}
-			defer tx.Rollback(context.WithoutCancel(ctx))
-			if err := harness.InsertJobs(ctx, tx, job, jobs); err != nil {
+			defer conn.Release()
+			if err := fillRelay(ctx, conn, jobs, atOnce); err != nil {
 				return err
 			}
-			if err := tx.Commit(ctx); err != nil {
-				return fmt.Errorf("commit the fill: %w", err)
+			if err := labdb.New(conn).BurndownFlushStats(ctx); err != nil {
+				return fmt.Errorf("report the fill's statistics: %w", err)
 			}
 			return nil
 		},
@@ -112,6 +116,27 @@ func relaySystem(bin string) system {
 			return span{s.Succeeded, s.Retried, s.Total, s.FirstClaim, s.LastFinish}, err
 		},
 	}
+}
+
+// fillRelay inserts jobs no-op jobs on queue through conn; atOnce, in one
+// transaction.
+func fillRelay(ctx context.Context, conn *pgxpool.Conn, jobs int, atOnce bool) error {
+	job := harness.Job(queue, builtin.KindNoop, json.RawMessage(`{}`), 25)
+	if !atOnce {
+		return harness.InsertJobs(ctx, conn, job, jobs)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin the fill: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := harness.InsertJobs(ctx, tx, job, jobs); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit the fill: %w", err)
+	}
+	return nil
 }
 
 // riverSystem runs River through relaylab-river, the binary bin: River's
