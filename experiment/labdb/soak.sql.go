@@ -196,6 +196,32 @@ func (q *Queries) SoakJobWindow(ctx context.Context, arg SoakJobWindowParams) (S
 	return i, err
 }
 
+const soakOldestOpenTransaction = `-- name: SoakOldestOpenTransaction :one
+SELECT COALESCE(min(a.xact_start), now())::timestamptz AS oldest
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.pid <> pg_backend_pid()
+  AND a.application_name <> $1::text
+  AND a.xact_start IS NOT NULL
+`
+
+// When the oldest transaction open on this database began, among the
+// client sessions other than this one and the soak's own pins (the
+// sessions that hold the horizon, whose application_name is given, and
+// which write no job); this statement's own transaction start if none is
+// open. A claim, a completion or an enqueue is stamped with its
+// transaction's start and visible only once it commits, so a sampling
+// window read now must end before this, or a transaction still open
+// would commit rows stamped in a window already read, never to be
+// counted.
+func (q *Queries) SoakOldestOpenTransaction(ctx context.Context, pinApplicationName string) (time.Time, error) {
+	row := q.db.QueryRow(ctx, soakOldestOpenTransaction, pinApplicationName)
+	var oldest time.Time
+	err := row.Scan(&oldest)
+	return oldest, err
+}
+
 const soakReaderCount = `-- name: SoakReaderCount :one
 SELECT count(*)::bigint AS jobs
 FROM jobs

@@ -15,11 +15,18 @@ import (
 // would miss the transactions still committing, and never see them again.
 const windowLag = time.Second
 
+// pinApplicationName is the application_name of the sessions that pin the
+// horizon (the idle transaction and the readers): they hold transactions
+// open for a whole phase but write no job, so a window need not end
+// before they began (SoakOldestOpenTransaction).
+const pinApplicationName = harness.ApplicationName + " pin"
+
 // Sample is one reading of the soak, every Config.Interval. Times are
 // seconds since the run's start, by the database clock.
 type Sample struct {
 	// At is when the server's figures were read; the job figures cover the
-	// window (WindowStart, WindowEnd], which ends windowLag earlier.
+	// window (WindowStart, WindowEnd], which ends windowLag earlier, or
+	// earlier still while a transaction that began before then is open.
 	At          float64 `json:"t_s"`
 	WindowStart float64 `json:"window_start_s"`
 	WindowEnd   float64 `json:"window_end_s"`
@@ -128,7 +135,18 @@ func (s *sampler) take(ctx context.Context) (Sample, error) {
 	if err != nil {
 		return Sample{}, fmt.Errorf("read the database clock: %w", err)
 	}
+	// The window ends a lag behind the clock, and before every
+	// transaction still open began: one open longer than the lag (a slow
+	// claim, or its commit) would commit rows stamped inside the window
+	// after it was read.
+	oldest, err := s.lab.SoakOldestOpenTransaction(ctx, pinApplicationName)
+	if err != nil {
+		return Sample{}, fmt.Errorf("read the oldest open transaction: %w", err)
+	}
 	until := now.Add(-windowLag)
+	if open := oldest.Add(-time.Microsecond); open.Before(until) {
+		until = open
+	}
 	sm := Sample{at: now, At: s.rel(now)}
 	if until.After(s.since) {
 		w, err := s.sys.Window(ctx, s.since, until)

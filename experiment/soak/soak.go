@@ -332,7 +332,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	}()
 	// The sessions that pin the horizon have a pool of their own, so that
 	// they never wait for one of the sampler's or the producer's.
-	pinPool, err := harness.OpenPool(ctx, d.URL, harness.ApplicationName, int32(cfg.Readers+1), 0)
+	pinPool, err := harness.OpenPool(ctx, d.URL, pinApplicationName, int32(cfg.Readers+1), 0)
 	if err != nil {
 		return nil, fmt.Errorf("soak: %w", err)
 	}

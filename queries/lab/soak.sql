@@ -36,6 +36,24 @@ FROM jobs AS j
 WHERE j.queue = sqlc.arg(queue)::text
   AND j.id >= sqlc.arg(from_id)::bigint;
 
+-- name: SoakOldestOpenTransaction :one
+-- When the oldest transaction open on this database began, among the
+-- client sessions other than this one and the soak's own pins (the
+-- sessions that hold the horizon, whose application_name is given, and
+-- which write no job); this statement's own transaction start if none is
+-- open. A claim, a completion or an enqueue is stamped with its
+-- transaction's start and visible only once it commits, so a sampling
+-- window read now must end before this, or a transaction still open
+-- would commit rows stamped in a window already read, never to be
+-- counted.
+SELECT COALESCE(min(a.xact_start), now())::timestamptz AS oldest
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.backend_type = 'client backend'
+  AND a.pid <> pg_backend_pid()
+  AND a.application_name <> sqlc.arg(pin_application_name)::text
+  AND a.xact_start IS NOT NULL;
+
 -- name: SoakBacklog :one
 -- The jobs of a queue waiting now: ready (available, run_at reached) and
 -- how long the oldest of them has waited since it was ready, and running
