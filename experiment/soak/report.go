@@ -190,7 +190,7 @@ func (r *Result) summarisePhase(i int) {
 	// WAL and autovacuum runs count from the sample before the phase (the
 	// run's start for the first).
 	var walFrom int64
-	fromAt, vacFrom := r.start, autovacuums(f)
+	fromAt, vacFrom := r.start, r.startAutovacuums
 	if before >= 0 {
 		b := r.Samples[before]
 		walFrom, fromAt, vacFrom = b.WALBytes, b.at, autovacuums(b)

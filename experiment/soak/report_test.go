@@ -53,3 +53,37 @@ func TestSummarise_LeavesTheGapBeforeAPhaseOut(t *testing.T) {
 		t.Errorf("readers phase: %d samples read in it; want 1 (at 26 s)", readers.Samples)
 	}
 }
+
+// TestSummarise_CountsTheFirstPhasesAutovacuumsFromTheRunsStart checks
+// that the autovacuum runs of the first phase count from the run's start,
+// as its WAL does: a run that fell before the phase's first sample is the
+// phase's, not lost.
+func TestSummarise_CountsTheFirstPhasesAutovacuumsFromTheRunsStart(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 20, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	sample := func(s float64, autovacuums int64) Sample {
+		return Sample{At: s, at: at(s), Tables: []TableSample{{Name: "jobs", Autovacuums: autovacuums}, {Name: "workers"}}}
+	}
+	r := &Result{
+		start:            t0,
+		startAutovacuums: 0,
+		Phases:           []Phase{{Kind: string(PhaseClean)}, {Kind: string(PhaseRecovery)}},
+		phaseAt: []phaseSpan{
+			{kind: PhaseClean, start: at(0), end: at(10)},
+			{kind: PhaseRecovery, start: at(10), end: at(20)},
+		},
+		Samples: []Sample{
+			sample(5, 1),  // an autovacuum ran in the first 5 s
+			sample(9, 2),  // and another by 9 s
+			sample(15, 2), // none in the second phase
+			sample(19, 3), // then one
+		},
+	}
+	r.summarise()
+	if got := r.Phases[0].Autovacuums; got != 2 {
+		t.Errorf("clean phase: %d autovacuums, want 2, counted from the run's start", got)
+	}
+	if got := r.Phases[1].Autovacuums; got != 1 {
+		t.Errorf("recovery phase: %d autovacuums, want 1, counted from the sample before it", got)
+	}
+}

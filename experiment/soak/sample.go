@@ -110,6 +110,8 @@ type sampler struct {
 	lastAt   time.Time
 	lastCPU  harness.CPUSample
 	cpuOK    bool
+	// startAutovacuums is the autovacuum runs of every table at the start.
+	startAutovacuums int64
 }
 
 // newSampler starts sampling at start, the run's start by the database
@@ -120,6 +122,11 @@ func newSampler(ctx context.Context, sys System, lab *labdb.Queries, start time.
 		return nil, fmt.Errorf("read the server's counters: %w", err)
 	}
 	s := &sampler{sys: sys, lab: lab, start: start, since: start, walStart: srv.WalBytes, lastWAL: srv.WalBytes, lastAt: start}
+	var first Sample
+	if err := s.readTables(ctx, &first); err != nil {
+		return nil, err
+	}
+	s.startAutovacuums = autovacuums(first)
 	s.lastCPU, s.cpuOK = harness.ReadCPU()
 	return s, nil
 }

@@ -252,7 +252,10 @@ type Result struct {
 	Samples  []Sample  `json:"samples"`
 	Files    []string  `json:"files,omitempty"`
 	start    time.Time // the run's start, database clock
-	phaseAt  []phaseSpan
+	// startAutovacuums is the autovacuum runs of every table at the
+	// run's start, from which the first phase counts its own.
+	startAutovacuums int64
+	phaseAt          []phaseSpan
 }
 
 // Settings are the run's settings as given, defaults applied.
@@ -353,6 +356,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("soak: %w", err)
 	}
+	res.startAutovacuums = smp.startAutovacuums
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var (
 		sampleErr error
