@@ -281,7 +281,9 @@ type Summary struct {
 	Trials int `json:"trials"`
 	// CompletedOnAttempt2 counts the kill trials whose job succeeded on
 	// attempt 2, run by the replacement.
-	CompletedOnAttempt2     int     `json:"completed_on_attempt2"`
+	CompletedOnAttempt2 int `json:"completed_on_attempt2"`
+	// The kill-to-reclaim figures are those of the trials whose job's
+	// history holds the reclaim; the others, of every trial.
 	KillToReclaimMedianMs   float64 `json:"kill_to_reclaim_median_ms"`
 	KillToReclaimWorstMs    float64 `json:"kill_to_reclaim_worst_ms"`
 	KillToClaim2MedianMs    float64 `json:"kill_to_claim2_median_ms"`
@@ -423,7 +425,9 @@ func summarize(res *Result) Summary {
 		if t.OK {
 			s.CompletedOnAttempt2++
 		}
-		reclaim = append(reclaim, t.KillToReclaimMs)
+		if !t.Reclaim.IsZero() {
+			reclaim = append(reclaim, t.KillToReclaimMs)
+		}
 		claim2 = append(claim2, t.KillToClaim2Ms)
 		done = append(done, t.KillToCompletionMs)
 	}
@@ -598,11 +602,20 @@ func killTrial(ctx context.Context, cfg Config, d *harness.Database, logDir stri
 		return nil, err
 	}
 	t.record(job)
-	t.KillToReclaimMs = harness.Millis(t.Reclaim.Sub(t.Kill))
-	t.KillToClaim2Ms = harness.Millis(t.Claim2.Sub(t.Kill))
-	t.KillToCompletionMs = harness.Millis(t.Completion.Sub(t.Kill))
+	t.measure()
 	t.OK = len(t.Problems) == 0
 	return t, nil
+}
+
+// measure times the trial's events from the kill. Without a reclaim in
+// the job's history (a failed trial) KillToReclaimMs stays zero, and the
+// summary leaves the trial out of its kill-to-reclaim figures.
+func (t *KillTrial) measure() {
+	if !t.Reclaim.IsZero() {
+		t.KillToReclaimMs = harness.Millis(t.Reclaim.Sub(t.Kill))
+	}
+	t.KillToClaim2Ms = harness.Millis(t.Claim2.Sub(t.Kill))
+	t.KillToCompletionMs = harness.Millis(t.Completion.Sub(t.Kill))
 }
 
 // rejectionLine reports whether l is the zombie's last word on job id:

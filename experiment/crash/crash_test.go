@@ -173,3 +173,37 @@ func TestRejectionLine_PicksTheZombiesRejectionOfItsJob(t *testing.T) {
 		t.Error("rejectionLine does not pick the job's rejection")
 	}
 }
+
+// TestSummarize_LeavesOutAReclaimTheHistoryDoesNotHold checks that a kill
+// trial whose job's history holds no reclaim of attempt 1 (a failed
+// trial, which says so) adds nothing to the kill-to-reclaim figures: its
+// reclaim time is unknown, not the zero time, and the median and the worst
+// are those of the trials that have one.
+func TestSummarize_LeavesOutAReclaimTheHistoryDoesNotHold(t *testing.T) {
+	kill := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
+	ms := func(v int) time.Time { return kill.Add(time.Duration(v) * time.Millisecond) }
+	var trials []KillTrial
+	for i, reclaim := range []int{100, 150, 160, 200, 0} {
+		tr := KillTrial{Trial: i + 1, Kill: kill}
+		tr.Claim2, tr.Completion = ms(reclaim+5), ms(reclaim+2005)
+		if reclaim > 0 {
+			tr.Reclaim = ms(reclaim)
+		} else {
+			tr.Claim2, tr.Completion = ms(300), ms(2300)
+			tr.Problems = []string{"no reclaim entry for attempt 1 in the error history"}
+		}
+		tr.measure()
+		tr.OK = len(tr.Problems) == 0
+		trials = append(trials, tr)
+	}
+	s := summarize(&Result{Trials: trials})
+	if s.KillToReclaimMedianMs != 155 || s.KillToReclaimWorstMs != 200 {
+		t.Errorf("kill to reclaim: median %v ms, worst %v; want 155 and 200, from the four trials with a reclaim", s.KillToReclaimMedianMs, s.KillToReclaimWorstMs)
+	}
+	if s.KillToClaim2MedianMs != 165 || s.KillToClaim2WorstMs != 300 {
+		t.Errorf("kill to claim 2: median %v ms, worst %v; want 165 and 300, from every trial", s.KillToClaim2MedianMs, s.KillToClaim2WorstMs)
+	}
+	if s.CompletedOnAttempt2 != 4 || s.TargetMet {
+		t.Errorf("%d trials completed on attempt 2, target met %v; want 4, and not met", s.CompletedOnAttempt2, s.TargetMet)
+	}
+}
