@@ -90,7 +90,10 @@ func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 		return nil, fmt.Errorf("open the version table %s: %w", legacyVersionTable, err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(pool)
-	provider, err := goose.NewProvider(goose.DialectCustom, sqlDB, FS, goose.WithStore(store), goose.WithLocker(locker))
+	// The provider takes no lock of its own: the Migrator holds the lock
+	// around it (see locked), so that what an earlier build recorded is
+	// adopted under the same hold as the migrations are applied.
+	provider, err := goose.NewProvider(goose.DialectCustom, sqlDB, FS, goose.WithStore(store))
 	if err != nil {
 		sqlDB.Close()
 		return nil, fmt.Errorf("load migrations: %w", err)
@@ -132,10 +135,11 @@ func (m *Migrator) Close() error { return m.db.Close() }
 
 // Up applies every pending migration and returns the versions applied.
 func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
-	if _, err := m.Adopt(ctx); err != nil {
-		return nil, fmt.Errorf("migrate up: %w", err)
-	}
-	results, err := m.provider.Up(ctx)
+	var results []*goose.MigrationResult
+	err := m.locked(ctx, func() (err error) {
+		results, err = m.provider.Up(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("migrate up: %w%s", err, appliedBefore(err))
 	}
@@ -155,10 +159,11 @@ func appliedBefore(err error) string {
 // UpTo applies the pending migrations up to and including version, and
 // returns the versions applied.
 func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
-	if _, err := m.Adopt(ctx); err != nil {
-		return nil, fmt.Errorf("migrate up to %d: %w", version, err)
-	}
-	results, err := m.provider.UpTo(ctx, version)
+	var results []*goose.MigrationResult
+	err := m.locked(ctx, func() (err error) {
+		results, err = m.provider.UpTo(ctx, version)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("migrate up to %d: %w%s", version, err, appliedBefore(err))
 	}
@@ -176,10 +181,11 @@ func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
 	if len(s.Applied) == 0 {
 		return nil, nil
 	}
-	if _, err := m.Adopt(ctx); err != nil {
-		return nil, fmt.Errorf("migrate down to %d: %w", version, err)
-	}
-	results, err := m.provider.DownTo(ctx, version)
+	var results []*goose.MigrationResult
+	err = m.locked(ctx, func() (err error) {
+		results, err = m.provider.DownTo(ctx, version)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("migrate down to %d: %w", version, err)
 	}
@@ -198,10 +204,11 @@ func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
 	if len(s.Applied) == 0 {
 		return nil, nil
 	}
-	if _, err := m.Adopt(ctx); err != nil {
-		return nil, fmt.Errorf("migrate down: %w", err)
-	}
-	result, err := m.provider.Down(ctx)
+	var result *goose.MigrationResult
+	err = m.locked(ctx, func() (err error) {
+		result, err = m.provider.Down(ctx)
+		return err
+	})
 	if errors.Is(err, goose.ErrNoNextVersion) {
 		return nil, nil
 	}
@@ -416,8 +423,9 @@ func (m *Migrator) earlierBuilds(ctx context.Context) ([]int64, error) {
 // goose_db_version holds none of Relay's (see earlierBuilds). It runs under
 // the migration lock, in one transaction, and leaves goose_db_version as it
 // was, for an application that shares it and for an earlier build still
-// running. Up, UpTo, Down and DownTo adopt first; Inspect reads what Adopt
-// would record without writing it.
+// running. Up, UpTo, Down and DownTo adopt first, under the same hold of
+// the lock as they migrate; Inspect reads what Adopt would record without
+// writing it.
 func (m *Migrator) Adopt(ctx context.Context) ([]int64, error) {
 	versions, err := m.earlierBuilds(ctx)
 	if err != nil || len(versions) == 0 {
@@ -428,7 +436,30 @@ func (m *Migrator) Adopt(ctx context.Context) ([]int64, error) {
 	}
 	defer m.locker.Unlock(context.WithoutCancel(ctx), m.db) //nolint:errcheck // the lock's lease ends on its own
 	// Another migrator may have adopted them while this one waited.
-	if versions, err = m.earlierBuilds(ctx); err != nil || len(versions) == 0 {
+	return m.adopted(ctx)
+}
+
+// locked runs f under the migration lock, once what an earlier build
+// recorded is adopted (see Adopt) under the same hold: an earlier build
+// migrating at once, which takes the same lock but records in
+// goose_db_version, has then either recorded every migration it applied
+// before f reads VersionTable, or waits for f to finish.
+func (m *Migrator) locked(ctx context.Context, f func() error) error {
+	if err := m.locker.Lock(ctx, m.db); err != nil {
+		return fmt.Errorf("take the migration lock: %w", err)
+	}
+	defer m.locker.Unlock(context.WithoutCancel(ctx), m.db) //nolint:errcheck // the lock's lease ends on its own
+	if _, err := m.adopted(ctx); err != nil {
+		return err
+	}
+	return f()
+}
+
+// adopted records in VersionTable what an earlier build recorded, as Adopt
+// does, and returns it; the caller holds the migration lock.
+func (m *Migrator) adopted(ctx context.Context) ([]int64, error) {
+	versions, err := m.earlierBuilds(ctx)
+	if err != nil || len(versions) == 0 {
 		return nil, err
 	}
 	if err := m.record(ctx, versions); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/migrations"
@@ -335,5 +336,54 @@ func TestMigrations_MigratorsAtOnceTakeOverAnEarlierHistoryOnce(t *testing.T) {
 	}
 	if diff := cmp.Diff(run(1, newest), versionsIn(t, first, migrations.VersionTable)); diff != "" {
 		t.Errorf("%s (-want +got):\n%s", migrations.VersionTable, diff)
+	}
+}
+
+// TestMigrations_WaitForAnEarlierBuildMigratingAtOnce migrates an empty
+// schema while an earlier build, holding the migration lock, migrates it
+// into goose_db_version: up waits for the lock, then records the earlier
+// build's versions and applies nothing, rather than applying Relay's
+// first migration again over the tables the earlier build made.
+func TestMigrations_WaitForAnEarlierBuildMigratingAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	pool := emptySchema(t)
+	earlier, err := lock.NewPostgresTableLocker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	if err := earlier.Lock(ctx, sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		applied []int64
+		err     error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		applied, err := migrations.Up(ctx, pool)
+		done <- outcome{applied, err}
+	}()
+	select {
+	case o := <-done:
+		t.Fatalf("up returned while another migrator held the lock: %v, %v", o.applied, o.err)
+	case <-time.After(2 * time.Second):
+	}
+	migrateAsEarlierBuild(t, pool, newest)
+	if err := earlier.Unlock(ctx, sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("up: %v", o.err)
+	}
+	if len(o.applied) != 0 {
+		t.Errorf("up applied %v, want nothing", o.applied)
+	}
+	if diff := cmp.Diff(run(1, newest), versionsIn(t, pool, migrations.VersionTable)); diff != "" {
+		t.Errorf("%s after up (-want +got):\n%s", migrations.VersionTable, diff)
 	}
 }
