@@ -411,8 +411,9 @@ func (m *Migrator) earlierBuilds(ctx context.Context) ([]int64, error) {
 	}
 	if unlike != "" {
 		return nil, fmt.Errorf("%w: the database holds a table jobs and %s records versions %v of 1 to %d, but %s; "+
-			"insert the versions of the Relay migrations this database holds into %s (version_id, is_applied), which relay migrate reads first",
-			ErrUnclearHistory, legacyVersionTable, versions, legacyNewest, unlike, VersionTable)
+			"insert the versions of the Relay migrations this database holds into %s (version_id, is_applied), which relay migrate reads first, "+
+			"creating it where it does not exist as `goose -table %s postgres \"$DATABASE_URL\" version` does",
+			ErrUnclearHistory, legacyVersionTable, versions, legacyNewest, unlike, VersionTable, VersionTable)
 	}
 	return versions, nil
 }

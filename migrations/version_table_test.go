@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/relayq/relay/internal/dbtest"
@@ -385,5 +387,48 @@ func TestMigrations_WaitForAnEarlierBuildMigratingAtOnce(t *testing.T) {
 	}
 	if diff := cmp.Diff(run(1, newest), versionsIn(t, pool, migrations.VersionTable)); diff != "" {
 		t.Errorf("%s after up (-want +got):\n%s", migrations.VersionTable, diff)
+	}
+}
+
+// TestMigrations_RefusalSaysHowToMakeTheVersionTable refuses an earlier
+// history that is not clearly Relay's, in a schema where relay_migrations
+// does not exist, as the refusal leaves it: the error says how to create
+// the table its remedy inserts into, and once that is done as it says and
+// the versions inserted, up applies the rest.
+func TestMigrations_RefusalSaysHowToMakeTheVersionTable(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := emptySchema(t)
+	migrateAsEarlierBuild(t, pool, 6)
+	exec(t, pool, "DELETE FROM goose_db_version WHERE version_id = 2")
+	_, err := migrations.Up(ctx, pool)
+	if !errors.Is(err, migrations.ErrUnclearHistory) {
+		t.Fatalf("up: error = %v, want %v", err, migrations.ErrUnclearHistory)
+	}
+	const create = "goose -table relay_migrations postgres \"$DATABASE_URL\" version"
+	if !strings.Contains(err.Error(), create) {
+		t.Fatalf("up: error %q does not say how to create %s: %s", err, migrations.VersionTable, create)
+	}
+	// What that goose command does: goose's version table, with its
+	// version-0 row.
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	store, err := database.NewStore(database.DialectPostgres, migrations.VersionTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CreateVersionTable(ctx, sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Insert(ctx, sqlDB, database.InsertRequest{Version: 0}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, "INSERT INTO relay_migrations (version_id, is_applied) SELECT v, true FROM generate_series(1, 6) AS v")
+	applied, err := migrations.Up(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(run(7, newest), applied); diff != "" {
+		t.Errorf("applied by up (-want +got):\n%s", diff)
 	}
 }
