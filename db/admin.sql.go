@@ -161,10 +161,10 @@ func (q *Queries) JobStatisticsDue(ctx context.Context) (JobStatisticsDueRow, er
 
 const relayTablesFound = `-- name: RelayTablesFound :one
 SELECT
-    (to_regclass('jobs') IS NOT NULL)::boolean AS jobs,
-    (to_regclass('workers') IS NOT NULL)::boolean AS workers,
-    (to_regclass('worker_sessions') IS NOT NULL)::boolean AS worker_sessions,
-    (to_regclass('job_summaries') IS NOT NULL)::boolean AS job_summaries
+    (to_regclass(quote_ident(current_schema()) || '.jobs') IS NOT NULL)::boolean AS jobs,
+    (to_regclass(quote_ident(current_schema()) || '.workers') IS NOT NULL)::boolean AS workers,
+    (to_regclass(quote_ident(current_schema()) || '.worker_sessions') IS NOT NULL)::boolean AS worker_sessions,
+    (to_regclass(quote_ident(current_schema()) || '.job_summaries') IS NOT NULL)::boolean AS job_summaries
 `
 
 type RelayTablesFoundRow struct {
@@ -174,12 +174,15 @@ type RelayTablesFoundRow struct {
 	JobSummaries   bool
 }
 
-// Which of the relations Relay's first migrations create the search_path
-// finds: 00001's table jobs, 00002's workers, 00003's worker_sessions and
-// 00005's view job_summaries. relay migrate reads them to tell whether the
-// versions goose's default table goose_db_version records are Relay's,
-// as builds before relay_migrations recorded them there, or another
-// program's.
+// Which of the relations Relay's first migrations create the first schema
+// of the search_path holds: 00001's table jobs, 00002's workers, 00003's
+// worker_sessions and 00005's view job_summaries. relay migrate reads them
+// to tell whether the versions goose's default table goose_db_version
+// records are Relay's, as builds before relay_migrations recorded them
+// there, or another program's. That schema, current_schema(), is where
+// goose looks for its version table and where the migrations created
+// them: a relation of that name in a schema later on the search_path is
+// not one of them.
 func (q *Queries) RelayTablesFound(ctx context.Context) (RelayTablesFoundRow, error) {
 	row := q.db.QueryRow(ctx, relayTablesFound)
 	var i RelayTablesFoundRow

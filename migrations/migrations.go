@@ -366,11 +366,11 @@ var ErrUnclearHistory = errors.New("cannot tell which of the migrations goose_db
 // earlierBuilds returns the migrations an earlier build of Relay recorded
 // in legacyVersionTable, in order: none where VersionTable records any, or
 // where legacyVersionTable records none of Relay's versions, or where the
-// database does not hold Relay's first table (the versions are then
-// another program's). Relay's versions there are the run from 1 up to
-// legacyNewest that goose applied in order, and the database holds the
-// tables and view they created; anything else, beside Relay's tables, is
-// ErrUnclearHistory.
+// schema that holds it, the first of the search_path, does not hold
+// Relay's first table (the versions are then another program's). Relay's
+// versions there are the run from 1 up to legacyNewest that goose applied
+// in order, and the schema holds the tables and view they created;
+// anything else, beside Relay's tables, is ErrUnclearHistory.
 func (m *Migrator) earlierBuilds(ctx context.Context) ([]int64, error) {
 	own, err := m.recorded(ctx, m.store)
 	if err != nil || len(own) > 0 {

@@ -432,3 +432,51 @@ func TestMigrations_RefusalSaysHowToMakeTheVersionTable(t *testing.T) {
 		t.Errorf("applied by up (-want +got):\n%s", diff)
 	}
 }
+
+// TestMigrations_LookForRelaysTablesBesideTheVersionTable migrates a
+// schema first on a search_path whose next schema holds Relay's tables: an
+// earlier build migrated it and this build rolled every migration back,
+// leaving goose_db_version recording them all. The tables of the other
+// schema are not taken for this one's: nothing is applied, and up applies
+// every migration here.
+func TestMigrations_LookForRelaysTablesBesideTheVersionTable(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := dbtest.NewURL(t) // Relay's tables in public
+	exec(t, dbtest.Connect(t, url), "CREATE SCHEMA app")
+	onPath := func(path string) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["search_path"] = path
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	app := onPath("app")
+	migrateAsEarlierBuild(t, app, newest)
+	m, err := migrations.NewMigrator(app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	both := onPath("app, public")
+	s, err := migrations.Up(ctx, both)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(run(1, newest), s); diff != "" {
+		t.Errorf("applied by up (-want +got):\n%s", diff)
+	}
+	if got := one(t, app, "SELECT (to_regclass('app.jobs') IS NOT NULL)::text"); got != "true" {
+		t.Errorf("app.jobs exists: %s, want true", got)
+	}
+}
