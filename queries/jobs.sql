@@ -502,7 +502,8 @@ SELECT false AS applied, found.* FROM found WHERE NOT EXISTS (SELECT FROM retrie
 -- finished more than retain_succeeded_ms ago, dead ones past
 -- retain_dead_ms, cancelled ones past retain_cancelled_ms (a null
 -- retention keeps that state's jobs forever), oldest first, at most
--- max_jobs of each state, and returns how many of each it deleted.
+-- max_jobs of each state, and returns how many of each it deleted, and
+-- when it ran (pruned_at).
 --
 -- Each state's jobs are found through jobs_finished_idx in the order they
 -- finished, so a prune costs its batch, however long the history kept, and
@@ -512,23 +513,26 @@ SELECT false AS applied, found.* FROM found WHERE NOT EXISTS (SELECT FROM retrie
 -- kept. Each call is one short statement: a caller with more to delete
 -- calls again.
 --
--- Given finished_within_ms, it reads only the jobs whose retention passed
--- in the last finished_within_ms milliseconds: a caller whose last prune
--- found every older job gone (deleted, or skipped as another transaction,
--- another pruner's as a rule, held it) gives the time since that prune
--- began. While a long transaction holds back
--- vacuum, the index still holds an entry for every job deleted since it
--- began, which a prune from the oldest steps over, each time (see
--- docs/experiments.md, "Why a pinned horizon hurts Relay"). Null reads
--- from the oldest: the prune a worker makes at start, after a full batch
--- or a failure, and every so often, which also finds the jobs skipped
--- that the transaction holding them did not delete after all.
+-- Given expired_since, a time by the database's clock, it reads only the
+-- jobs whose retention passed since then: a caller whose last prune found
+-- every older job gone (deleted, or skipped as another transaction,
+-- another pruner's as a rule, held it) gives the time that prune ran, as
+-- it returned it in pruned_at (the database's now()), less a margin. Read
+-- on the database, unlike a time the caller measures, it does not depend
+-- on how long either statement took to get there. While a long
+-- transaction holds back vacuum, the index still holds an entry for every
+-- job deleted since it began, which a prune from the oldest steps over,
+-- each time (see docs/experiments.md, "Why a pinned horizon hurts
+-- Relay"). Null reads from the oldest: the prune a worker makes at start,
+-- after a full batch or a failure, and every so often, which also finds
+-- the jobs skipped that the transaction holding them did not delete after
+-- all.
 WITH succeeded AS (
     SELECT s.id FROM jobs AS s
     WHERE s.state = 'succeeded'
       AND s.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_succeeded_ms)::bigint
-      AND s.finished_at >= COALESCE(now() - interval '1 millisecond'
-                                  * (sqlc.narg(retain_succeeded_ms)::bigint + sqlc.narg(finished_within_ms)::bigint),
+      AND s.finished_at >= COALESCE(sqlc.narg(expired_since)::timestamptz
+                                  - interval '1 millisecond' * sqlc.narg(retain_succeeded_ms)::bigint,
                                   '-infinity')
     ORDER BY s.state, s.finished_at
     LIMIT @max_jobs::integer
@@ -538,8 +542,8 @@ dead AS (
     SELECT d.id FROM jobs AS d
     WHERE d.state = 'dead'
       AND d.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_dead_ms)::bigint
-      AND d.finished_at >= COALESCE(now() - interval '1 millisecond'
-                                  * (sqlc.narg(retain_dead_ms)::bigint + sqlc.narg(finished_within_ms)::bigint),
+      AND d.finished_at >= COALESCE(sqlc.narg(expired_since)::timestamptz
+                                  - interval '1 millisecond' * sqlc.narg(retain_dead_ms)::bigint,
                                   '-infinity')
     ORDER BY d.state, d.finished_at
     LIMIT @max_jobs::integer
@@ -549,8 +553,8 @@ cancelled AS (
     SELECT c.id FROM jobs AS c
     WHERE c.state = 'cancelled'
       AND c.finished_at < now() - interval '1 millisecond' * sqlc.narg(retain_cancelled_ms)::bigint
-      AND c.finished_at >= COALESCE(now() - interval '1 millisecond'
-                                  * (sqlc.narg(retain_cancelled_ms)::bigint + sqlc.narg(finished_within_ms)::bigint),
+      AND c.finished_at >= COALESCE(sqlc.narg(expired_since)::timestamptz
+                                  - interval '1 millisecond' * sqlc.narg(retain_cancelled_ms)::bigint,
                                   '-infinity')
     ORDER BY c.state, c.finished_at
     LIMIT @max_jobs::integer
@@ -567,7 +571,8 @@ pruned AS (
 )
 SELECT count(*) FILTER (WHERE pruned.state = 'succeeded')::bigint AS succeeded,
        count(*) FILTER (WHERE pruned.state = 'dead')::bigint      AS dead,
-       count(*) FILTER (WHERE pruned.state = 'cancelled')::bigint AS cancelled
+       count(*) FILTER (WHERE pruned.state = 'cancelled')::bigint AS cancelled,
+       now()::timestamptz AS pruned_at
 FROM pruned;
 
 -- name: JobIDIssued :one

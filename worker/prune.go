@@ -66,14 +66,9 @@ func (p pruner) run(ctx context.Context) {
 // leaving more to delete.
 func (p pruner) round(ctx context.Context, params db.JobPruneParams, window *pruneWindow) (total db.JobPruneRow, more bool) {
 	for range maxPruneBatches {
-		sent := time.Now()
-		params.FinishedWithinMs = nil
-		if within := window.at(sent); within > 0 {
-			ms := within.Milliseconds()
-			params.FinishedWithinMs = &ms
-		}
+		params.ExpiredSince = window.since()
 		n, err := p.prune(ctx, params)
-		window.record(sent, err == nil && max(n.Succeeded, n.Dead, n.Cancelled) < DefaultPruneBatch)
+		window.record(n.PrunedAt, err == nil && max(n.Succeeded, n.Dead, n.Cancelled) < DefaultPruneBatch)
 		if err != nil {
 			return total, false
 		}
@@ -93,48 +88,54 @@ func (p pruner) round(ctx context.Context, params db.JobPruneParams, window *pru
 const fullPruneEvery = 30
 
 // pruneWindowMargin is how far a prune's window of finished jobs reaches
-// beyond the last prune that found every older job gone: more than the
-// time a prune takes to reach the database.
+// back beyond the last prune that found every older job gone: a job that
+// a transaction finished before that prune ran, committing only after it
+// began, was not there to be found.
 const pruneWindowMargin = time.Second
 
 // pruneWindow decides how far back a prune looks, from the retention of
 // each state, for finished jobs to delete. Once a prune came back with
 // less than a full batch of every state, every job whose retention had
-// passed when it began was deleted, or held by another transaction,
-// another pruner's as a rule, which deletes it; the next needs only those
-// whose retention passed since, a margin covering the time it took to
-// reach the database. Otherwise (at
+// passed when it ran was deleted, or held by another transaction, another
+// pruner's as a rule, which deletes it; the next needs only those whose
+// retention passed since, by the database's clock, which the prune
+// returned, so that neither the worker's clock nor the time either
+// statement took to reach the database moves the window. Otherwise (at
 // start, after a failure, after a full batch, and every fullPruneEvery
 // rounds, which also finds a job skipped that the transaction holding it
 // did not delete after all) it reads them all, from the oldest. Each
 // worker keeps its own.
 type pruneWindow struct {
-	// since is when the last prune that found every older job gone was
-	// sent; zero: none since the last full pass was due.
-	since time.Time
+	// ran is when, by the database's clock, the last prune that found
+	// every older job gone ran; zero: none since the last full pass was
+	// due.
+	ran time.Time
 }
 
-// at returns the window for a prune sent at now; zero means every
-// finished job past its retention.
-func (p *pruneWindow) at(now time.Time) time.Duration {
-	if p.since.IsZero() {
-		return 0
+// since returns the time, by the database's clock, from which a prune
+// reads the jobs whose retention passed, or nil for every finished job
+// past its retention.
+func (p *pruneWindow) since() *time.Time {
+	if p.ran.IsZero() {
+		return nil
 	}
-	return now.Sub(p.since) + pruneWindowMargin
+	since := p.ran.Add(-pruneWindowMargin)
+	return &since
 }
 
-// record notes a prune sent at sent: complete if it succeeded and came
-// back with less than a full batch of every state.
-func (p *pruneWindow) record(sent time.Time, complete bool) {
+// record notes a prune that ran at ran, by the database's clock: complete
+// if it succeeded and came back with less than a full batch of every
+// state.
+func (p *pruneWindow) record(ran time.Time, complete bool) {
 	if complete {
-		p.since = sent
+		p.ran = ran
 	} else {
-		p.since = time.Time{}
+		p.ran = time.Time{}
 	}
 }
 
 // forget makes the next prune a full pass.
-func (p *pruneWindow) forget() { p.since = time.Time{} }
+func (p *pruneWindow) forget() { p.ran = time.Time{} }
 
 // prune runs one JobPrune.
 func (p pruner) prune(ctx context.Context, params db.JobPruneParams) (db.JobPruneRow, error) {

@@ -310,3 +310,59 @@ func TestPrune_DeletesTheJobsWhoseRetentionPassesWhileItRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestPrune_DeletesAJobWhoseRetentionPassedWhileAPruneWasOnItsWay runs a
+// worker that keeps succeeded jobs for an hour and prunes every 2 s, whose
+// statements, just after a prune that found every older job gone, take
+// 2.5 s to reach the database, as they do while its pool has no free
+// connection or the network is slow. A job whose retention passes 200 ms
+// after that prune is deleted by the next, rather than left to a prune
+// that reads every finished job from the oldest, 30 rounds later: the
+// window of the next prune reaches back to when the last one ran on the
+// database, however long its own statement took to get there.
+func TestPrune_DeletesAJobWhoseRetentionPassedWhileAPruneWasOnItsWay(t *testing.T) {
+	b := setup(t)
+	const interval = 2 * time.Second
+	proxy, through := b.proxied(t)
+	pool := dbtest.Connect(t, through)
+	insert := func(finished string) int64 {
+		t.Helper()
+		var id int64
+		if err := b.pool.QueryRow(b.ctx, `
+			INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+			VALUES ('done', 'succeeded', 1, 1, now() - interval '2 hours', now() + $1::interval)
+			RETURNING id`, finished).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	gone := func(id int64, within time.Duration) bool {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for time.Now().Before(deadline) {
+			_, err := b.q.JobGet(b.ctx, id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return true
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return false
+	}
+	marker := insert("-1 hour -1 second")
+	_, run := b.runWorker(t, pool, worker.Config{RetainSucceeded: time.Hour, PruneInterval: interval}, func(*worker.Worker) {})
+	defer run.stop() //nolint:errcheck // the test's outcome is the job's
+	if !gone(marker, 3*interval) {
+		t.Fatalf("the first prune did not delete a job past its retention within %s", 3*interval)
+	}
+	job := insert("-1 hour 200 milliseconds")
+	proxy.Slow(2500 * time.Millisecond)
+	time.Sleep(3 * time.Second)
+	proxy.Slow(0)
+	if !gone(job, 3*interval) {
+		t.Fatalf("a job whose retention passed 200 ms after a prune is still kept %s later, after two more rounds",
+			3*time.Second+3*interval)
+	}
+}
