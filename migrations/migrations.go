@@ -58,7 +58,6 @@ type Migrator struct {
 	db       *sql.DB
 	queries  *db.Queries
 	provider *goose.Provider
-	locker   lock.Locker
 	// store reads and writes VersionTable for Inspect, which neither
 	// creates it nor waits for the migration lock, as the provider would,
 	// and for Adopt; legacy reads legacyVersionTable.
@@ -77,10 +76,6 @@ type Migrator struct {
 // holding it keeps the others waiting for its lease, 30 s; one waits for
 // the lock for up to lockWaitLimit, trying every lockTry.
 func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
-	locker, err := lock.NewPostgresTableLocker(lock.WithTableLockTimeout(lockTry, uint64(lockWaitLimit/lockTry)))
-	if err != nil {
-		return nil, fmt.Errorf("make the migration lock: %w", err)
-	}
 	store, err := database.NewStore(database.DialectPostgres, VersionTable)
 	if err != nil {
 		return nil, fmt.Errorf("open the version table %s: %w", VersionTable, err)
@@ -98,7 +93,7 @@ func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 		sqlDB.Close()
 		return nil, fmt.Errorf("load migrations: %w", err)
 	}
-	return &Migrator{db: sqlDB, queries: db.New(pool), provider: provider, locker: locker, store: store, legacy: legacy}, nil
+	return &Migrator{db: sqlDB, queries: db.New(pool), provider: provider, store: store, legacy: legacy}, nil
 }
 
 // lockTry and lockWaitLimit are how often a Migrator tries to take the
@@ -136,7 +131,7 @@ func (m *Migrator) Close() error { return m.db.Close() }
 // Up applies every pending migration and returns the versions applied.
 func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
 	var results []*goose.MigrationResult
-	err := m.locked(ctx, func() (err error) {
+	_, err := m.locked(ctx, func() (err error) {
 		results, err = m.provider.Up(ctx)
 		return err
 	})
@@ -160,7 +155,7 @@ func appliedBefore(err error) string {
 // returns the versions applied.
 func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
 	var results []*goose.MigrationResult
-	err := m.locked(ctx, func() (err error) {
+	_, err := m.locked(ctx, func() (err error) {
 		results, err = m.provider.UpTo(ctx, version)
 		return err
 	})
@@ -182,7 +177,7 @@ func (m *Migrator) DownTo(ctx context.Context, version int64) ([]int64, error) {
 		return nil, nil
 	}
 	var results []*goose.MigrationResult
-	err = m.locked(ctx, func() (err error) {
+	_, err = m.locked(ctx, func() (err error) {
 		results, err = m.provider.DownTo(ctx, version)
 		return err
 	})
@@ -205,7 +200,7 @@ func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
 		return nil, nil
 	}
 	var result *goose.MigrationResult
-	err = m.locked(ctx, func() (err error) {
+	_, err = m.locked(ctx, func() (err error) {
 		result, err = m.provider.Down(ctx)
 		return err
 	})
@@ -432,28 +427,32 @@ func (m *Migrator) Adopt(ctx context.Context) ([]int64, error) {
 	if err != nil || len(versions) == 0 {
 		return nil, err
 	}
-	if err := m.locker.Lock(ctx, m.db); err != nil {
-		return nil, fmt.Errorf("take the migration lock: %w", err)
-	}
-	defer m.locker.Unlock(context.WithoutCancel(ctx), m.db) //nolint:errcheck // the lock's lease ends on its own
 	// Another migrator may have adopted them while this one waited.
-	return m.adopted(ctx)
+	return m.locked(ctx, nil)
 }
 
-// locked runs f under the migration lock, once what an earlier build
-// recorded is adopted (see Adopt) under the same hold: an earlier build
-// migrating at once, which takes the same lock but records in
-// goose_db_version, has then either recorded every migration it applied
-// before f reads VersionTable, or waits for f to finish.
-func (m *Migrator) locked(ctx context.Context, f func() error) error {
-	if err := m.locker.Lock(ctx, m.db); err != nil {
-		return fmt.Errorf("take the migration lock: %w", err)
+// locked takes the migration lock, records what an earlier build recorded
+// (see Adopt), runs f, if any, under the same hold, and releases the lock;
+// it returns the versions it adopted. An earlier build migrating at once,
+// which takes the same lock but records in goose_db_version, has then
+// either recorded every migration it applied before f reads VersionTable,
+// or waits for f to finish. Each hold has a locker of its own, and so the
+// whole of lockWaitLimit to wait: goose's locker counts its tries over its
+// whole life.
+func (m *Migrator) locked(ctx context.Context, f func() error) ([]int64, error) {
+	locker, err := lock.NewPostgresTableLocker(lock.WithTableLockTimeout(lockTry, uint64(lockWaitLimit/lockTry)))
+	if err != nil {
+		return nil, fmt.Errorf("make the migration lock: %w", err)
 	}
-	defer m.locker.Unlock(context.WithoutCancel(ctx), m.db) //nolint:errcheck // the lock's lease ends on its own
-	if _, err := m.adopted(ctx); err != nil {
-		return err
+	if err := locker.Lock(ctx, m.db); err != nil {
+		return nil, fmt.Errorf("take the migration lock: %w", err)
 	}
-	return f()
+	defer locker.Unlock(context.WithoutCancel(ctx), m.db) //nolint:errcheck // the lock's lease ends on its own
+	adopted, err := m.adopted(ctx)
+	if err != nil || f == nil {
+		return adopted, err
+	}
+	return adopted, f()
 }
 
 // adopted records in VersionTable what an earlier build recorded, as Adopt
