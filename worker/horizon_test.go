@@ -20,6 +20,29 @@ import (
 // can their index entries be marked dead. Each statement of a job's life
 // must then read no more than it does on a clean table.
 
+// pinSnapshot takes a REPEATABLE READ snapshot on a connection of its
+// own and holds it open until the test ends, as a report or a session idle
+// in a transaction would, so that no row version deleted or updated after
+// it can be removed, nor its index entries marked dead. It returns how
+// many jobs the snapshot sees.
+func pinSnapshot(t *testing.T, b *bundle) int64 {
+	t.Helper()
+	reader, err := pgx.Connect(b.ctx, b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Close(context.Background()) })
+	pin, err := reader.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen int64
+	if err := pin.QueryRow(b.ctx, "SELECT count(*) FROM jobs").Scan(&seen); err != nil {
+		t.Fatal(err)
+	}
+	return seen
+}
+
 // pinnedHistory runs n jobs, their run_at 10 ms apart, through claim and
 // completion while a snapshot taken before is held open until the test
 // ends, then refreshes the statistics, as autovacuum's analyze would, to
@@ -34,19 +57,7 @@ func pinnedHistory(t *testing.T, b *bundle, n int, lease time.Duration) time.Tim
 		FROM generate_series(1, $1) AS i`, n); err != nil {
 		t.Fatal(err)
 	}
-	reader, err := pgx.Connect(b.ctx, b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reader.Close(context.Background()) })
-	pin, err := reader.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var seen int
-	if err := pin.QueryRow(b.ctx, "SELECT count(*) FROM jobs").Scan(&seen); err != nil {
-		t.Fatal(err)
-	}
+	pinSnapshot(t, b)
 	var newest time.Time
 	for done := 0; done < n; {
 		rows := b.claim(t, "w", 500, lease)

@@ -1,7 +1,6 @@
 package worker_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -212,16 +211,7 @@ func TestPrune_UnderAPinnedHorizonReadsOnlyTheJobsFinishedSinceItsLastPrune(t *t
 			FROM generate_series(1, 50000) AS i`); err != nil {
 			t.Fatal(err)
 		}
-		reader, err := pgx.Connect(b.ctx, b.url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { reader.Close(context.Background()) })
-		pin, err := reader.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if b.countIn(t, pin, `SELECT count(*) FROM jobs`) != 50000 {
+		if pinSnapshot(t, b) != 50000 {
 			t.Fatal("the snapshot does not see the history")
 		}
 		for {
@@ -257,16 +247,6 @@ func TestPrune_UnderAPinnedHorizonReadsOnlyTheJobsFinishedSinceItsLastPrune(t *t
 	if worker > 3*one {
 		t.Errorf("a worker that found nothing to prune for 2s read %d blocks of jobs_finished_idx, want at most 3 times the %d one prune of the history reads", worker, one)
 	}
-}
-
-// countIn runs a query that counts something in tx.
-func (b *bundle) countIn(t *testing.T, tx pgx.Tx, query string) int64 {
-	t.Helper()
-	var n int64
-	if err := tx.QueryRow(b.ctx, query).Scan(&n); err != nil {
-		t.Fatal(fmt.Errorf("%s: %w", query, err))
-	}
-	return n
 }
 
 // TestPrune_DeletesTheJobsWhoseRetentionPassesWhileItRuns runs a worker
