@@ -267,8 +267,8 @@ func (r *scenarioRun) survivors() map[string]bool {
 const batchEvery = 200 * time.Millisecond
 
 // enqueue enqueues jobs at an even pace over the configured duration: by
-// Go calls (client.InsertMany) in batches, or, in the restart scenario, one by
-// one through the HTTP API.
+// Go calls (client.InsertMany) in batches, or, in the restart and pgbouncer
+// scenarios, one by one through the HTTP API.
 func (r *scenarioRun) enqueue(ctx context.Context, jobs []plannedJob) error {
 	if r.cfg.Scenario == Restart || r.cfg.Scenario == PgBouncer {
 		return r.enqueueHTTP(ctx, jobs)
