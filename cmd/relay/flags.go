@@ -99,10 +99,11 @@ func open(ctx context.Context, logger *slog.Logger, dsn, appName string, minConn
 // adaptToPooler finds out, with one connection, whether cfg reaches
 // PostgreSQL through a connection pooler such as PgBouncer: the server
 // process it talks to is then not the one its connection announced. If so,
-// and the URL leaves pgx's statement mode at its default, it switches the
-// pool to the cache_describe mode: pgx's default prepares each statement
-// on one server connection and runs it later on another, which a
-// transaction-mode pooler hands out per transaction.
+// and pgx's statement mode is its default, cache_statement, whether the
+// URL names it or not, it switches the pool to the cache_describe mode:
+// cache_statement prepares each statement on one server connection and
+// runs it later on another, which a transaction-mode pooler hands out per
+// transaction.
 func adaptToPooler(ctx context.Context, logger *slog.Logger, cfg *pgxpool.Config) error {
 	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		return nil // chosen in the URL
