@@ -18,6 +18,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -141,15 +142,23 @@ func (w *Worker) Config() Config { return w.cfg }
 
 // Handle registers h for jobs of the given kind, replacing any handler
 // registered for it before. A job whose kind has no handler fails
-// permanently.
+// permanently. Handle panics if h is nil, as a nil handler would fail
+// every attempt of every job of its kind.
 func (w *Worker) Handle(kind string, h Handler) {
+	if h == nil {
+		panic(fmt.Sprintf("worker: nil handler for kind %q", kind))
+	}
 	w.handlersMu.Lock()
 	defer w.handlersMu.Unlock()
 	w.handlers[kind] = h
 }
 
-// HandleFunc registers f for jobs of the given kind.
+// HandleFunc registers f for jobs of the given kind. It panics if f is nil,
+// as Handle does.
 func (w *Worker) HandleFunc(kind string, f func(ctx context.Context, job *Job) (any, error)) {
+	if f == nil {
+		panic(fmt.Sprintf("worker: nil handler for kind %q", kind))
+	}
 	w.Handle(kind, HandlerFunc(f))
 }
 

@@ -791,3 +791,32 @@ func TestWorker_ShutdownReportsALostAttemptWhoseHandlerStillRuns(t *testing.T) {
 		})
 	}
 }
+
+// TestWorker_HandleRefusesANilHandler: a nil handler would panic at every
+// job of its kind, each panic a failed attempt retried with backoff until
+// the job died; Handle and HandleFunc refuse it where it is registered.
+func TestWorker_HandleRefusesANilHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct {
+		name     string
+		register func(*worker.Worker)
+	}{
+		{"Handle", func(w *worker.Worker) { w.Handle("nil", nil) }},
+		{"HandleFunc", func(w *worker.Worker) { w.HandleFunc("nil", nil) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := worker.New(b.pool, worker.Config{Logger: testLogger(t)})
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			defer func() {
+				r := recover()
+				if r == nil || !strings.Contains(r.(string), `nil handler for kind "nil"`) {
+					t.Errorf("%s with a nil handler: recovered %v, want a panic naming the kind", tc.name, r)
+				}
+			}()
+			tc.register(w)
+		})
+	}
+}
