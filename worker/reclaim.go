@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -168,10 +169,19 @@ const fleetShare = 16
 // the fleet as a whole still runs it fleetShare times per base (a dead
 // worker's jobs come back about as fast) while the database runs a
 // constant number of its statements per second instead of one per worker.
-// Each reclaim reads every lock of the server.
+// Each reclaim reads every lock of the server. A base so long that this
+// would pass the largest time.Duration gives that instead, never an
+// interval that wrapped around to a short or negative one.
 func fleetInterval(base time.Duration, live int32) time.Duration {
 	if live <= fleetShare {
 		return base
 	}
-	return base * time.Duration(live) / fleetShare
+	n := time.Duration(live)
+	if base <= math.MaxInt64/n {
+		return base * n / fleetShare
+	}
+	if share := base / fleetShare; share <= math.MaxInt64/n {
+		return share * n
+	}
+	return math.MaxInt64
 }

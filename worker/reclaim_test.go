@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -83,5 +84,31 @@ func TestPollEvery_SharesTheQueuesPollsOnlyWhileNotificationsTellTheWorker(t *te
 				t.Errorf("pollEvery() = %s, want %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestFleetInterval_NeverShorterThanItsBase: an interval long enough to
+// mean "hardly ever" must not wrap around, when stretched for a large
+// fleet, to a short or negative one that runs the duty without pause.
+func TestFleetInterval_NeverShorterThanItsBase(t *testing.T) {
+	for _, base := range []time.Duration{math.MaxInt64, 1 << 62, 100 * 365 * 24 * time.Hour, 30 * 24 * time.Hour} {
+		for _, live := range []int32{17, 18, 100, 1000, math.MaxInt32} {
+			if got := fleetInterval(base, live); got < base {
+				t.Errorf("fleetInterval(%d, %d) = %d, shorter than its base", base, live, got)
+			}
+		}
+	}
+}
+
+// TestJitter_KeepsTheLongestDurationsPositive: jitter adds up to a fifth,
+// which must not wrap a duration near the largest to a negative one, which
+// a timer takes as none at all.
+func TestJitter_KeepsTheLongestDurationsPositive(t *testing.T) {
+	for _, d := range []time.Duration{math.MaxInt64, math.MaxInt64 - 1, 1 << 62 * 3 / 2} {
+		for range 1000 {
+			if got := jitter(d); got < d-d/5 {
+				t.Fatalf("jitter(%d) = %d, below %d", d, got, d-d/5)
+			}
+		}
 	}
 }

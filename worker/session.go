@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync/atomic"
 	"time"
@@ -110,7 +111,11 @@ func (s *session) run(ctx context.Context, first chan<- error, stop func(error))
 		// surely have, rather than at the next scheduled heartbeat, so that
 		// the handlers of those jobs stop.
 		notify(w.heartbeatNow)
-		time.AfterFunc(sessionLossRecheck*w.cfg.ReclaimInterval, func() { notify(w.heartbeatNow) })
+		recheck := time.Duration(math.MaxInt64)
+		if w.cfg.ReclaimInterval <= recheck/sessionLossRecheck {
+			recheck = sessionLossRecheck * w.cfg.ReclaimInterval
+		}
+		time.AfterFunc(recheck, func() { notify(w.heartbeatNow) })
 		select {
 		case <-ctx.Done():
 			return

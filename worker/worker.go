@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -353,7 +354,9 @@ func (w *Worker) pollEvery() time.Duration {
 	return fleetInterval(w.cfg.PollInterval, max(w.queueFleet.Load(), 1))
 }
 
-// jitter spreads d by ±20% so that many workers do not act in lockstep.
+// jitter spreads d by ±20% so that many workers do not act in lockstep,
+// up to the largest time.Duration: a longer one would wrap around to a
+// negative one, which a timer takes as no wait at all.
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return d
@@ -362,7 +365,11 @@ func jitter(d time.Duration) time.Duration {
 	if spread <= 0 {
 		return d
 	}
-	return d - spread + rand.N(2*spread)
+	off := rand.N(2*spread) - spread
+	if off > 0 && d > math.MaxInt64-off {
+		return math.MaxInt64
+	}
+	return d + off
 }
 
 func deref[T any](p *T) T {
