@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"math/bits"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -100,8 +101,13 @@ func (d *dispatcher) aheadLimit() int {
 	if d.meanRun <= 0 {
 		return cfg.Prefetch
 	}
-	startable := int64(cfg.Slots) * int64(cfg.PrefetchWait/2) / int64(d.meanRun)
-	return int(min(int64(cfg.Prefetch), startable))
+	// slots·PrefetchWait/2 may pass an int64 when the wait is long.
+	hi, lo := bits.Mul64(uint64(cfg.Slots), uint64(cfg.PrefetchWait/2))
+	if hi >= uint64(d.meanRun) {
+		return cfg.Prefetch
+	}
+	startable, _ := bits.Div64(hi, lo, uint64(d.meanRun))
+	return int(min(uint64(cfg.Prefetch), startable))
 }
 
 // claimWant is whether, and why, the dispatcher means to claim with its

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -60,4 +61,29 @@ func insertAndClaim(t *testing.T, pool *pgxpool.Pool, queue string, n int, maxAt
 		t.Fatalf("claim: %d rows, %v; want %d", len(rows), err, n)
 	}
 	return rows
+}
+
+// TestAheadLimit_AHugePrefetchWaitStillClaimsAhead: with a lease and a
+// prefetch wait of years, slots·PrefetchWait/2 passes the largest int64;
+// the limit must stay Prefetch, not wrap negative and keep the worker
+// from claiming even for its free slots.
+func TestAheadLimit_AHugePrefetchWaitStillClaimsAhead(t *testing.T) {
+	for _, tc := range []struct {
+		slots        int
+		prefetchWait time.Duration
+	}{
+		{10, 100 * 365 * 24 * time.Hour},
+		{MaxSlots, 30 * 24 * time.Hour},
+		{MaxSlots, math.MaxInt64 - 1},
+		{4, 100 * time.Millisecond},
+	} {
+		cfg, err := Config{Slots: tc.slots, Lease: math.MaxInt64, PrefetchWait: tc.prefetchWait}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &dispatcher{w: &Worker{cfg: cfg}, measured: true, meanRun: time.Millisecond}
+		if got := d.aheadLimit(); got != cfg.Prefetch {
+			t.Errorf("slots %d, prefetch wait %s: ahead limit %d, want Prefetch %d", tc.slots, tc.prefetchWait, got, cfg.Prefetch)
+		}
+	}
 }

@@ -284,3 +284,19 @@ func TestWorker_JobCancelledWhileWaitingForASlotEndsCancelledWithoutRunning(t *t
 		t.Errorf("last error %q, want it to say the job was cancelled", deref(got.LastError))
 	}
 }
+
+// TestWorker_KeepsClaimingWithALeaseAndPrefetchWaitOfWeeks: a prefetch
+// wait long enough that slots·PrefetchWait/2 passes an int64 must not stop
+// the worker claiming once its first handler has returned.
+func TestWorker_KeepsClaimingWithALeaseAndPrefetchWaitOfWeeks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.enqueue(t, "short", `{}`, 1)
+	b.startWorker(t, worker.Config{Slots: worker.MaxSlots, Lease: 31 * 24 * time.Hour, PrefetchWait: 30 * 24 * time.Hour},
+		func(w *worker.Worker) {
+			w.HandleFunc("short", func(ctx context.Context, j *worker.Job) (any, error) { return nil, nil })
+		})
+	b.waitForState(t, first.ID, db.JobStateSucceeded, 10*time.Second)
+	second := b.enqueue(t, "short", `{}`, 1)
+	b.waitForState(t, second.ID, db.JobStateSucceeded, 10*time.Second)
+}
