@@ -114,12 +114,30 @@ func (s slot) call(e *execution, began time.Time) (result json.RawMessage, err e
 	}()
 	job := e.job
 	v, err := h.Work(e.ctx, &job)
+	if err != nil {
+		err = checkedError(err)
+	}
 	if err == nil && v != nil {
 		encoding = true
 		result, err = s.encodeResult(v)
 	}
 	returned = true
 	return result, err
+}
+
+// checkedError returns a handler's error err, or, if asking it its message
+// or whether it is permanent panics (as a nil pointer returned as an error
+// may), an error that says so: the worker asks both of every failure it
+// records, away from the handler's goroutine and its recover.
+func checkedError(err error) (checked error) {
+	defer func() {
+		if r := recover(); r != nil {
+			checked = fmt.Errorf("handler returned an error of type %T whose methods panicked when asked its message: %v", err, r)
+		}
+	}()
+	_ = err.Error()
+	IsPermanent(err)
+	return err
 }
 
 // errHandlerExited is the error of an attempt whose handler ended its

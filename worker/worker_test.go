@@ -820,3 +820,32 @@ func TestWorker_HandleRefusesANilHandler(t *testing.T) {
 		})
 	}
 }
+
+// nilPointerError is an error whose Error method reads its receiver, so
+// that a nil *nilPointerError in an error panics when asked its message.
+type nilPointerError struct{ msg string }
+
+func (e *nilPointerError) Error() string { return e.msg }
+
+// TestWorker_AnErrorWhoseMessagePanicsFailsItsAttemptAndTheWorkerCarriesOn:
+// a handler that returns a nil pointer of its error type as a non-nil
+// error (the usual way to get one by mistake) has failed its attempt; the
+// panic of asking that error its message must not stop the worker.
+func TestWorker_AnErrorWhoseMessagePanicsFailsItsAttemptAndTheWorkerCarriesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bad := b.enqueue(t, "typed-nil", `{}`, 1)
+	fine := b.enqueue(t, "fine", `{}`, 1)
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("typed-nil", func(ctx context.Context, j *worker.Job) (any, error) {
+			var err *nilPointerError
+			return nil, err
+		})
+		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
+	})
+	got := b.waitForState(t, bad.ID, db.JobStateDead, 10*time.Second)
+	if !strings.Contains(deref(got.LastError), "whose methods panicked when asked its message") {
+		t.Errorf("last error %q, want one saying the error's methods panicked", deref(got.LastError))
+	}
+	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
+}
