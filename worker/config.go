@@ -217,7 +217,9 @@ type Config struct {
 	// DefaultMaxResultBytes. Negative: no limit but PostgreSQL's.
 	MaxResultBytes int
 	// Backoff returns how long to wait before the retry that follows the
-	// given failed attempt (1 for the first). Default: DefaultBackoff.
+	// given failed attempt (1 for the first). It is asked only of an
+	// attempt that a retry follows: not of a job's last attempt, nor of a
+	// permanent failure. Default: DefaultBackoff.
 	Backoff func(attempt int) time.Duration
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger

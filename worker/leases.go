@@ -256,7 +256,10 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 			params.Tokens[i] = o.exec.token
 			params.Errors[i] = errorText(o.err, MaxErrorLength)
 			params.Permanent[i] = IsPermanent(o.err)
-			params.RetryInMs[i] = w.cfg.Backoff(o.exec.job.Attempt).Milliseconds()
+			// Only an attempt that a retry follows has a backoff.
+			if job := o.exec.job; !params.Permanent[i] && job.Attempt < job.MaxAttempts {
+				params.RetryInMs[i] = w.cfg.Backoff(job.Attempt).Milliseconds()
+			}
 		}
 		rows, err := w.q.JobFailMany(ctx, params)
 		for _, r := range rows {

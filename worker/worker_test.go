@@ -849,3 +849,32 @@ func TestWorker_AnErrorWhoseMessagePanicsFailsItsAttemptAndTheWorkerCarriesOn(t 
 	}
 	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
 }
+
+// TestWorker_BackoffIsAskedOnlyForAttemptsARetryFollows: Config.Backoff
+// says how long to wait before a retry; a job's last attempt, and a
+// permanent failure, have none, and a backoff written for the retries
+// alone (a table of the waits between attempts) must not be asked.
+func TestWorker_BackoffIsAskedOnlyForAttemptsARetryFollows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	flaky := b.enqueue(t, "flaky", `{}`, 3)
+	permanent := b.enqueue(t, "permanent", `{}`, 3)
+	waits := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond} // before attempts 2 and 3
+	var asked sync.Map
+	b.startWorker(t, worker.Config{Slots: 1, Backoff: func(attempt int) time.Duration {
+		asked.Store(attempt, true)
+		return waits[attempt-1]
+	}}, func(w *worker.Worker) {
+		w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) { return nil, errors.New("still broken") })
+		w.HandleFunc("permanent", func(ctx context.Context, j *worker.Job) (any, error) {
+			return nil, worker.Permanent(errors.New("never"))
+		})
+	})
+	if got := b.waitForState(t, flaky.ID, db.JobStateDead, 15*time.Second); got.Attempt != 3 {
+		t.Errorf("flaky job dead at attempt %d, want 3", got.Attempt)
+	}
+	b.waitForState(t, permanent.ID, db.JobStateDead, 15*time.Second)
+	if _, ok := asked.Load(3); ok {
+		t.Error("Backoff asked for attempt 3, the job's last")
+	}
+}
