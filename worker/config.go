@@ -120,7 +120,8 @@ type Config struct {
 	// another live session holds it. A process restarted under the same
 	// id (a pod name, say) takes it over at once, and the jobs its dead
 	// predecessor held come back as quickly as any dead worker's.
-	// At most 128 bytes of UTF-8, without NUL. Default: host-pid-random.
+	// At most 128 bytes of UTF-8, without NUL. Default: host-pid-random,
+	// the host's name cut short if the id would be longer.
 	ID string
 	// SessionDatabaseURL is where the worker opens its session: the one
 	// connection that holds the lock showing it alive (so that its jobs
@@ -325,7 +326,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Slots = DefaultSlots
 	}
 	if c.ID == "" {
-		c.ID = fmt.Sprintf("%s-%d-%04x", hostname(), os.Getpid(), rand.N(1<<16))
+		c.ID = defaultID(hostname(), os.Getpid(), rand.N(1<<16))
 	}
 	if c.Lease == 0 {
 		c.Lease = DefaultLease
@@ -373,9 +374,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.Default()
 	}
 	switch {
-	case len(c.Queue) > 128:
+	case len(c.Queue) > maxNameBytes:
 		return c, errors.New("worker config: queue name longer than 128 bytes")
-	case len(c.ID) > 128:
+	case len(c.ID) > maxNameBytes:
 		return c, errors.New("worker config: id longer than 128 bytes")
 	case !textValue(c.Queue):
 		return c, fmt.Errorf("worker config: queue name %q must be valid UTF-8 without NUL, which PostgreSQL text cannot hold", c.Queue)
@@ -402,6 +403,24 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// maxNameBytes is the longest queue name or worker id, in bytes.
+const maxNameBytes = 128
+
+// defaultID is the id of a worker given none: host-pid-random, with the
+// host's name cut, at a rune boundary, so that the id fits in
+// maxNameBytes however long the name (up to 255 bytes where hosts may
+// have such names, as on macOS and the BSDs).
+func defaultID(host string, pid int, random int) string {
+	suffix := fmt.Sprintf("-%d-%04x", pid, random)
+	if n := maxNameBytes - len(suffix); len(host) > n {
+		for n > 0 && !utf8.RuneStart(host[n]) {
+			n--
+		}
+		host = host[:n]
+	}
+	return host + suffix
 }
 
 // textValue reports whether PostgreSQL text can hold s: valid UTF-8,

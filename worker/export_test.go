@@ -33,3 +33,11 @@ func (w *Worker) Told() bool { return w.session.told() }
 func ForgetEnded(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	return forgetEnded(ctx, pool)
 }
+
+// SetHostname makes workers take name as their host's name until the
+// test ends.
+func SetHostname(t testing.TB, name string) {
+	old := osHostname
+	osHostname = func() (string, error) { return name, nil }
+	t.Cleanup(func() { osHostname = old })
+}

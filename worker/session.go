@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -320,9 +321,14 @@ func (s *session) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, p
 	return 0, &IDInUseError{ID: w.cfg.ID, PID: holder.PID, Host: holder.Host}
 }
 
-// hostname returns the name of this host, or "unknown".
+// osHostname is os.Hostname; tests replace it.
+var osHostname = os.Hostname
+
+// hostname returns the name of this host, made text PostgreSQL can hold
+// (valid UTF-8, without NUL), or "unknown".
 func hostname() string {
-	host, err := os.Hostname()
+	host, err := osHostname()
+	host = strings.ReplaceAll(strings.ToValidUTF8(host, "?"), "\x00", "")
 	if err != nil || host == "" {
 		return "unknown"
 	}

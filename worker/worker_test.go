@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/worker"
@@ -876,5 +877,27 @@ func TestWorker_BackoffIsAskedOnlyForAttemptsARetryFollows(t *testing.T) {
 	b.waitForState(t, permanent.ID, db.JobStateDead, 15*time.Second)
 	if _, ok := asked.Load(3); ok {
 		t.Error("Backoff asked for attempt 3, the job's last")
+	}
+}
+
+// TestNew_TheDefaultIDFitsHoweverLongTheHostName: a Config without an id
+// is usable on a host whose name is as long as a system allows (255
+// bytes), or is not valid text: the id made for it stays within 128 bytes
+// of UTF-8. Not parallel: it replaces the host's name for the package.
+func TestNew_TheDefaultIDFitsHoweverLongTheHostName(t *testing.T) {
+	b := setup(t)
+	for _, host := range []string{strings.Repeat("h", 255), strings.Repeat("é", 127) + "x", "host\xff\x00name"} {
+		worker.SetHostname(t, host)
+		if err := (worker.Config{}).Validate(); err != nil {
+			t.Errorf("host %q: Validate: %v", host, err)
+		}
+		w, err := worker.New(b.pool, worker.Config{})
+		if err != nil {
+			t.Errorf("host %q: New: %v", host, err)
+			continue
+		}
+		if id := w.ID(); len(id) > 128 || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
+			t.Errorf("host %q: default id %q, %d bytes", host, id, len(id))
+		}
 	}
 }
