@@ -107,6 +107,12 @@ const (
 	MaxQueueListeners = math.MaxInt32
 )
 
+// MinInterval is the shortest HeartbeatInterval, PollInterval,
+// ReclaimInterval and PruneInterval New accepts. Each runs a statement
+// every interval, so one of a few nanoseconds (a plain number meant as
+// seconds, say) would send them one after another without pause.
+const MinInterval = time.Millisecond
+
 // Config configures a Worker. The zero value is usable: every zero field
 // takes its default.
 type Config struct {
@@ -138,9 +144,10 @@ type Config struct {
 	// Lease is how long each claim lasts unless renewed.
 	Lease time.Duration
 	// HeartbeatInterval is how often held leases are renewed, together, in
-	// one statement. It must be shorter than Lease. Default: Lease/3. A
-	// renewal whose answer takes longer than the interval is waited for
-	// while the leases it renews last, and the next follows when it ends.
+	// one statement. It must be shorter than Lease, and at least
+	// MinInterval. Default: Lease/3. A renewal whose answer takes longer
+	// than the interval is waited for while the leases it renews last,
+	// and the next follows when it ends.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker checks for ready jobs when no
 	// notification woke it. While notifications tell it of new jobs, a
@@ -148,7 +155,8 @@ type Config struct {
 	// longer, in proportion to the whole fleet: a fleet that all listens
 	// (QueueListeners negative) checks the queue 16 times per interval,
 	// and one with 16 seats, fewer. A worker without a seat checks every
-	// interval, since its polls are how it finds new jobs.
+	// interval, since its polls are how it finds new jobs. At least
+	// MinInterval.
 	PollInterval time.Duration
 	// QueueListeners is how many workers of the queue, at most, listen for
 	// its notifications, each in a seat its session holds. PostgreSQL
@@ -163,7 +171,7 @@ type Config struct {
 	// Negative: every worker listens.
 	QueueListeners int
 	// ReclaimInterval is how often this worker takes back jobs of dead
-	// workers and expired leases.
+	// workers and expired leases. At least MinInterval.
 	ReclaimInterval time.Duration
 	// Prefetch is how many jobs the worker may claim ahead of a free slot
 	// and hold ready, so that a slot starts its next job the moment its
@@ -199,7 +207,8 @@ type Config struct {
 	// whose retention has passed. It also looks every second, or every
 	// PruneInterval if that is shorter, whether the planner's statistics
 	// of the jobs table are due to be gathered again: where autovacuum is
-	// off, or once the table outgrew them. Default: DefaultPruneInterval.
+	// off, or once the table outgrew them. At least MinInterval.
+	// Default: DefaultPruneInterval.
 	PruneInterval time.Duration
 	// ShutdownGrace is how long Run lets running handlers finish once its
 	// context is cancelled, counted from the cancellation: an
@@ -394,8 +403,14 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("worker config: heartbeat interval %s must be positive and shorter than the lease %s", c.HeartbeatInterval, c.Lease)
 	case c.PrefetchWait < 0 || c.PrefetchWait >= c.Lease:
 		return c, fmt.Errorf("worker config: prefetch wait %s must be positive and shorter than the lease %s", c.PrefetchWait, c.Lease)
-	case c.PollInterval < 0 || c.ReclaimInterval < 0 || c.PruneInterval < 0:
-		return c, errors.New("worker config: intervals must be positive")
+	case c.HeartbeatInterval < MinInterval:
+		return c, shortInterval("heartbeat", c.HeartbeatInterval)
+	case c.PollInterval < MinInterval:
+		return c, shortInterval("poll", c.PollInterval)
+	case c.ReclaimInterval < MinInterval:
+		return c, shortInterval("reclaim", c.ReclaimInterval)
+	case c.PruneInterval < MinInterval:
+		return c, shortInterval("prune", c.PruneInterval)
 	}
 	if c.SessionDatabaseURL != "" {
 		if _, err := parseSessionURL(c.SessionDatabaseURL); err != nil {
@@ -421,6 +436,12 @@ func defaultID(host string, pid int, random int) string {
 		host = host[:n]
 	}
 	return host + suffix
+}
+
+// shortInterval is the error for the interval of the given name, d,
+// shorter than MinInterval.
+func shortInterval(name string, d time.Duration) error {
+	return fmt.Errorf("worker config: %s interval %s is shorter than %s (MinInterval); a time.Duration counts nanoseconds, so 1 is 1ns, not 1s", name, d, MinInterval)
 }
 
 // textValue reports whether PostgreSQL text can hold s: valid UTF-8,

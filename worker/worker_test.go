@@ -572,6 +572,13 @@ func TestNew_RejectsInvalidConfigWithTheErrorValidateReturns(t *testing.T) {
 		{"id with NUL", worker.Config{ID: "w\x00"}, `id "w\x00" must be valid UTF-8 without NUL`},
 		{"negative prefetch wait", worker.Config{PrefetchWait: -time.Millisecond}, "prefetch wait"},
 		{"prefetch wait not shorter than lease", worker.Config{Lease: time.Second, PrefetchWait: time.Second}, "prefetch wait"},
+		// A plain number is nanoseconds: meant as seconds, it would make
+		// an idle worker send thousands of statements a second.
+		{"poll interval of a nanosecond", worker.Config{PollInterval: 1}, "poll interval 1ns is shorter than 1ms (MinInterval)"},
+		{"reclaim interval of 5ns", worker.Config{ReclaimInterval: 5}, "reclaim interval 5ns is shorter than 1ms (MinInterval)"},
+		{"prune interval under a millisecond", worker.Config{PruneInterval: time.Millisecond - 1}, "prune interval 999.999µs is shorter than 1ms (MinInterval)"},
+		{"heartbeat interval of 10ns", worker.Config{HeartbeatInterval: 10}, "heartbeat interval 10ns is shorter than 1ms (MinInterval)"},
+		{"negative poll interval", worker.Config{PollInterval: -time.Second}, "poll interval -1s is shorter than 1ms (MinInterval)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { wantRefused(t, b, tc.cfg, tc.wantInErr) })
 	}
