@@ -189,7 +189,8 @@ type Config struct {
 	// undone and its place kept, and the worker stops claiming ahead until
 	// its handlers are short again, so a job is never held back for long
 	// behind a slow one while other workers could run it. It must be
-	// shorter than Lease. Default: DefaultPrefetchWait.
+	// shorter than Lease. Default: DefaultPrefetchWait, or half the lease
+	// if that is not shorter.
 	PrefetchWait time.Duration
 	// RetainSucceeded is how long a succeeded job is kept after it
 	// finished (for GET /v1/jobs/{id}, the listings, its result, and its
@@ -369,6 +370,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PrefetchWait == 0 {
 		c.PrefetchWait = DefaultPrefetchWait
+		if c.PrefetchWait >= c.Lease {
+			// The shortest lease, which the default would not fit.
+			c.PrefetchWait = c.Lease / 2
+		}
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = DefaultShutdownGrace

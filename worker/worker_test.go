@@ -618,6 +618,28 @@ func TestNew_AcceptsTheUpperBoundsOfSlotsPrefetchAndQueueListeners(t *testing.T)
 	}
 }
 
+// TestNew_AcceptsTheShortestLeaseWithEveryOtherFieldDefault: every field
+// left zero takes a default that fits the lease given, down to the
+// shortest New accepts.
+func TestNew_AcceptsTheShortestLeaseWithEveryOtherFieldDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, lease := range []time.Duration{100 * time.Millisecond, 150 * time.Millisecond, 200 * time.Millisecond} {
+		cfg := worker.Config{Lease: lease}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("lease %s: Validate: %v", lease, err)
+		}
+		w, err := worker.New(b.pool, cfg)
+		if err != nil {
+			t.Errorf("lease %s: New: %v", lease, err)
+			continue
+		}
+		if got := w.Config(); got.PrefetchWait <= 0 || got.PrefetchWait >= lease || got.PrefetchWait > worker.DefaultPrefetchWait {
+			t.Errorf("lease %s: prefetch wait %s, want positive, shorter than the lease and at most %s", lease, got.PrefetchWait, worker.DefaultPrefetchWait)
+		}
+	}
+}
+
 // TestNew_AcceptsNamesWithControlCharacters: enqueueing refuses control
 // characters in a queue's name, but jobs stored before it did may have
 // them, and a worker must still be able to drain their queue.
