@@ -466,7 +466,11 @@ func runConfig(ctx context.Context, cfg Config, sys system, pc harness.ProcSlots
 	}
 	defer sessions.Stop()
 	prog.Note("inserting %d no-op jobs", cfg.Jobs)
-	if err := sys.fill(runCtx, d, procs, cfg.Jobs, cfg.WorkersFirst); err != nil {
+	inserted := int64(cfg.Jobs)
+	if cfg.WorkersFirst {
+		inserted += WarmUpJobs
+	}
+	if err := fillCounted(runCtx, d, sys, procs, cfg.Jobs, cfg.WorkersFirst, inserted); err != nil {
 		return nil, env, err
 	}
 	// The WAL from here on is read once the burn-down ends, for the index
@@ -647,6 +651,35 @@ func warmUp(ctx context.Context, d *harness.Database, sys system, procs *harness
 		return fmt.Errorf("deleted %d warm-up jobs, want %d", n, WarmUpJobs)
 	}
 	return nil
+}
+
+// fillCounted fills the queue with jobs jobs, as sys.fill does, and
+// returns once the server's statistics count inserted inserts into the
+// queue's table in all: the counters read next are the burn-down's
+// baseline, and a fill reported after them would count in the burn-down.
+// Relay's fill reports its statistics before it returns; River's, a
+// process of its own, as its server process exits, which may be just
+// after the fill's process has.
+func fillCounted(ctx context.Context, d *harness.Database, sys system, procs *harness.Procs, jobs int, atOnce bool, inserted int64) error {
+	if err := sys.fill(ctx, d, procs, jobs, atOnce); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	for {
+		c, err := d.Lab.BurndownCounters(ctx, sys.table)
+		if err != nil {
+			return fmt.Errorf("read the counters after the fill: %w", err)
+		}
+		if c.TableInserted >= inserted {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the statistics counted %d inserts into %s after the fill, want %d: %w", c.TableInserted, sys.table, inserted, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // settleTimeout bounds the wait for the workers' sessions to end and

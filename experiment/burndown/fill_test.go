@@ -10,7 +10,7 @@ import (
 )
 
 // TestSystems_FillIsCountedBeforeTheBurnDown checks that, once a system's
-// fill returns, the server's counters already hold what the fill wrote:
+// fill returns (fillCounted), the server's counters hold what it wrote:
 // the counters read right after it are the burn-down's baseline, and a
 // fill reported later (a session reports its counts as it goes idle, or
 // up to 10 s later when it reported less than a second before) would
@@ -39,7 +39,7 @@ func TestSystems_FillIsCountedBeforeTheBurnDown(t *testing.T) {
 				if _, err := d.Lab.BurndownCounters(t.Context(), sys.table); err != nil {
 					t.Fatal(err)
 				}
-				if err := sys.fill(t.Context(), d, procs, jobs, atOnce); err != nil {
+				if err := fillCounted(t.Context(), d, sys, procs, jobs, atOnce, jobs); err != nil {
 					t.Fatal(err)
 				}
 				c, err := d.Lab.BurndownCounters(t.Context(), sys.table)
