@@ -82,6 +82,8 @@ func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
 		{"payload of two values", client.Request{Kind: "k", Payload: json.RawMessage(`{"a":1} {"b":2}`)}, "payload", "payload is not valid JSON"},
 		{"payload trailing text", client.Request{Kind: "k", Payload: json.RawMessage(`123abc`)}, "payload", "payload is not valid JSON"},
 		{"payload of blanks", client.Request{Kind: "k", Payload: json.RawMessage(`   `)}, "payload", "payload is not valid JSON"},
+		{"payload nested too deep", client.Request{Kind: "k", Payload: json.RawMessage(strings.Repeat("[", 10001) + strings.Repeat("]", 10001))}, "payload", "payload must not nest arrays and objects more than 10000 deep"},
+		{"payload nested too deep in a string's company", client.Request{Kind: "k", Payload: json.RawMessage(`{"s":"[{\\\"",` + strings.Repeat(`{"a":`, 10000) + "1" + strings.Repeat("}", 10000) + "}")}, "payload", "payload must not nest arrays and objects more than 10000 deep"},
 		{"payload jsonb cannot hold", client.Request{Kind: "k", Payload: json.RawMessage(`"\u0000"`)}, "payload", "payload "},
 		{"payload key given twice", client.Request{Kind: "k", Payload: json.RawMessage(`{"amount":100,"amount":1}`)}, "payload", `payload contains the key "amount" twice in one object, at byte 14`},
 		{"payload key given twice, escaped", client.Request{Kind: "k", Payload: json.RawMessage(`[{"ok":{"a":1,"\u0061":2}}]`)}, "payload", `payload contains the key "a" twice in one object, at byte 14`},
@@ -103,6 +105,27 @@ func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
 			}
 			if fe.Field != tt.field || !strings.HasPrefix(fe.Error(), tt.msg) {
 				t.Errorf("refused %q: %q, want %q: %q…", fe.Field, fe.Error(), tt.field, tt.msg)
+			}
+		})
+	}
+}
+
+// TestInsert_StoresAPayloadNestedAsDeepAsValidateAccepts: a payload whose
+// arrays and objects nest MaxPayloadDepth deep is valid, and jsonb holds it.
+func TestInsert_StoresAPayloadNestedAsDeepAsValidateAccepts(t *testing.T) {
+	pool := dbtest.New(t)
+	for name, payload := range map[string]string{
+		"arrays":  strings.Repeat("[", client.MaxPayloadDepth) + strings.Repeat("]", client.MaxPayloadDepth),
+		"objects": strings.Repeat(`{"a":`, client.MaxPayloadDepth) + "1" + strings.Repeat("}", client.MaxPayloadDepth),
+	} {
+		t.Run(name, func(t *testing.T) {
+			job := newJob(t, client.Request{Payload: json.RawMessage(payload)})
+			stored, _, err := client.Insert(t.Context(), pool, job)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !jsonb.Equal(stored.Payload, job.Payload) {
+				t.Errorf("stored a payload of %d bytes, want the %d given", len(stored.Payload), len(payload))
 			}
 		})
 	}

@@ -38,6 +38,9 @@ const (
 	MaxDelay = 365 * 24 * time.Hour
 	// MaxBatchJobs is how many jobs one InsertMany may insert.
 	MaxBatchJobs = 1000
+	// MaxPayloadDepth bounds how deep the arrays and objects of a payload
+	// may nest, as encoding/json bounds what it reads.
+	MaxPayloadDepth = 10000
 )
 
 // earliestRunAt is the earliest run_at accepted: anything before is surely
@@ -55,7 +58,8 @@ type Request struct {
 	// Queue defaults to DefaultQueue.
 	Queue *string
 	// Payload is any JSON value, null included, in which no object has a
-	// key twice (jsonb would keep only the last); it defaults to {}.
+	// key twice (jsonb would keep only the last) and arrays and objects
+	// nest at most MaxPayloadDepth deep; it defaults to {}.
 	Payload json.RawMessage
 	// Priority is from -32768 to 32767, lower running first; default 0.
 	Priority *int64
@@ -152,6 +156,11 @@ func Validate(r Request, now time.Time) (Job, error) {
 	}
 	if len(r.Payload) > 0 {
 		if !json.Valid(r.Payload) {
+			// encoding/json refuses a document nested deeper than
+			// MaxPayloadDepth as it refuses one that is not JSON.
+			if depth(r.Payload) > MaxPayloadDepth {
+				return job, fieldError(FieldPayload, "must not nest arrays and objects more than %d deep", MaxPayloadDepth)
+			}
 			return job, fieldError(FieldPayload, "is not valid JSON")
 		}
 		if err := jsonb.Check(r.Payload); err != nil {
@@ -247,4 +256,33 @@ func checkName(field, s string, maxBytes int) *FieldError {
 		return fieldError(field, `must not contain NUL characters (\u0000)`)
 	}
 	return nil
+}
+
+// depth returns how deep the arrays and objects of b, a JSON document that
+// may be invalid, nest at their deepest, counting the brackets outside
+// strings.
+func depth(b []byte) int {
+	deepest, d := 0, 0
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			d++
+			deepest = max(deepest, d)
+		case c == ']' || c == '}':
+			d--
+		}
+	}
+	return deepest
 }
