@@ -77,6 +77,39 @@ func TestAuth_NoTokenConfiguredLetsEveryoneIn(t *testing.T) {
 	wantStatus(t, e.do(t, "GET", "/v1/queues", "", "Authorization", "Bearer whatever"), http.StatusOK)
 }
 
+// TestNewServer_RefusesATokenNoRequestCanPresent: HTTP trims the white
+// space around a header's value and refuses control characters but a tab
+// in it, so a server given such a token would answer every /v1 request
+// 401. NewServer panics rather than serve so, without naming the token.
+func TestNewServer_RefusesATokenNoRequestCanPresent(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	for name, token := range map[string]string{
+		"a trailing newline":  "s3cret\n",
+		"a leading space":     " s3cret",
+		"a trailing tab":      "s3cret\t",
+		"white space alone":   " ",
+		"a NUL":               "s3\x00cret",
+		"a control character": "s3\x1bcret",
+		"DEL":                 "s3cret\x7f",
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				msg := fmt.Sprint(r)
+				if r == nil || !strings.Contains(msg, "APIToken") || strings.Contains(msg, "s3") {
+					t.Errorf("NewServer: recovered %q, want a panic that names APIToken and not the token", msg)
+				}
+			}()
+			h := NewServer(nil, pool, Config{APIToken: token})
+			h.Close(context.Background())
+		})
+	}
+	// A tab inside the token can be presented.
+	e := setup(t, Config{APIToken: "s3\tcret"})
+	wantStatus(t, e.do(t, "GET", "/v1/queues", "", "Authorization", "Bearer s3\tcret"), http.StatusOK)
+}
+
 func TestRecoverPanics_PanicBecomes500JSON(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer

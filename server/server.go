@@ -37,6 +37,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -66,6 +67,8 @@ const dbTimeout = 10 * time.Second
 type Config struct {
 	// APIToken, when not empty, is the bearer token every /v1 request must
 	// present in its Authorization header. The health routes stay open.
+	// It must be one a request can present (PresentableToken): NewServer
+	// panics otherwise.
 	APIToken string
 	// MaxBodyBytes limits the size of a request body; larger bodies get
 	// 413. Zero or less means DefaultMaxBodyBytes.
@@ -94,10 +97,34 @@ type Handler struct {
 	enqueuer *client.Enqueuer
 }
 
+// PresentableToken reports whether a request can present token as its
+// bearer token: HTTP trims the white space around a header's value, as the
+// API trims the token it is given, and refuses the control characters but
+// a tab in it. A token that fails, as one read from a file ending in a
+// newline, would have every request refused with a 401.
+func PresentableToken(token string) bool {
+	if strings.TrimSpace(token) != token {
+		return false
+	}
+	for _, c := range []byte(token) {
+		if (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
 // NewServer returns the HTTP handler of the whole API, on its own mux, with
 // request logging and panic recovery around it. A nil logger discards logs.
-// Close the handler once the http.Server serving it has shut down.
+// Close the handler once the http.Server serving it has shut down. It
+// panics if cfg.APIToken is not a token a request can present
+// (PresentableToken), with which it would answer every /v1 request 401.
 func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
+	if !PresentableToken(cfg.APIToken) {
+		// Named without the token, which is a secret.
+		panic("server.NewServer: Config.APIToken begins or ends with white space, or holds a control character: " +
+			"no request can present it in its Authorization header")
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}

@@ -65,7 +65,7 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 	if s.apiToken == "" {
 		s.apiToken = getenv("RELAY_API_TOKEN")
 	}
-	if !presentableToken(s.apiToken) {
+	if !server.PresentableToken(s.apiToken) {
 		// Named without the token, which is a secret.
 		return cli.Usagef("%s: --api-token (or RELAY_API_TOKEN) begins or ends with white space, or holds a control character: "+
 			"no request can present it in its Authorization header", s.command)
@@ -89,23 +89,6 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 		return cli.Usagef("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
 	}
 	return s.requireTokenOffLoopback(ctx, net.DefaultResolver.LookupHost)
-}
-
-// presentableToken reports whether a request can present token as its
-// bearer token: HTTP trims the white space around a header's value, as the
-// API trims the token it is given, and refuses the control characters
-// but a tab in it. A token that fails, as a RELAY_API_TOKEN read from a
-// file ending in a newline, would have every request refused with a 401.
-func presentableToken(token string) bool {
-	if strings.TrimSpace(token) != token {
-		return false
-	}
-	for _, c := range []byte(token) {
-		if (c < ' ' && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 // announceEveryConfig is --announce-every as server.Config takes it, where
