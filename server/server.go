@@ -37,6 +37,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -157,8 +158,13 @@ func (h *Handler) Close(ctx context.Context) {
 // NewHTTPServer returns an http.Server for h on addr with timeouts and a
 // header size limit set, so that slow or oversized clients cannot hold
 // connections or memory indefinitely. Its WriteTimeout leaves room for the
-// per-request database timeout.
+// per-request database timeout. It panics if h is nil, or a nil pointer
+// or function, with which the server would serve http.DefaultServeMux or
+// panic at each request.
 func NewHTTPServer(addr string, h http.Handler) *http.Server {
+	if isNil(h) {
+		panic("server.NewHTTPServer: nil handler")
+	}
 	return &http.Server{
 		Addr:              addr,
 		Handler:           h,
@@ -168,4 +174,16 @@ func NewHTTPServer(addr string, h http.Handler) *http.Server {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 	}
+}
+
+// isNil reports whether h is nil, or holds a nil pointer, function or map.
+func isNil(h http.Handler) bool {
+	if h == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(h); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map:
+		return v.IsNil()
+	}
+	return false
 }

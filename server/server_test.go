@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -266,6 +267,28 @@ func TestNewHTTPServer_SetsTimeoutsAndHeaderLimit(t *testing.T) {
 	}
 	if srv.MaxHeaderBytes <= 0 {
 		t.Error("MaxHeaderBytes is not set")
+	}
+}
+
+// A nil handler, or a nil *Handler, would have the http.Server serve
+// http.DefaultServeMux, whatever the program registered there, or panic
+// at each request: NewHTTPServer refuses it at once.
+func TestNewHTTPServer_RefusesANilHandler(t *testing.T) {
+	t.Parallel()
+	for name, h := range map[string]http.Handler{
+		"nil":             nil,
+		"nil *Handler":    (*Handler)(nil),
+		"nil HandlerFunc": http.HandlerFunc(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "nil handler") {
+					t.Errorf("NewHTTPServer: recovered %v, want a panic for a nil handler", r)
+				}
+			}()
+			srv := NewHTTPServer(":8080", h)
+			t.Errorf("NewHTTPServer returned a server whose Handler is %#v", srv.Handler)
+		})
 	}
 }
 
