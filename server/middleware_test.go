@@ -110,6 +110,18 @@ func TestNewServer_RefusesATokenNoRequestCanPresent(t *testing.T) {
 	wantStatus(t, e.do(t, "GET", "/v1/queues", "", "Authorization", "Bearer s3\tcret"), http.StatusOK)
 }
 
+// TestNewServer_RefusesANilPool: NewServer says so itself, rather than
+// leave it to what it builds on the pool.
+func TestNewServer_RefusesANilPool(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		if r := recover(); r == nil || !strings.HasPrefix(fmt.Sprint(r), "server.NewServer: nil pool") {
+			t.Errorf("NewServer: recovered %v, want server.NewServer's panic for a nil pool", r)
+		}
+	}()
+	NewServer(nil, nil, Config{})
+}
+
 func TestRecoverPanics_PanicBecomes500JSON(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer

@@ -118,9 +118,13 @@ func PresentableToken(token string) bool {
 // NewServer returns the HTTP handler of the whole API, on its own mux, with
 // request logging and panic recovery around it. A nil logger discards logs.
 // Close the handler once the http.Server serving it has shut down. It
-// panics if cfg.APIToken is not a token a request can present
-// (PresentableToken), with which it would answer every /v1 request 401.
+// panics if pool is nil, or if cfg.APIToken is not a token a request can
+// present (PresentableToken), with which it would answer every /v1
+// request 401.
 func NewServer(logger *slog.Logger, pool *pgxpool.Pool, cfg Config) *Handler {
+	if pool == nil {
+		panic("server.NewServer: nil pool")
+	}
 	if !PresentableToken(cfg.APIToken) {
 		// Named without the token, which is a secret.
 		panic("server.NewServer: Config.APIToken begins or ends with white space, or holds a control character: " +
