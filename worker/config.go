@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -389,9 +388,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	switch {
 	case len(c.Queue) > maxNameBytes:
-		return c, errors.New("worker config: queue name longer than 128 bytes")
+		return c, fmt.Errorf("worker config: queue name longer than %d bytes", maxNameBytes)
 	case len(c.ID) > maxNameBytes:
-		return c, errors.New("worker config: id longer than 128 bytes")
+		return c, fmt.Errorf("worker config: id longer than %d bytes", maxNameBytes)
 	case !textValue(c.Queue):
 		return c, fmt.Errorf("worker config: queue name %q must be valid UTF-8 without NUL, which PostgreSQL text cannot hold", c.Queue)
 	case !textValue(c.ID):

@@ -127,11 +127,11 @@ func (p *pruneWindow) since() *time.Time {
 // if it succeeded and came back with less than a full batch of every
 // state.
 func (p *pruneWindow) record(ran time.Time, complete bool) {
-	if complete {
-		p.ran = ran
-	} else {
-		p.ran = time.Time{}
+	if !complete {
+		p.forget()
+		return
 	}
+	p.ran = ran
 }
 
 // forget makes the next prune a full pass.
