@@ -296,7 +296,7 @@ func (m *Migrator) applied(ctx context.Context) (map[int64]bool, error) {
 	if err != nil || len(applied) > 0 {
 		return applied, err
 	}
-	earlier, err := m.earlierBuilds(ctx)
+	earlier, err := m.legacyVersions(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -371,6 +371,12 @@ func (m *Migrator) earlierBuilds(ctx context.Context) ([]int64, error) {
 	if err != nil || len(own) > 0 {
 		return nil, err
 	}
+	return m.legacyVersions(ctx)
+}
+
+// legacyVersions returns Relay's migrations that legacyVersionTable
+// records, as earlierBuilds does, whatever VersionTable records.
+func (m *Migrator) legacyVersions(ctx context.Context) ([]int64, error) {
 	recorded, err := m.recorded(ctx, m.legacy)
 	if err != nil {
 		return nil, err
