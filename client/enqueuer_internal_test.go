@@ -355,17 +355,21 @@ func TestEnqueuer_AJobLeftUnsentBehindALostAnswerIsNotErrOutcomeUnknown(t *testi
 	const timeout = 300 * time.Millisecond
 	dbtest.SlowCommitsPastCancels(t, pool, 3*timeout)
 	kinds := []string{"forbidden", "slow", "k3"}
-	group := groupOf(t, kinds, func(kind string) Request {
-		if kind == "slow" {
-			return Request{Kind: kind, Payload: json.RawMessage(dbtest.SlowCommitPayload)}
+	var errs []error
+	dbtest.LoseASlowCommitsAnswer(t, pool, func() error {
+		group := groupOf(t, kinds, func(kind string) Request {
+			if kind == "slow" {
+				return Request{Kind: kind, Payload: json.RawMessage(dbtest.SlowCommitPayload)}
+			}
+			return Request{Kind: kind}
+		})
+		NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1, StoreTimeout: timeout}).store(group)
+		errs = make([]error, len(group))
+		for i, p := range group {
+			errs[i] = (<-p.done).err
 		}
-		return Request{Kind: kind}
+		return errs[1]
 	})
-	NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1, StoreTimeout: timeout}).store(group)
-	errs := make([]error, len(group))
-	for i, p := range group {
-		errs[i] = (<-p.done).err
-	}
 	if !RefusedAValue(errs[0]) {
 		t.Errorf("forbidden: %v, want the database's refusal", errs[0])
 	}
@@ -374,10 +378,6 @@ func TestEnqueuer_AJobLeftUnsentBehindALostAnswerIsNotErrOutcomeUnknown(t *testi
 	}
 	if errs[2] == nil || errors.Is(errs[2], ErrOutcomeUnknown) || !strings.Contains(errs[2].Error(), "not sent") {
 		t.Errorf("k3: %v, want an error saying that it was not sent, not ErrOutcomeUnknown", errs[2])
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for dbtest.CountJobs(t, pool) == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
 	}
 	var stored string
 	if err := pool.QueryRow(t.Context(), `SELECT string_agg(kind, ',' ORDER BY id) FROM jobs`).Scan(&stored); err != nil {

@@ -38,13 +38,83 @@ func slowCommits(t testing.TB, pool *pgxpool.Pool, d time.Duration, handler stri
 	t.Helper()
 	// A test fixture: the sleep is a literal, as a DDL statement takes no
 	// parameters.
+	// The sequence counts the commits that began to wait, and keeps its
+	// count when the transaction rolls back.
 	sql := fmt.Sprintf(`
+		CREATE SEQUENCE test_slow_commits_begun;
 		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(%f); RETURN NULL; %s END $$;
+		BEGIN PERFORM nextval('test_slow_commits_begun'); PERFORM pg_sleep(%f); RETURN NULL; %s END $$;
 		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON jobs
 		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
 		WHEN (NEW.payload ? 'slow_commit') EXECUTE FUNCTION test_slow_commit();`, d.Seconds(), handler)
 	if _, err := pool.Exec(context.Background(), sql); err != nil {
 		t.Fatalf("dbtest: make commits slow: %v", err)
+	}
+}
+
+// slowCommitTries is how many times LoseASlowCommitsAnswer stores a job
+// before it gives up on a timeout that falls while the commit waits.
+const slowCommitTries = 5
+
+// LoseASlowCommitsAnswer runs store, which stores one job whose commit
+// SlowCommitsPastCancels makes wait and gives up on its answer after a
+// timeout, until a run's timeout falls while the commit waits, and
+// returns that run's error once the commit has landed. A timeout that
+// falls before the commit began cancels the statement, and the job is
+// not stored: such a run says nothing about a lost answer, and is run
+// again, up to slowCommitTries times, as on a slow machine the statement
+// can take longer than the timeout to reach its commit. The test fails if
+// such a run stored a job.
+func LoseASlowCommitsAnswer(t testing.TB, pool *pgxpool.Pool, store func() error) error {
+	t.Helper()
+	for try := 1; ; try++ {
+		begun, stored := slowCommitsBegun(t, pool), CountJobs(t, pool)
+		err := store()
+		waitUntilIdle(t, pool)
+		if slowCommitsBegun(t, pool) > begun {
+			return err
+		}
+		if n := CountJobs(t, pool); n != stored {
+			t.Fatalf("dbtest: a store whose statement timed out before its commit began stored %d jobs, want none", n-stored)
+		}
+		if try == slowCommitTries {
+			t.Fatalf("dbtest: in %d tries, the timeout never fell while the commit waited: %v", try, err)
+		}
+		t.Logf("dbtest: try %d timed out before the commit began (%v); again", try, err)
+	}
+}
+
+// slowCommitsBegun returns how many commits that SlowCommits made slow
+// have begun to wait in pool's database.
+func slowCommitsBegun(t testing.TB, pool *pgxpool.Pool) int64 {
+	t.Helper()
+	var n int64
+	err := pool.QueryRow(context.Background(),
+		`SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_slow_commits_begun`).Scan(&n)
+	if err != nil {
+		t.Fatalf("dbtest: count the slow commits begun: %v", err)
+	}
+	return n
+}
+
+// waitUntilIdle waits until no other session of pool's database is
+// running a statement, as one whose client gave up on its answer may go
+// on running.
+func waitUntilIdle(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var running int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()
+			AND backend_type = 'client backend' AND state <> 'idle'`).Scan(&running)
+		if err != nil {
+			t.Fatalf("dbtest: look for running statements: %v", err)
+		}
+		if running == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dbtest: %d sessions still running a statement after 30s", running)
+		}
 	}
 }
