@@ -229,12 +229,14 @@ type Config struct {
 	// Backoff returns how long to wait before the retry that follows the
 	// given failed attempt (1 for the first). It is asked only of an
 	// attempt that a retry follows: not of a job's last attempt, nor of a
-	// permanent failure. Default: DefaultBackoff.
+	// permanent failure. If it panics, the panic is logged and the retry
+	// waits DefaultBackoff. Default: DefaultBackoff.
 	Backoff func(attempt int) time.Duration
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// OnAck, if set, is called after every acknowledgement the worker makes
-	// or drops, from the worker's own goroutine: keep it fast.
+	// or drops, from the worker's own goroutine: keep it fast. A panic in
+	// OnAck is logged, and the worker carries on.
 	OnAck func(Ack)
 }
 

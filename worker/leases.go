@@ -258,7 +258,7 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 			params.Permanent[i] = IsPermanent(o.err)
 			// Only an attempt that a retry follows has a backoff.
 			if job := o.exec.job; !params.Permanent[i] && job.Attempt < job.MaxAttempts {
-				params.RetryInMs[i] = w.cfg.Backoff(job.Attempt).Milliseconds()
+				params.RetryInMs[i] = w.backoff(job).Milliseconds()
 			}
 		}
 		rows, err := w.q.JobFailMany(ctx, params)

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -311,12 +312,36 @@ func (w *Worker) numStarted() int {
 	return len(w.running)
 }
 
+// report tells Config.OnAck what became of o. A panic in OnAck is
+// logged, and the worker goes on: the outcome is already recorded or
+// dropped, and a callback's bug must not end the process that holds other
+// jobs' leases.
 func (w *Worker) report(o outcome, kind Outcome, accepted bool) {
 	if w.cfg.OnAck == nil {
 		return
 	}
 	job := o.exec.job
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("OnAck panicked; the worker carries on", "job", job.ID, "outcome", kind,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
 	w.cfg.OnAck(Ack{Job: &job, Outcome: kind, Accepted: accepted, InDoubt: !accepted && o.exec.unanswered, Err: o.err})
+}
+
+// backoff returns how long the retry that follows job's failed attempt
+// waits: Config.Backoff's answer, or DefaultBackoff's if Backoff panics,
+// which is logged, so that the failure is recorded all the same.
+func (w *Worker) backoff(job Job) (d time.Duration) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("Backoff panicked; the retry waits DefaultBackoff", "job", job.ID, "attempt", job.Attempt,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			d = DefaultBackoff(job.Attempt)
+		}
+	}()
+	return w.cfg.Backoff(job.Attempt)
 }
 
 // notify signals c without blocking; one pending signal is enough.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"runtime"
 	"slices"
@@ -907,6 +908,39 @@ func TestWorker_BackoffIsAskedOnlyForAttemptsARetryFollows(t *testing.T) {
 	if _, ok := asked.Load(3); ok {
 		t.Error("Backoff asked for attempt 3, the job's last")
 	}
+}
+
+// TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn: a Backoff or
+// an OnAck that panics is a bug in the application's callback, not in the
+// job: the panic is logged, the failure is recorded with DefaultBackoff's
+// wait, and the worker, which holds other jobs' leases, goes on.
+func TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs syncBuffer
+	flaky := b.enqueue(t, "flaky", `{}`, 2)
+	b.startWorker(t, worker.Config{
+		Slots:   1,
+		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Backoff: func(int) time.Duration { panic("boom in Backoff") },
+		OnAck:   func(worker.Ack) { panic("boom in OnAck") },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) {
+			if j.Attempt == 1 {
+				return nil, errors.New("first attempt fails")
+			}
+			return "ok", nil
+		})
+		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
+	})
+	got := b.waitForState(t, flaky.ID, db.JobStateSucceeded, 15*time.Second)
+	if got.Attempt != 2 {
+		t.Errorf("flaky succeeded at attempt %d, want 2", got.Attempt)
+	}
+	logs.waitForLog(t, 5*time.Second, "Backoff panicked", "boom in Backoff")
+	logs.waitForLog(t, 5*time.Second, "OnAck panicked", "boom in OnAck")
+	fine := b.enqueue(t, "fine", `{}`, 1)
+	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
 }
 
 // TestNew_TheDefaultIDFitsHoweverLongTheHostName: a Config without an id
