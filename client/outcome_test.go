@@ -56,8 +56,7 @@ func insertPaths(timeout time.Duration) []insertPath {
 // times out each way of storing a job while its commit waits, and the
 // commit lands all the same: the error is ErrOutcomeUnknown, not a
 // context error, which would say that nothing was stored.
-// dbtest.LoseASlowCommitsAnswer tries again when the timeout fell before
-// the commit began.
+// dbtest.LoseASlowCommitsAnswer tries again when the commit did not land.
 func TestInsert_AnAnswerLostToATimeoutIsErrOutcomeUnknownNotTheContexts(t *testing.T) {
 	t.Parallel()
 	const timeout = 300 * time.Millisecond

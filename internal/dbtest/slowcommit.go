@@ -53,34 +53,31 @@ func slowCommits(t testing.TB, pool *pgxpool.Pool, d time.Duration, handler stri
 }
 
 // slowCommitTries is how many times LoseASlowCommitsAnswer stores a job
-// before it gives up on a timeout that falls while the commit waits.
+// before it gives up on a commit that lands after its answer was lost.
 const slowCommitTries = 5
 
 // LoseASlowCommitsAnswer runs store, which stores one job whose commit
 // SlowCommitsPastCancels makes wait and gives up on its answer after a
-// timeout, until a run's timeout falls while the commit waits, and
-// returns that run's error once the commit has landed. A timeout that
-// falls before the commit began cancels the statement, and the job is
-// not stored: such a run says nothing about a lost answer, and is run
-// again, up to slowCommitTries times, as on a slow machine the statement
-// can take longer than the timeout to reach its commit. The test fails if
-// such a run stored a job.
+// timeout, until a run's commit lands all the same, and returns that
+// run's error once it has. A run whose commit did not land says nothing
+// about a lost answer, and is run again, up to slowCommitTries times: on
+// a loaded machine the timeout can fall before the statement reaches its
+// commit, which cancels it, and a cancel can arrive, late, as the commit
+// ends, rolling it back.
 func LoseASlowCommitsAnswer(t testing.TB, pool *pgxpool.Pool, store func() error) error {
 	t.Helper()
 	for try := 1; ; try++ {
 		begun, stored := slowCommitsBegun(t, pool), CountJobs(t, pool)
 		err := store()
 		waitUntilIdle(t, pool)
-		if slowCommitsBegun(t, pool) > begun {
+		if CountJobs(t, pool) > stored {
 			return err
 		}
-		if n := CountJobs(t, pool); n != stored {
-			t.Fatalf("dbtest: a store whose statement timed out before its commit began stored %d jobs, want none", n-stored)
-		}
+		waited := slowCommitsBegun(t, pool) > begun
 		if try == slowCommitTries {
-			t.Fatalf("dbtest: in %d tries, the timeout never fell while the commit waited: %v", try, err)
+			t.Fatalf("dbtest: in %d tries, no commit landed after its answer was lost (the last began to wait: %t): %v", try, waited, err)
 		}
-		t.Logf("dbtest: try %d timed out before the commit began (%v); again", try, err)
+		t.Logf("dbtest: try %d: the commit did not land (it began to wait: %t): %v; again", try, waited, err)
 	}
 }
 
