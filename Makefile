@@ -10,7 +10,7 @@ export RELAY_TEST_DATABASE_URL
 GO ?= go
 SQLC := $(GO) tool -modfile=tools.mod sqlc
 
-.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test test-jsonv2 test-containers docker-context-check drop-test-databases modelcheck build run experiment chaos lint-actions clean
+.PHONY: all generate check fmt-check vet sqlc-diff sqlc-vet test test-jsonv2 test-containers test-containers-path docker-context-check drop-test-databases modelcheck build run experiment chaos lint-actions clean
 
 all: check
 
@@ -59,6 +59,11 @@ test-jsonv2:
 test-containers:
 	RELAY_TEST_DATABASE_URL= $(GO) test -race -count=1 ./...
 	cd $(LAB) && RELAY_TEST_DATABASE_URL= $(GO) test -race -count=1 ./...
+
+## test-containers-path: the migrations' and the API's tests, with the race detector, on PostgreSQL in a container started by testcontainers-go: what CI runs of test-containers, as the path is the same for every test (needs a Docker engine)
+CONTAINERS_PATH_PACKAGES := ./migrations ./server
+test-containers-path:
+	RELAY_TEST_DATABASE_URL= $(GO) test -race -count=1 $(CONTAINERS_PATH_PACKAGES)
 
 ## docker-context-check: without Docker, the image's build stage builds relay from the build context (.dockerignore honoured), and the command lines of the Dockerfile and docker-compose.yml are relay's (part of test)
 docker-context-check:
