@@ -528,8 +528,10 @@ func (d *dispatcher) finish(r *round) {
 		retry.toRelease = r.batch.toRelease
 	}
 	if r.failStates != nil {
+		newest := newestClaims(r.batch.failed)
 		for _, o := range r.batch.failed {
 			state, ok := r.failStates[o.exec.job.ID]
+			ok = ok && o.exec.job.Fence == newest[o.exec.job.ID]
 			if ok {
 				w.log.Info("job failed", "job", o.exec.job.ID, "kind", o.exec.job.Kind,
 					"attempt", o.exec.job.Attempt, "now", state, "err", o.err)
@@ -542,8 +544,9 @@ func (d *dispatcher) finish(r *round) {
 		retry.failed = r.batch.failed
 	}
 	if r.completed != nil {
+		newest := newestClaims(r.batch.done)
 		for _, o := range r.batch.done {
-			ok := r.completed[o.exec.job.ID]
+			ok := r.completed[o.exec.job.ID] && o.exec.job.Fence == newest[o.exec.job.ID]
 			if !ok {
 				d.logRefused("completion", o)
 			}
@@ -611,6 +614,23 @@ func (d *dispatcher) finish(r *round) {
 	for range spawn {
 		go slot{w: w}.run()
 	}
+}
+
+// newestClaims returns, for each job of outcomes, the fence of the newest
+// claim of it among them. The database answers for a round's outcomes by
+// job id, and a round may carry two of one job: that of an attempt whose
+// lease was lost, set aside or sent late, and that of the claim this
+// worker made of the job since. Only the newest claim's can have been
+// accepted: a claim draws a new lease token, which fences out every older
+// one.
+func newestClaims(outcomes []outcome) map[int64]int64 {
+	newest := make(map[int64]int64, len(outcomes))
+	for _, o := range outcomes {
+		if f, ok := newest[o.exec.job.ID]; !ok || o.exec.job.Fence > f {
+			newest[o.exec.job.ID] = o.exec.job.Fence
+		}
+	}
+	return newest
 }
 
 // logRefused logs the refusal of o, a completion or failure (what), by the
