@@ -437,9 +437,11 @@ RETURNING j.id;
 -- another transaction held (an acknowledgement waiting for it, a cancel
 -- in a transaction still open, an operator's SELECT ... FOR UPDATE), and
 -- any claimed again or renewed since it began. A caller that reads only
--- the leases that expired lately (see expired_within_ms) gives them back
+-- the leases that expired lately (see expired_since) gives them back
 -- as recheck_ids to its next reclaims, which look each up by id, however
 -- long ago its lease expired, until it is taken or no longer abandoned.
+-- Every row also says when the statement ran (reclaimed_at, the
+-- database's now()).
 --
 -- Whether a session ended is read from one scan of pg_locks per statement.
 -- A session counts as ended only if it was registered when this statement
@@ -460,9 +462,13 @@ WITH ended_sessions AS MATERIALIZED (
 -- sessions it expects of a table it may not have analyzed, once made the
 -- plan cost enough for PostgreSQL to compile it (JIT) at every reclaim,
 -- half a second each. The expired leases are read from the
--- lease times of the last expired_within_ms milliseconds only, when that
--- is given: a worker that reclaims every fraction of a second has taken
--- back the older ones already, and while a long transaction holds back
+-- lease times after expired_since only, a time by the database's clock,
+-- when that is given: a worker that reclaims every fraction of a second
+-- has taken back the older ones already, and gives the time its last
+-- reclaim that took every one it found ran, as that reclaim returned it
+-- in reclaimed_at, less a margin. Read on the database, unlike a time the
+-- caller measures, it does not depend on how long either statement took
+-- to get there. While a long transaction holds back
 -- vacuum the index also holds an entry for the running version of every
 -- job finished since it began, which a full pass has to step over (see
 -- docs/experiments.md, "Why a pinned horizon hurts Relay"). Null reads
@@ -475,7 +481,7 @@ candidates AS (
     SELECT e.id FROM jobs AS e
     WHERE e.lease_token IS NOT NULL
       AND e.lease_expires_at <= now()
-      AND e.lease_expires_at > COALESCE(now() - interval '1 millisecond' * sqlc.narg(expired_within_ms)::bigint, '-infinity')
+      AND e.lease_expires_at > COALESCE(sqlc.narg(expired_since)::timestamptz, '-infinity')
     UNION
     (SELECT r.id FROM jobs AS r
      WHERE r.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es))
@@ -535,7 +541,8 @@ taken AS (
     WHERE j.id = abandoned.id
     RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
 )
-SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, l.left_ids
+SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, l.left_ids,
+       now()::timestamptz AS reclaimed_at
 FROM (
     SELECT COALESCE(array_agg(x.id), '{}')::bigint[] AS left_ids
     FROM (

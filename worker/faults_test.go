@@ -1028,3 +1028,53 @@ func (b *bundle) wantSucceededAtFirstAttempt(t *testing.T, id int64, what string
 		t.Errorf("%s succeeded on attempt %d, want 1", what, got.Attempt)
 	}
 }
+
+// TestWorker_ReclaimsALeaseThatExpiredWhileAReclaimWasOnItsWay runs a
+// worker that reclaims every 2 s, whose statements, just after a reclaim
+// that took every expired lease it found, take 2.5 s to reach the
+// database, as they do while its pool has no free connection or the
+// network is slow. A lease that expires 200 ms after that reclaim is taken
+// back by the next ones, rather than left to a reclaim that reads every
+// expired lease, 40 rounds later: the window of the next reclaim reaches
+// back to when the last one ran on the database, however long its own
+// statement took to get there.
+func TestWorker_ReclaimsALeaseThatExpiredWhileAReclaimWasOnItsWay(t *testing.T) {
+	b := setup(t)
+	const interval = 2 * time.Second
+	proxy, through := b.proxied(t)
+	pool := dbtest.Connect(t, through)
+	// Claimed by a worker without a session, which only its lease governs.
+	claim := func(lease time.Duration) int64 {
+		t.Helper()
+		b.enqueue(t, "noop", `{}`, 3)
+		id, _ := b.claimOne(t, "stalled", lease)
+		return id
+	}
+	reclaimed := func(id int64, within time.Duration) bool {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for time.Now().Before(deadline) {
+			if job := b.get(t, id); job.State != db.JobStateRunning {
+				return true
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return false
+	}
+	marker := claim(time.Millisecond)
+	b.waitForLeaseExpiry(t, marker)
+	// The worker serves another queue, so that it claims none of these.
+	_, run := b.runWorker(t, pool, worker.Config{Queue: "elsewhere", ReclaimInterval: interval}, func(*worker.Worker) {})
+	defer run.stop() //nolint:errcheck // the test's outcome is the job's
+	if !reclaimed(marker, 3*interval) {
+		t.Fatalf("the first reclaim did not take back an expired lease within %s", 3*interval)
+	}
+	job := claim(200 * time.Millisecond)
+	proxy.Slow(2500 * time.Millisecond)
+	time.Sleep(3 * time.Second)
+	proxy.Slow(0)
+	if !reclaimed(job, 3*interval) {
+		t.Fatalf("a lease that expired 200 ms after a reclaim is still held %s later, after two more rounds",
+			3*time.Second+3*interval)
+	}
+}

@@ -43,7 +43,8 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 	for i := range ten {
 		results[i], errs[i], retry[i] = json.RawMessage(`{}`), "boom", 1000
 	}
-	window, day := int64(1000), int64(24*time.Hour/time.Millisecond)
+	day := int64(24 * time.Hour / time.Millisecond)
+	window := time.Now().Add(-time.Second)
 	claimAt := []int16{0}
 	since := []time.Time{time.Now().Add(-time.Hour)}
 
@@ -91,11 +92,11 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 			return err
 		}, 200},
 		{"reclaim within a window", func(q *db.Queries) error {
-			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: &window, RecheckIDs: []int64{}})
+			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredSince: &window, RecheckIDs: []int64{}})
 			return err
 		}, 200},
 		{"reclaim within a window, with jobs to look up again", func(q *db.Queries) error {
-			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: &window, RecheckIDs: ids})
+			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredSince: &window, RecheckIDs: ids})
 			return err
 		}, 200},
 		{"forget the sessions that ended", func(q *db.Queries) error {

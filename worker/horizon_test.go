@@ -196,18 +196,22 @@ func TestReclaim_UnderAPinnedHorizonReadsOnlyItsWindowOfLeases(t *testing.T) {
 	// claim; a full pass steps over each.
 	pinnedHistory(t, b, 5000, 2*time.Second)
 	time.Sleep(2100 * time.Millisecond)
-	reclaim := func(window *int64, recheck []int64) explained {
+	reclaim := func(since *time.Time, recheck []int64) explained {
 		return explain(t, b, func(q *db.Queries) error {
-			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredWithinMs: window, RecheckIDs: recheck})
+			_, err := q.JobReclaim(b.ctx, db.JobReclaimParams{MaxJobs: 1000, ExpiredSince: since, RecheckIDs: recheck})
 			return err
 		}, nil)
 	}
 	full := reclaim(nil, nil)
-	tenMs := int64(10)
-	windowed := reclaim(&tenMs, []int64{})
+	now, err := b.q.DatabaseNow(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenMsAgo := now.Add(-10 * time.Millisecond)
+	windowed := reclaim(&tenMsAgo, []int64{})
 	// Jobs a previous reclaim left, as a worker gives them back: looked up
 	// by id, not by reading the expired leases.
-	rechecking := reclaim(&tenMs, []int64{1, 2, 3})
+	rechecking := reclaim(&tenMsAgo, []int64{1, 2, 3})
 	t.Logf("buffers read by a reclaim: %d in a full pass, %d within a window of 10 ms, %d with 3 jobs to look up again",
 		full.buffers, windowed.buffers, rechecking.buffers)
 	if full.buffers < 50 {

@@ -694,17 +694,21 @@ func TestReclaim_WithinAWindowTakesOnlyTheLeasesThatExpiredInIt(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `UPDATE jobs SET lease_expires_at = now() - CASE id WHEN $1 THEN interval '1 hour' ELSE interval '1 second' END`, long.ID); err != nil {
 		t.Fatal(err)
 	}
-	reclaimed := func(window *int64) []int64 {
+	reclaimed := func(since *time.Time) []int64 {
 		t.Helper()
 		var ids []int64
-		for _, r := range b.reclaim(t, db.JobReclaimParams{MaxJobs: 10, ExpiredWithinMs: window}) {
+		for _, r := range b.reclaim(t, db.JobReclaimParams{MaxJobs: 10, ExpiredSince: since}) {
 			ids = append(ids, r.ID)
 		}
 		return ids
 	}
-	tenSeconds := int64(10_000)
-	if diff := cmp.Diff([]int64{recent.ID}, reclaimed(&tenSeconds)); diff != "" {
-		t.Errorf("reclaim within 10 s (-want +got):\n%s", diff)
+	now, err := b.q.DatabaseNow(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenSecondsAgo := now.Add(-10 * time.Second)
+	if diff := cmp.Diff([]int64{recent.ID}, reclaimed(&tenSecondsAgo)); diff != "" {
+		t.Errorf("reclaim of the leases that expired in the last 10 s (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]int64{long.ID}, reclaimed(nil)); diff != "" {
 		t.Errorf("reclaim of every expired lease (-want +got):\n%s", diff)

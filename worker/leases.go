@@ -407,29 +407,26 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 }
 
 // reclaim takes back up to DefaultReclaimBatch jobs of dead workers and
-// expired leases (JobReclaim), those whose lease expired within the window
-// given or, when it is zero, all of them, and those of recheck still
-// abandoned; wakes the dispatcher if it took any, and returns how many it
-// took and the jobs it found abandoned but left, their rows held by
-// another transaction.
-func (l leases) reclaim(ctx context.Context, window time.Duration, recheck []int64) (taken int, left []int64, err error) {
+// expired leases (JobReclaim), those whose lease expired after since (a
+// time by the database's clock) or, when it is nil, all of them, and
+// those of recheck still abandoned; wakes the dispatcher if it took any,
+// and returns how many it took, the jobs it found abandoned but left,
+// their rows held by another transaction, and when it ran, by the
+// database's clock.
+func (l leases) reclaim(ctx context.Context, since *time.Time, recheck []int64) (taken int, left []int64, ran time.Time, err error) {
 	w := l.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch, RecheckIDs: recheck}
-	if window > 0 {
-		ms := window.Milliseconds()
-		params.ExpiredWithinMs = &ms
-	}
+	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch, ExpiredSince: since, RecheckIDs: recheck}
 	rows, err := w.q.JobReclaim(ctx, params)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("reclaim failed", "err", err)
 		}
-		return 0, nil, err
+		return 0, nil, time.Time{}, err
 	}
 	for _, r := range rows {
-		left = r.LeftIDs
+		left, ran = r.LeftIDs, r.ReclaimedAt
 		if r.ID == nil {
 			continue // the row that stands for none taken
 		}
@@ -442,5 +439,5 @@ func (l leases) reclaim(ctx context.Context, window time.Duration, recheck []int
 		w.jobReturned()
 		notify(w.wake)
 	}
-	return taken, left, nil
+	return taken, left, ran, nil
 }

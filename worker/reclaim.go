@@ -40,11 +40,10 @@ func (r reclaimer) run(ctx context.Context) {
 			window.forget()
 		}
 		for {
-			sent := time.Now()
-			n, stillLeft, err := w.leases.reclaim(ctx, window.at(sent), left)
+			n, stillLeft, ran, err := w.leases.reclaim(ctx, window.since(), left)
 			// A list of the jobs left as long as a batch may have been cut
 			// short: then the next reclaim reads everything.
-			window.record(sent, err == nil && n < DefaultReclaimBatch && len(stillLeft) < DefaultReclaimBatch)
+			window.record(ran, err == nil && n < DefaultReclaimBatch && len(stillLeft) < DefaultReclaimBatch)
 			if err == nil {
 				left = stillLeft
 			}
@@ -89,46 +88,50 @@ var fleetCountEvery = 10 * time.Second
 const fullReclaimEvery = 40
 
 // reclaimWindowMargin is how far a reclaim's window of expired leases
-// reaches beyond the last reclaim that took every one it found: more than
-// the time a reclaim takes to reach the database.
+// reaches back beyond the last reclaim that took every one it found: a
+// lease that a transaction renewed or claimed before that reclaim ran,
+// committing only after it began, was not there to be found.
 const reclaimWindowMargin = time.Second
 
 // reclaimWindow decides how far back in lease times a reclaim looks for
 // expired leases. Once a reclaim has taken every expired lease it found,
 // but those whose rows another transaction held (which the next reclaims
-// look up by id), the next needs only those that expired since it began; a
-// margin covers the time it took to reach the database. Otherwise (at
-// start, after a failure, after a full batch, after a list of the jobs
-// left as long as a batch, and every fullReclaimEvery rounds) it looks at
-// them all. Each worker keeps its own, so that what one worker misses
-// another's window cannot hide.
+// look up by id), the next needs only those that expired since it ran, by
+// the database's clock, which the reclaim returned, so that neither the
+// worker's clock nor the time either statement took to reach the
+// database moves the window. Otherwise (at start, after a failure, after
+// a full batch, after a list of the jobs left as long as a batch, and
+// every fullReclaimEvery rounds) it looks at them all. Each worker keeps
+// its own, so that what one worker misses another's window cannot hide.
 type reclaimWindow struct {
-	// since is when the last reclaim that took every expired lease it
-	// found was sent; zero: none since the last full pass was due.
-	since time.Time
+	// ran is when, by the database's clock, the last reclaim that took
+	// every expired lease it found ran; zero: none since the last full
+	// pass was due.
+	ran time.Time
 }
 
-// at returns the window for a reclaim sent at now; zero means every
-// expired lease.
-func (r *reclaimWindow) at(now time.Time) time.Duration {
-	if r.since.IsZero() {
-		return 0
+// since returns the time, by the database's clock, after which a reclaim
+// reads the expired leases, or nil for every expired lease.
+func (r *reclaimWindow) since() *time.Time {
+	if r.ran.IsZero() {
+		return nil
 	}
-	return now.Sub(r.since) + reclaimWindowMargin
+	since := r.ran.Add(-reclaimWindowMargin)
+	return &since
 }
 
-// record notes a reclaim sent at sent: complete if it succeeded and took
-// every expired lease it found.
-func (r *reclaimWindow) record(sent time.Time, complete bool) {
-	if complete {
-		r.since = sent
-	} else {
-		r.since = time.Time{}
+// record notes a reclaim that ran at ran, by the database's clock:
+// complete if it succeeded and took every expired lease it found.
+func (r *reclaimWindow) record(ran time.Time, complete bool) {
+	if !complete {
+		r.forget()
+		return
 	}
+	r.ran = ran
 }
 
 // forget makes the next reclaim a full pass.
-func (r *reclaimWindow) forget() { r.since = time.Time{} }
+func (r *reclaimWindow) forget() { r.ran = time.Time{} }
 
 // forgetEnded forgets the sessions that ended and hold no running job, and
 // frees the worker ids they held: WorkerStopClaimsOfEndedSessions, then

@@ -28,36 +28,36 @@ func TestFleetInterval_StretchesWithTheFleetSoTheFleetRunsADutyAtAConstantRate(t
 }
 
 func TestReclaimWindow_ReachesBackToTheLastCompleteReclaimAndOtherwiseReadsEverything(t *testing.T) {
-	t0 := time.Now()
+	// Times by the database's clock, as the reclaims return them.
+	t0 := time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)
 	var w reclaimWindow
 	steps := []struct {
 		name     string
 		do       func()
-		at       time.Time
 		wantFull bool
-		want     time.Duration
+		want     time.Time
 	}{
-		{name: "at start", at: t0, wantFull: true},
+		{name: "at start", wantFull: true},
 		{name: "after a complete reclaim", do: func() { w.record(t0, true) },
-			at: t0.Add(250 * time.Millisecond), want: 250*time.Millisecond + reclaimWindowMargin},
-		{name: "after a second one, from the second", do: func() { w.record(t0.Add(250*time.Millisecond), true) },
-			at: t0.Add(600 * time.Millisecond), want: 350*time.Millisecond + reclaimWindowMargin},
+			want: t0.Add(-reclaimWindowMargin)},
+		{name: "after a second one, from when the second ran", do: func() { w.record(t0.Add(250*time.Millisecond), true) },
+			want: t0.Add(250*time.Millisecond - reclaimWindowMargin)},
 		{name: "after a failed or full one", do: func() { w.record(t0.Add(600*time.Millisecond), false) },
-			at: t0.Add(time.Second), wantFull: true},
+			wantFull: true},
 		{name: "after a complete one again", do: func() { w.record(t0.Add(time.Second), true) },
-			at: t0.Add(5 * time.Second), want: 4*time.Second + reclaimWindowMargin},
-		{name: "when a full pass is due", do: w.forget, at: t0.Add(5 * time.Second), wantFull: true},
+			want: t0.Add(time.Second - reclaimWindowMargin)},
+		{name: "when a full pass is due", do: w.forget, wantFull: true},
 	}
 	for _, s := range steps {
 		if s.do != nil {
 			s.do()
 		}
-		got := w.at(s.at)
+		got := w.since()
 		switch {
-		case s.wantFull && got != 0:
-			t.Errorf("%s: window %s, want a full pass", s.name, got)
-		case !s.wantFull && got != s.want:
-			t.Errorf("%s: window %s, want %s", s.name, got, s.want)
+		case s.wantFull && got != nil:
+			t.Errorf("%s: window from %s, want a full pass", s.name, got)
+		case !s.wantFull && (got == nil || !got.Equal(s.want)):
+			t.Errorf("%s: window from %v, want from %s", s.name, got, s.want)
 		}
 	}
 }
