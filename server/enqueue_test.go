@@ -240,6 +240,8 @@ func TestEnqueue_RejectsInvalidRequestsWithoutWriting(t *testing.T) {
 		{name: "Idempotency-Key twice", body: `{"kind":"a"}`, header: []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, status: 400, field: "Idempotency-Key"},
 		{name: "text/plain Content-Type", body: `{"kind":"a"}`, header: []string{"Content-Type", "text/plain"}, status: 415, field: "Content-Type"},
 		{name: "JSON in another charset", body: `{"kind":"a"}`, header: []string{"Content-Type", "application/json; charset=latin1"}, status: 415, field: "Content-Type"},
+		{name: "second Content-Type in another charset", body: `{"kind":"a"}`, header: []string{"Content-Type", "application/json", "Content-Type", "application/json; charset=latin1"}, status: 415, field: "Content-Type"},
+		{name: "second Content-Type not JSON", body: `{"kind":"a"}`, header: []string{"Content-Type", "application/json", "Content-Type", "text/plain"}, status: 415, field: "Content-Type"},
 		{name: "gzip Content-Encoding", body: gzipped(t, `{"kind":"a"}`), header: []string{"Content-Encoding", "gzip"}, status: 415, field: "Content-Encoding"},
 		{name: "br Content-Encoding on a plain body", body: `{"kind":"a"}`, header: []string{"Content-Encoding", "br"}, status: 415, field: "Content-Encoding"},
 		{name: "Content-Encoding in capitals", body: `{"kind":"a"}`, header: []string{"Content-Encoding", "GZIP"}, status: 415, field: "Content-Encoding"},

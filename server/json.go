@@ -42,7 +42,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // readBody reads a JSON request body of at most limit bytes and checks what
 // can be checked before parsing: the Content-Encoding (none, or identity),
-// the Content-Type (if set), the size, that it is not empty, and that it is
+// each Content-Type (if set), the size, that it is not empty, and that it is
 // valid UTF-8. The body is always parsed as JSON;
 // application/x-www-form-urlencoded is accepted too because it is what a
 // plain `curl -d '{...}'` sends, and curl is a first-class client.
@@ -58,7 +58,13 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 			}
 		}
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	// Every Content-Type given is checked, as a second one may be what a
+	// client or a proxy meant, such as another charset. An empty one is
+	// none.
+	for _, ct := range r.Header.Values("Content-Type") {
+		if ct == "" {
+			continue
+		}
 		mt, params, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && mt != "application/x-www-form-urlencoded") ||
 			(params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8")) {
