@@ -407,6 +407,73 @@ func TestEnqueue_AcceptsBoundaryValues(t *testing.T) {
 	wantStatus(t, rec, http.StatusCreated)
 }
 
+// TestEnqueue_ADelayBeyondWhatADurationHoldsIsTooLongNotMalformed: a
+// delay written as a duration is refused for its length, or its sign, even
+// when it is beyond what time.Duration holds (about 2,562,047 hours),
+// rather than as if it were not a duration at all.
+func TestEnqueue_ADelayBeyondWhatADurationHoldsIsTooLongNotMalformed(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	tooLong := fmt.Sprintf("delay must be at most %s", client.MaxDelay)
+	malformed := `delay must be a duration such as "5s" or "1h30m"`
+	tests := []struct{ delay, want string }{
+		{"8761h", tooLong},
+		{"2562048h", tooLong},
+		{"9999999999h", tooLong},
+		{"+9999999999h", tooLong},
+		{"99999999999999999999ns", tooLong},
+		{"1h9999999999m", tooLong},
+		{"1.5e3h", malformed},
+		{"-1s", "delay must not be negative"},
+		{"-9999999999h", "delay must not be negative"},
+		{"9999999999", malformed},
+		{"9999999999x", malformed},
+		{"9999999999 h", malformed},
+		{"", malformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.delay, func(t *testing.T) {
+			got := wantError(t, e.do(t, "POST", "/v1/jobs", fmt.Sprintf(`{"kind":"a","delay":%q}`, tt.delay)), http.StatusBadRequest, "delay")
+			if got.Error != tt.want {
+				t.Errorf("error %q, want %q", got.Error, tt.want)
+			}
+			got = wantError(t, e.do(t, "POST", "/v1/jobs/batch", fmt.Sprintf(`{"jobs":[{"kind":"a","delay":%q}]}`, tt.delay)), http.StatusBadRequest, "jobs[0].delay")
+			if got.Error != "jobs[0]: "+tt.want {
+				t.Errorf("error %q, want %q", got.Error, "jobs[0]: "+tt.want)
+			}
+		})
+	}
+	if n := dbtest.CountJobs(t, e.pool); n != 0 {
+		t.Errorf("%d jobs written", n)
+	}
+}
+
+// TestParseDelay_ReadsWhatParseDurationReads: parseDelay takes every
+// duration time.ParseDuration takes, with its value, and what it does not
+// take only when it is a duration beyond time.Duration's range.
+func TestParseDelay_ReadsWhatParseDurationReads(t *testing.T) {
+	for _, s := range []string{
+		"0", "-0", "+0", "0s", "5s", "+5s", "-5s", "1.5h", "1.s", ".5s", "1h30m", "2h45m10.5s",
+		"300ms", "7us", "7\u00b5s", "7\u03bcs", "9ns", "2562047h", "-2562047h", "1h2h", "00001m",
+		"", "5", "s", ".s", "1..5s", "5x", "5 s", " 5s", "5s ", "1e3s", "--5s", "+-5s", "5S", "5sm",
+		"9999999999h", "-9999999999h", "1h9999999999m", "99999999999999999999ns",
+	} {
+		want, err := time.ParseDuration(s)
+		got, ok := parseDelay(s)
+		switch {
+		case err == nil && (!ok || got != want):
+			t.Errorf("parseDelay(%q) = %v, %t; want %v, as time.ParseDuration reads it", s, got, ok, want)
+		case err != nil && ok && got != math.MaxInt64 && got != math.MinInt64:
+			t.Errorf("parseDelay(%q) = %v, true; want it refused, or beyond range, as time.ParseDuration refuses it: %v", s, got, err)
+		}
+	}
+	for _, s := range []string{"", "5", "5x", "1e3s", "5 s", ".s", "--5s"} {
+		if _, ok := parseDelay(s); ok {
+			t.Errorf("parseDelay(%q) took it, want it refused as not a duration", s)
+		}
+	}
+}
+
 func TestEnqueue_BodyOverLimitIs413(t *testing.T) {
 	t.Parallel()
 	e := setup(t, Config{MaxBodyBytes: 64})

@@ -3,6 +3,9 @@ package server
 import (
 	"encoding/json"
 	"errors"
+	"math"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/relayq/relay/client"
@@ -77,8 +80,8 @@ func validateJob(req jobRequest, key *string, now time.Time) (client.Job, error)
 		r.RunAt = &t
 	}
 	if req.Delay != nil {
-		d, err := time.ParseDuration(*req.Delay)
-		if err != nil {
+		d, ok := parseDelay(*req.Delay)
+		if !ok {
 			return client.Job{}, badRequest("delay", `delay must be a duration such as "5s" or "1h30m"`)
 		}
 		r.Delay = &d
@@ -89,6 +92,28 @@ func validateJob(req jobRequest, key *string, now time.Time) (client.Job, error)
 		return job, badRequest(apiField(fe.Field), "%s", fe.Message(apiField))
 	}
 	return job, err
+}
+
+// durationText is the text time.ParseDuration reads: a sign, then
+// numbers, each with its unit.
+var durationText = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\x{00b5}s|\x{03bc}s|ms|s|m|h))+$`)
+
+// parseDelay parses s as time.ParseDuration does, and reports whether it
+// is a duration. One beyond what time.Duration holds (about 2,562,047
+// hours either way), which ParseDuration refuses as it refuses text that
+// is not a duration, is read as the nearest one it holds, for validation
+// to refuse as too long, or negative.
+func parseDelay(s string) (time.Duration, bool) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return d, true
+	}
+	if !durationText.MatchString(s) {
+		return 0, false
+	}
+	if strings.HasPrefix(s, "-") {
+		return math.MinInt64, true
+	}
+	return math.MaxInt64, true
 }
 
 // apiField spells a field of package client as the API names it: the
