@@ -59,6 +59,8 @@ func TestValidate_AppliesTheDefaults(t *testing.T) {
 
 func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	tooDeep := client.MaxPayloadDepth + 1
+	tooDeepMsg := fmt.Sprintf("payload must not nest arrays and objects more than %d deep", client.MaxPayloadDepth)
 	tests := []struct {
 		name  string
 		req   client.Request
@@ -82,8 +84,9 @@ func TestValidate_RefusesEachBadFieldByName(t *testing.T) {
 		{"payload of two values", client.Request{Kind: "k", Payload: json.RawMessage(`{"a":1} {"b":2}`)}, "payload", "payload is not valid JSON"},
 		{"payload trailing text", client.Request{Kind: "k", Payload: json.RawMessage(`123abc`)}, "payload", "payload is not valid JSON"},
 		{"payload of blanks", client.Request{Kind: "k", Payload: json.RawMessage(`   `)}, "payload", "payload is not valid JSON"},
-		{"payload nested too deep", client.Request{Kind: "k", Payload: json.RawMessage(strings.Repeat("[", 10001) + strings.Repeat("]", 10001))}, "payload", "payload must not nest arrays and objects more than 10000 deep"},
-		{"payload nested too deep in a string's company", client.Request{Kind: "k", Payload: json.RawMessage(`{"s":"[{\\\"",` + strings.Repeat(`{"a":`, 10000) + "1" + strings.Repeat("}", 10000) + "}")}, "payload", "payload must not nest arrays and objects more than 10000 deep"},
+		{"payload nested too deep", client.Request{Kind: "k", Payload: json.RawMessage(strings.Repeat("[", tooDeep) + strings.Repeat("]", tooDeep))}, "payload", tooDeepMsg},
+		{"payload nested too deep for encoding/json", client.Request{Kind: "k", Payload: json.RawMessage(strings.Repeat("[", 10001) + strings.Repeat("]", 10001))}, "payload", tooDeepMsg},
+		{"payload nested too deep in a string's company", client.Request{Kind: "k", Payload: json.RawMessage(`{"s":"[{\\\"",` + strings.Repeat(`{"a":`, tooDeep-1) + "1" + strings.Repeat("}", tooDeep-1) + "}")}, "payload", tooDeepMsg},
 		{"payload jsonb cannot hold", client.Request{Kind: "k", Payload: json.RawMessage(`"\u0000"`)}, "payload", "payload "},
 		{"payload key given twice", client.Request{Kind: "k", Payload: json.RawMessage(`{"amount":100,"amount":1}`)}, "payload", `payload contains the key "amount" twice in one object, at byte 14`},
 		{"payload key given twice, escaped", client.Request{Kind: "k", Payload: json.RawMessage(`[{"ok":{"a":1,"\u0061":2}}]`)}, "payload", `payload contains the key "a" twice in one object, at byte 14`},

@@ -39,8 +39,10 @@ const (
 	// MaxBatchJobs is how many jobs one InsertMany may insert.
 	MaxBatchJobs = 1000
 	// MaxPayloadDepth bounds how deep the arrays and objects of a payload
-	// may nest, as encoding/json bounds what it reads.
-	MaxPayloadDepth = 10000
+	// may nest. encoding/json reads documents nested at most 10,000 deep,
+	// and the deepest one that carries a payload, a batch request to the
+	// API ({"jobs": [{"payload": ...}]}), holds it three levels down.
+	MaxPayloadDepth = 10000 - 3
 )
 
 // earliestRunAt is the earliest run_at accepted: anything before is surely
@@ -155,12 +157,12 @@ func Validate(r Request, now time.Time) (Job, error) {
 		job.Queue = *r.Queue
 	}
 	if len(r.Payload) > 0 {
+		// Before json.Valid, which refuses a document nested deeper than
+		// encoding/json reads as it refuses one that is not JSON.
+		if jsonb.Depth(r.Payload) > MaxPayloadDepth {
+			return job, fieldError(FieldPayload, "must not nest arrays and objects more than %d deep", MaxPayloadDepth)
+		}
 		if !json.Valid(r.Payload) {
-			// encoding/json refuses a document nested deeper than
-			// MaxPayloadDepth as it refuses one that is not JSON.
-			if depth(r.Payload) > MaxPayloadDepth {
-				return job, fieldError(FieldPayload, "must not nest arrays and objects more than %d deep", MaxPayloadDepth)
-			}
 			return job, fieldError(FieldPayload, "is not valid JSON")
 		}
 		if err := jsonb.Check(r.Payload); err != nil {
@@ -256,33 +258,4 @@ func checkName(field, s string, maxBytes int) *FieldError {
 		return fieldError(field, `must not contain NUL characters (\u0000)`)
 	}
 	return nil
-}
-
-// depth returns how deep the arrays and objects of b, a JSON document that
-// may be invalid, nest at their deepest, counting the brackets outside
-// strings.
-func depth(b []byte) int {
-	deepest, d := 0, 0
-	inString, escaped := false, false
-	for _, c := range b {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{':
-			d++
-			deepest = max(deepest, d)
-		case c == ']' || c == '}':
-			d--
-		}
-	}
-	return deepest
 }

@@ -385,6 +385,72 @@ func TestEnqueue_AcceptsEscapedBackslashBeforeU0000(t *testing.T) {
 	}
 }
 
+// TestEnqueue_TakesAPayloadNestedAsDeepAsTheClientDoes: a payload nested
+// client.MaxPayloadDepth deep is stored through both doors of the API,
+// and the job it makes reads back, as a view a Go client decodes; one a
+// level deeper is refused on its field, and one deeper than encoding/json
+// reads gets an error that says so, not that the body is not JSON.
+func TestEnqueue_TakesAPayloadNestedAsDeepAsTheClientDoes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	nested := func(depth int) string { return strings.Repeat("[", depth) + strings.Repeat("]", depth) }
+	deepest := nested(client.MaxPayloadDepth)
+	for name, rec := range map[string]func() (int64, error){
+		"alone": func() (int64, error) {
+			rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a","payload":`+deepest+`}`)
+			wantStatus(t, rec, http.StatusCreated)
+			var job struct{ ID int64 }
+			return job.ID, json.Unmarshal(rec.Body.Bytes(), &job)
+		},
+		"in a batch": func() (int64, error) {
+			rec := e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"a","payload":`+deepest+`}]}`)
+			wantStatus(t, rec, http.StatusCreated)
+			var batch batchResponse
+			err := json.Unmarshal(rec.Body.Bytes(), &batch)
+			if len(batch.IDs) != 1 {
+				return 0, fmt.Errorf("ids %v: %v", batch.IDs, err)
+			}
+			return batch.IDs[0], err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			id, err := rec()
+			if err != nil {
+				t.Fatalf("decode the answer: %v", err)
+			}
+			var view struct{ Payload json.RawMessage }
+			got := e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", id), "")
+			wantStatus(t, got, http.StatusOK)
+			if err := json.Unmarshal(got.Body.Bytes(), &view); err != nil {
+				t.Fatalf("decode the job's view: %v", err)
+			}
+			if string(view.Payload) != deepest {
+				t.Errorf("read back a payload of %d bytes, want the %d sent", len(view.Payload), len(deepest))
+			}
+		})
+	}
+	stored := dbtest.CountJobs(t, e.pool)
+	tooDeep := fmt.Sprintf("payload must not nest arrays and objects more than %d deep", client.MaxPayloadDepth)
+	beyondJSON := fmt.Sprintf("request body nests arrays and objects more than 10000 deep, deeper than encoding/json reads: a payload may nest at most %d deep", client.MaxPayloadDepth)
+	for _, tt := range []struct {
+		name, path, body, field, msg string
+	}{
+		{"a level too deep", "/v1/jobs", `{"kind":"a","payload":` + nested(client.MaxPayloadDepth+1) + `}`, "payload", tooDeep},
+		{"a level too deep in a batch", "/v1/jobs/batch", `{"jobs":[{"kind":"a","payload":` + nested(client.MaxPayloadDepth+1) + `}]}`, "", beyondJSON},
+		{"deeper than encoding/json reads", "/v1/jobs", `{"kind":"a","payload":` + nested(10000) + `}`, "", beyondJSON},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := wantError(t, e.do(t, "POST", tt.path, tt.body), http.StatusBadRequest, tt.field)
+			if got.Error != tt.msg {
+				t.Errorf("error %q, want %q", got.Error, tt.msg)
+			}
+		})
+	}
+	if n := dbtest.CountJobs(t, e.pool); n != stored {
+		t.Errorf("%d jobs stored by the requests refused", n-stored)
+	}
+}
+
 func TestEnqueue_AcceptsBoundaryValues(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

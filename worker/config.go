@@ -224,7 +224,9 @@ type Config struct {
 	// MaxResultBytes is the largest result, encoded as JSON, that a
 	// handler may return: a job whose result is larger fails permanently,
 	// since every read of the job would carry it. Default:
-	// DefaultMaxResultBytes. Negative: no limit but PostgreSQL's.
+	// DefaultMaxResultBytes. Negative: no limit but PostgreSQL's. A result
+	// whose arrays and objects nest deeper than a payload may
+	// (client.MaxPayloadDepth) fails its job permanently too.
 	MaxResultBytes int
 	// Backoff returns how long to wait before the retry that follows the
 	// given failed attempt (1 for the first). It is asked only of an

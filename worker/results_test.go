@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/worker"
 )
@@ -103,6 +105,33 @@ func TestWorker_ResultLargerThanMaxResultBytesFailsItsJob(t *testing.T) {
 	got := b.waitForState(t, large.ID, db.JobStateDead, 10*time.Second)
 	if want := "permanent: result is 5002 bytes encoded, more than the 1000 allowed"; !strings.HasPrefix(deref(got.LastError), want) {
 		t.Errorf("large result: %q, want %q...", deref(got.LastError), want)
+	}
+}
+
+// TestWorker_AResultNestedDeeperThanAPayloadFailsItsJob: a result may nest
+// as deep as a payload, client.MaxPayloadDepth, and no deeper, so that the
+// job's view, which holds it a level down, stays within what
+// encoding/json reads: a job whose result nests deeper fails
+// permanently. One as deep as a payload may be is stored.
+func TestWorker_AResultNestedDeeperThanAPayloadFailsItsJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	deepest := b.enqueue(t, "nested", fmt.Sprintf(`{"depth": %d}`, client.MaxPayloadDepth), 3)
+	tooDeep := b.enqueue(t, "nested", fmt.Sprintf(`{"depth": %d}`, client.MaxPayloadDepth+1), 3)
+	b.startWorker(t, worker.Config{Slots: 2}, func(w *worker.Worker) {
+		w.HandleFunc("nested", func(ctx context.Context, j *worker.Job) (any, error) {
+			var p struct{ Depth int }
+			if err := json.Unmarshal(j.Payload, &p); err != nil {
+				return nil, worker.Permanent(err)
+			}
+			return json.RawMessage(strings.Repeat("[", p.Depth) + strings.Repeat("]", p.Depth)), nil
+		})
+	})
+	b.waitForState(t, deepest.ID, db.JobStateSucceeded, 10*time.Second)
+	got := b.waitForState(t, tooDeep.ID, db.JobStateDead, 10*time.Second)
+	want := fmt.Sprintf("permanent: result nests arrays and objects %d deep, more than the %d allowed", client.MaxPayloadDepth+1, client.MaxPayloadDepth)
+	if got.Attempt != 1 || !strings.HasPrefix(deref(got.LastError), want) {
+		t.Errorf("dead after attempt %d with %q, want after attempt 1 with %q...", got.Attempt, deref(got.LastError), want)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/internal/jsonb"
 )
 
@@ -71,6 +72,11 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 	}
 	if limit := s.w.cfg.MaxResultBytes; limit > 0 && len(b) > limit {
 		return nil, Permanent(fmt.Errorf("result is %d bytes encoded, more than the %d allowed (Config.MaxResultBytes)", len(b), limit))
+	}
+	// A result may nest as deep as a payload: the job's view holds it a
+	// level down, and encoding/json reads no deeper than 10,000.
+	if d := jsonb.Depth(b); d > client.MaxPayloadDepth {
+		return nil, Permanent(fmt.Errorf("result nests arrays and objects %d deep, more than the %d allowed (client.MaxPayloadDepth)", d, client.MaxPayloadDepth))
 	}
 	if err := jsonb.Check(b); err != nil {
 		return nil, Permanent(fmt.Errorf("%s: %w", errResultNotStorable, err))

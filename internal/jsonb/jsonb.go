@@ -442,3 +442,32 @@ func equalValues(a, b any) bool {
 		return a == b
 	}
 }
+
+// Depth returns how deep the arrays and objects of b, a JSON document that
+// may be invalid, nest at their deepest, counting the brackets outside
+// strings.
+func Depth(b []byte) int {
+	deepest, d := 0, 0
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			d++
+			deepest = max(deepest, d)
+		case c == ']' || c == '}':
+			d--
+		}
+	}
+	return deepest
+}
