@@ -182,8 +182,10 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBod
 		switch {
 		case errors.Is(err, client.ErrIdempotencyConflict):
 			return conflict("Idempotency-Key", "Idempotency-Key was already used in this queue for a different job")
+		case errors.Is(err, client.ErrOutcomeUnknown) && key != nil:
+			return outcomeUnknown("the job may have been stored; a retry with the same Idempotency-Key answers with it if it was", err)
 		case errors.Is(err, client.ErrOutcomeUnknown):
-			return outcomeUnknown("the job may have been stored, and a retry stores it again unless the request has an Idempotency-Key", err)
+			return outcomeUnknown("the job may have been stored, and a retry stores it again (a request with an Idempotency-Key can be retried safely)", err)
 		case errors.Is(err, client.ErrIdempotencyRace):
 			return &apiError{
 				status: http.StatusServiceUnavailable,

@@ -13,16 +13,16 @@ import (
 // TestEnqueue_AnAnswerLostAtTheCommitIs504 cuts the connection of each
 // enqueue just after its statement committed: the request is answered
 // 504, without Retry-After, saying that the job may have been stored, as
-// it was; and with an Idempotency-Key, sending the request again returns
-// that job rather than storing another.
+// it was, and what a retry does; and with an Idempotency-Key, sending the
+// request again returns that job rather than storing another.
 func TestEnqueue_AnAnswerLostAtTheCommitIs504(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name, path, body, key, statement string
+		name, path, body, key, statement, retry string
 	}{
-		{"one job", "/v1/jobs", `{"kind":"k"}`, "", "-- name: JobInsertAll :many"},
-		{"one job with an Idempotency-Key", "/v1/jobs", `{"kind":"k"}`, "lost", "-- name: JobInsert :one"},
-		{"a batch", "/v1/jobs/batch", `{"jobs":[{"kind":"k"}]}`, "", "-- name: JobInsertMany :many"},
+		{"one job", "/v1/jobs", `{"kind":"k"}`, "", "-- name: JobInsertAll :many", "a retry stores it again"},
+		{"one job with an Idempotency-Key", "/v1/jobs", `{"kind":"k"}`, "lost", "-- name: JobInsert :one", "a retry with the same Idempotency-Key answers with it if it was"},
+		{"a batch", "/v1/jobs/batch", `{"jobs":[{"kind":"k"}]}`, "", "-- name: JobInsertMany :many", "a retry may store them again"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,8 +47,8 @@ func TestEnqueue_AnAnswerLostAtTheCommitIs504(t *testing.T) {
 			proxy.CutAfterCommit(faultproxy.CommitCut{Statement: tt.statement, Times: 1})
 			rec := post(tt.key)
 			got := wantError(t, rec, http.StatusGatewayTimeout, "")
-			if !strings.Contains(got.Error, "may have been stored") {
-				t.Errorf("error = %q, want it to say that the job may have been stored", got.Error)
+			if !strings.Contains(got.Error, "may have been stored") || !strings.Contains(got.Error, tt.retry) {
+				t.Errorf("error = %q, want it to say that the job may have been stored, and that %s", got.Error, tt.retry)
 			}
 			if ra := rec.Header().Get("Retry-After"); ra != "" {
 				t.Errorf("Retry-After: %s, want none: a retry may store the job again", ra)
