@@ -37,7 +37,7 @@ func (p pruner) run(ctx context.Context) {
 		return
 	}
 	wait := w.cfg.PruneInterval
-	var window pruneWindow
+	window := newPruneWindow()
 	for round := 0; ; round++ {
 		select {
 		case <-ctx.Done():
@@ -48,7 +48,7 @@ func (p pruner) run(ctx context.Context) {
 			window.forget()
 		}
 		began := time.Now()
-		total, more := p.round(ctx, params, &window)
+		total, more := p.round(ctx, params, window)
 		if total != (db.JobPruneRow{}) {
 			w.log.Info("pruned finished jobs", "succeeded", total.Succeeded,
 				"dead", total.Dead, "cancelled", total.Cancelled)
@@ -64,7 +64,7 @@ func (p pruner) run(ctx context.Context) {
 // full, each over the finished jobs window gives, and returns how many
 // jobs of each state they deleted, and whether the last came back full,
 // leaving more to delete.
-func (p pruner) round(ctx context.Context, params db.JobPruneParams, window *pruneWindow) (total db.JobPruneRow, more bool) {
+func (p pruner) round(ctx context.Context, params db.JobPruneParams, window *sinceLastComplete) (total db.JobPruneRow, more bool) {
 	for range maxPruneBatches {
 		params.ExpiredSince = window.since()
 		n, err := p.prune(ctx, params)
@@ -84,7 +84,7 @@ func (p pruner) round(ctx context.Context, params db.JobPruneParams, window *pru
 
 // fullPruneEvery is how many prune rounds pass between two whose first
 // statement reads every finished job past its retention, from the oldest,
-// rather than a window of them (see pruneWindow).
+// rather than a window of them (see newPruneWindow).
 const fullPruneEvery = 30
 
 // pruneWindowMargin is how far a prune's window of finished jobs reaches
@@ -93,49 +93,19 @@ const fullPruneEvery = 30
 // began, was not there to be found.
 const pruneWindowMargin = time.Second
 
-// pruneWindow decides how far back a prune looks, from the retention of
-// each state, for finished jobs to delete. Once a prune came back with
-// less than a full batch of every state, every job whose retention had
-// passed when it ran was deleted, or held by another transaction, another
-// pruner's as a rule, which deletes it; the next needs only those whose
-// retention passed since, by the database's clock, which the prune
-// returned, so that neither the worker's clock nor the time either
-// statement took to reach the database moves the window. Otherwise (at
-// start, after a failure, after a full batch, and every fullPruneEvery
-// rounds, which also finds a job skipped that the transaction holding it
-// did not delete after all) it reads them all, from the oldest. Each
-// worker keeps its own.
-type pruneWindow struct {
-	// ran is when, by the database's clock, the last prune that found
-	// every older job gone ran; zero: none since the last full pass was
-	// due.
-	ran time.Time
+// newPruneWindow returns the window of finished jobs, by when their
+// retention passed, in which a prune looks for jobs to delete. Once a
+// prune came back with less than a full batch of every state, every job
+// whose retention had passed when it ran was deleted, or held by another
+// transaction, another pruner's as a rule, which deletes it; the next
+// needs only those whose retention passed since. Otherwise (at start,
+// after a failure, after a full batch, and every fullPruneEvery rounds,
+// which also finds a job skipped that the transaction holding it did not
+// delete after all) it reads them all, from the oldest. Each worker keeps
+// its own.
+func newPruneWindow() *sinceLastComplete {
+	return &sinceLastComplete{margin: pruneWindowMargin}
 }
-
-// since returns the time, by the database's clock, from which a prune
-// reads the jobs whose retention passed, or nil for every finished job
-// past its retention.
-func (p *pruneWindow) since() *time.Time {
-	if p.ran.IsZero() {
-		return nil
-	}
-	since := p.ran.Add(-pruneWindowMargin)
-	return &since
-}
-
-// record notes a prune that ran at ran, by the database's clock: complete
-// if it succeeded and came back with less than a full batch of every
-// state.
-func (p *pruneWindow) record(ran time.Time, complete bool) {
-	if !complete {
-		p.forget()
-		return
-	}
-	p.ran = ran
-}
-
-// forget makes the next prune a full pass.
-func (p *pruneWindow) forget() { p.ran = time.Time{} }
 
 // prune runs one JobPrune.
 func (p pruner) prune(ctx context.Context, params db.JobPruneParams) (db.JobPruneRow, error) {

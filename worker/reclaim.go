@@ -24,7 +24,7 @@ type reclaimer struct {
 // live workers at start and every fleetCountEvery.
 func (r reclaimer) run(ctx context.Context) {
 	w := r.w
-	var window reclaimWindow
+	window := newReclaimWindow()
 	// left are the jobs the last reclaim found abandoned but could not
 	// take, their rows held by another transaction: the next reclaims look
 	// each up by id, whatever their window, until it is taken.
@@ -84,7 +84,7 @@ func (r reclaimer) run(ctx context.Context) {
 var fleetCountEvery = 10 * time.Second
 
 // fullReclaimEvery is how many reclaim rounds pass between two that read
-// every expired lease rather than a window of them (see reclaimWindow).
+// every expired lease rather than a window of them (see newReclaimWindow).
 const fullReclaimEvery = 40
 
 // reclaimWindowMargin is how far a reclaim's window of expired leases
@@ -93,45 +93,17 @@ const fullReclaimEvery = 40
 // committing only after it began, was not there to be found.
 const reclaimWindowMargin = time.Second
 
-// reclaimWindow decides how far back in lease times a reclaim looks for
-// expired leases. Once a reclaim has taken every expired lease it found,
-// but those whose rows another transaction held (which the next reclaims
-// look up by id), the next needs only those that expired since it ran, by
-// the database's clock, which the reclaim returned, so that neither the
-// worker's clock nor the time either statement took to reach the
-// database moves the window. Otherwise (at start, after a failure, after
-// a full batch, after a list of the jobs left as long as a batch, and
-// every fullReclaimEvery rounds) it looks at them all. Each worker keeps
-// its own, so that what one worker misses another's window cannot hide.
-type reclaimWindow struct {
-	// ran is when, by the database's clock, the last reclaim that took
-	// every expired lease it found ran; zero: none since the last full
-	// pass was due.
-	ran time.Time
+// newReclaimWindow returns the window of lease times in which a reclaim
+// looks for expired leases. Once a reclaim has taken every expired lease
+// it found, but those whose rows another transaction held (which the next
+// reclaims look up by id), the next needs only those that expired since
+// it ran. Otherwise (at start, after a failure, after a full batch, after
+// a list of the jobs left as long as a batch, and every fullReclaimEvery
+// rounds) it looks at them all. Each worker keeps its own, so that what
+// one worker misses another's window cannot hide.
+func newReclaimWindow() *sinceLastComplete {
+	return &sinceLastComplete{margin: reclaimWindowMargin}
 }
-
-// since returns the time, by the database's clock, after which a reclaim
-// reads the expired leases, or nil for every expired lease.
-func (r *reclaimWindow) since() *time.Time {
-	if r.ran.IsZero() {
-		return nil
-	}
-	since := r.ran.Add(-reclaimWindowMargin)
-	return &since
-}
-
-// record notes a reclaim that ran at ran, by the database's clock:
-// complete if it succeeded and took every expired lease it found.
-func (r *reclaimWindow) record(ran time.Time, complete bool) {
-	if !complete {
-		r.forget()
-		return
-	}
-	r.ran = ran
-}
-
-// forget makes the next reclaim a full pass.
-func (r *reclaimWindow) forget() { r.ran = time.Time{} }
 
 // forgetEnded forgets the sessions that ended and hold no running job, and
 // frees the worker ids they held: WorkerStopClaimsOfEndedSessions, then

@@ -30,7 +30,7 @@ func TestFleetInterval_StretchesWithTheFleetSoTheFleetRunsADutyAtAConstantRate(t
 func TestReclaimWindow_ReachesBackToTheLastCompleteReclaimAndOtherwiseReadsEverything(t *testing.T) {
 	// Times by the database's clock, as the reclaims return them.
 	t0 := time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)
-	var w reclaimWindow
+	w := newReclaimWindow()
 	steps := []struct {
 		name     string
 		do       func()
