@@ -273,6 +273,61 @@ func TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts(t *testing.T) {
 	}
 }
 
+// TestWorker_AnOutcomeNeverSentIsNotReportedInDoubt has a handler return
+// while the worker's pool cannot connect to the database at all: no
+// statement that carries the completion ever leaves the worker, so when
+// the shutdown gives up on it once its lease has run out, it reports the
+// completion not accepted and not in doubt, as the database cannot have
+// recorded it.
+func TestWorker_AnOutcomeNeverSentIsNotReportedInDoubt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "task", `{}`, 3)
+	proxy, through := b.proxied(t)
+	pool := dbtest.Connect(t, through)
+	started, finish := make(chan int64, 1), make(chan struct{})
+	acks := make(chan worker.Ack, 10)
+	// The worker's statements go through the proxy; its session does
+	// not, so no reclaim takes the job back meanwhile.
+	_, run := b.runWorker(t, pool, worker.Config{
+		Slots: 1, Lease: 2 * time.Second, SessionDatabaseURL: b.url,
+		OnAck: func(a worker.Ack) { acks <- a },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			<-finish
+			return "done", nil
+		})
+	})
+	<-started
+	proxy.Cut()
+	// Once the worker's other statements have found every connection of
+	// the pool closed, a statement can only ask for a new one, which the
+	// proxy refuses: none is sent.
+	for deadline := time.Now().Add(10 * time.Second); pool.Stat().TotalConns() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool still holds %d connections 10s after the proxy cut them", pool.Stat().TotalConns())
+		}
+	}
+	close(finish)
+	time.Sleep(200 * time.Millisecond) // a few rounds fail to connect
+	run.cancel()
+	if err := run.wait(t, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.get(t, job.ID); got.State != db.JobStateRunning || got.Attempt != 1 {
+		t.Errorf("job %d: %s at attempt %d, want still running at attempt 1", job.ID, got.State, got.Attempt)
+	}
+	close(acks)
+	var reported []string
+	for a := range acks {
+		reported = append(reported, fmt.Sprintf("%s accepted=%t in_doubt=%t", a.Outcome, a.Accepted, a.InDoubt))
+	}
+	if want := []string{"completed accepted=false in_doubt=false"}; !slices.Equal(reported, want) {
+		t.Errorf("reported %q, want %q", reported, want)
+	}
+}
+
 // TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs stops a
 // worker of two slots, has one job's handler return within the grace
 // period while the database answers nothing, and leaves the other running.

@@ -20,6 +20,12 @@ func (safeToRetry) Error() string     { return "not sent" }
 func (safeToRetry) SafeToRetry() bool { return true }
 
 func TestAnswerLost_OnlyWhereTheStatementMayHaveCommitted(t *testing.T) {
+	// A pool opening a connection for a statement to a server it cannot
+	// reach fails with pgx's error of a connection attempt.
+	_, connectErr := pgconn.Connect(t.Context(), "postgres://relay@127.0.0.1:1/relay?connect_timeout=5")
+	if connectErr == nil {
+		t.Fatal("connected to a port no server listens on")
+	}
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -33,6 +39,7 @@ func TestAnswerLost_OnlyWhereTheStatementMayHaveCommitted(t *testing.T) {
 		{"a pooler's own error", fmt.Errorf("insert: %w", &pgconn.PgError{Code: "08P01"}), true},
 		{"the connection failed", fmt.Errorf("insert: %w", io.ErrUnexpectedEOF), true},
 		{"the wait timed out", fmt.Errorf("insert: timeout: %w", context.DeadlineExceeded), true},
+		{"no connection to send it on", fmt.Errorf("complete: %w", connectErr), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := pgerr.AnswerLost(tc.err); got != tc.lost {
