@@ -231,8 +231,10 @@ type Config struct {
 	// Backoff returns how long to wait before the retry that follows the
 	// given failed attempt (1 for the first). It is asked only of an
 	// attempt that a retry follows: not of a job's last attempt, nor of a
-	// permanent failure. If it panics, the panic is logged and the retry
-	// waits DefaultBackoff. Default: DefaultBackoff.
+	// permanent failure, nor of an attempt whose handler was cancelled
+	// because someone cancelled its job (ErrJobCancelled), which ends
+	// cancelled. If it panics, the panic is logged and the retry waits
+	// DefaultBackoff. Default: DefaultBackoff.
 	Backoff func(attempt int) time.Duration
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger

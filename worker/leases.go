@@ -256,8 +256,10 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 			params.Tokens[i] = o.exec.token
 			params.Errors[i] = errorText(o.err, MaxErrorLength)
 			params.Permanent[i] = IsPermanent(o.err)
-			// Only an attempt that a retry follows has a backoff.
-			if job := o.exec.job; !params.Permanent[i] && job.Attempt < job.MaxAttempts {
+			// Only an attempt that a retry follows has a backoff: not
+			// that of a job the worker knows someone cancelled, which
+			// ends cancelled.
+			if job := o.exec.job; !params.Permanent[i] && job.Attempt < job.MaxAttempts && !cancelled(o.exec) {
 				params.RetryInMs[i] = w.backoff(job).Milliseconds()
 			}
 		}
@@ -277,6 +279,13 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 		return states, settled, fmt.Errorf("record failures: %w", err)
 	}
 	return states, settled, nil
+}
+
+// cancelled reports whether e's handler was cancelled because someone
+// cancelled its job (ErrJobCancelled): the failure then ends the job
+// cancelled, whatever attempts it has left.
+func cancelled(e *execution) bool {
+	return errors.Is(context.Cause(e.ctx), ErrJobCancelled)
 }
 
 // heldElsewhere returns which of the jobs ids another transaction holds

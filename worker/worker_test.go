@@ -910,6 +910,34 @@ func TestWorker_BackoffIsAskedOnlyForAttemptsARetryFollows(t *testing.T) {
 	}
 }
 
+// TestWorker_BackoffIsNotAskedForAnAttemptOfACancelledJob: a job cancelled
+// while its handler runs ends cancelled whatever its attempts left, so no
+// retry follows its attempt, and Backoff is not asked of it.
+func TestWorker_BackoffIsNotAskedForAnAttemptOfACancelledJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "long", `{}`, 5)
+	started := make(chan struct{})
+	var asked atomic.Int32
+	b.startWorker(t, worker.Config{
+		Slots: 1, Lease: time.Second, HeartbeatInterval: 100 * time.Millisecond,
+		Backoff: func(int) time.Duration { asked.Add(1); return time.Millisecond },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("long", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(started)
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		})
+	})
+	b.cancelOnceStarted(t, started, job.ID)
+	if got := b.waitForState(t, job.ID, db.JobStateCancelled, 10*time.Second); got.Attempt != 1 {
+		t.Errorf("cancelled job ran %d attempts, want 1", got.Attempt)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("Backoff asked %d times for the attempt of a cancelled job, which no retry follows", n)
+	}
+}
+
 // TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn: a Backoff or
 // an OnAck that panics is a bug in the application's callback, not in the
 // job: the panic is logged, the failure is recorded with DefaultBackoff's
