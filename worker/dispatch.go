@@ -871,7 +871,15 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execu
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
 	defer cancel()
 	note := releaseNote
-	released, held, err := w.leases.releaseMany(ctx, left, &note)
+	var released map[int64]bool
+	var held []*execution
+	// On a connection taken first, as a round's statements are: a release
+	// that cannot get one is not reported in doubt.
+	conn, err := w.leases.acquire(ctx)
+	if err == nil {
+		released, held, err = w.leases.on(conn).releaseMany(ctx, left, &note)
+		conn.Release()
+	}
 	switch {
 	case err != nil:
 		w.log.Warn("release failed; the jobs will be reclaimed when this worker's session ends", "err", err, "jobs", len(left))

@@ -328,6 +328,62 @@ func TestWorker_AnOutcomeNeverSentIsNotReportedInDoubt(t *testing.T) {
 	}
 }
 
+// TestWorker_AnOutcomeThatWaitedForAConnectionIsNotReportedInDoubt gives
+// the worker a pool of one connection, which its other statements hold
+// while the database answers nothing. The round that carries a finished
+// job's completion (and a claim) waits for that connection until the
+// shutdown gives it up: nothing of it was sent, so the completion is
+// reported not accepted and not in doubt, and no claim is looked for.
+func TestWorker_AnOutcomeThatWaitedForAConnectionIsNotReportedInDoubt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "task", `{}`, 3)
+	proxy, through := b.proxied(t)
+	pool := dbtest.Connect(t, through+"&pool_max_conns=1")
+	started, finish := make(chan int64, 1), make(chan struct{})
+	acks := make(chan worker.Ack, 10)
+	var logs syncBuffer
+	// The session does not go through the proxy, so no reclaim takes the
+	// job back meanwhile.
+	_, run := b.runWorker(t, pool, worker.Config{
+		Slots: 1, Lease: 3 * time.Second, SessionDatabaseURL: b.url, ShutdownGrace: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		OnAck:  func(a worker.Ack) { acks <- a },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			<-finish
+			return "done", nil
+		})
+	})
+	<-started
+	proxy.Blackhole()
+	// A reclaim, sent every 250 ms, now holds the pool's one connection
+	// while it waits for an answer, for up to a lease.
+	time.Sleep(700 * time.Millisecond)
+	close(finish)
+	time.Sleep(100 * time.Millisecond)
+	run.cancel()
+	if err := run.wait(t, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Heal()
+	if got := b.get(t, job.ID); got.State != db.JobStateRunning || got.Attempt != 1 {
+		t.Errorf("job %d: %s at attempt %d, want still running at attempt 1", job.ID, got.State, got.Attempt)
+	}
+	close(acks)
+	var reported []string
+	for a := range acks {
+		reported = append(reported, fmt.Sprintf("%s accepted=%t in_doubt=%t", a.Outcome, a.Accepted, a.InDoubt))
+	}
+	if want := []string{"completed accepted=false in_doubt=false"}; !slices.Equal(reported, want) {
+		t.Errorf("reported %q, want %q", reported, want)
+	}
+	if strings.Contains(logs.String(), "answer to a claim was lost") {
+		t.Errorf("a claim never sent was taken for one whose answer was lost:\n%s", logs.String())
+	}
+}
+
 // TestWorker_ShutdownKeepsItsGracePeriodThoughTheDatabaseHangs stops a
 // worker of two slots, has one job's handler return within the grace
 // period while the database answers nothing, and leaves the other running.

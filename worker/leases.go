@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/pgerr"
@@ -22,6 +23,30 @@ import (
 // after its statement.
 type leases struct {
 	w *Worker
+	// q sends the statements: through the worker's pool, or on one
+	// connection taken from it (on).
+	q *db.Queries
+}
+
+// acquire takes a connection of the worker's pool for statements that
+// commit on their own and whose answers may be lost (see on).
+func (l leases) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	conn, err := l.w.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire a connection: %w", err)
+	}
+	return conn, nil
+}
+
+// on returns the same calls, made on conn, a connection acquire took. A
+// statement sent through the pool fails alike whether it waited for a
+// connection or, sent, for its answer (the context's error, as when a
+// round is given up at shutdown), and would be taken for one whose answer
+// was lost (pgerr.AnswerLost): its outcomes reported in doubt, and its
+// claim looked for, though nothing was sent. A connection taken first
+// tells the two apart.
+func (l leases) on(conn *pgxpool.Conn) leases {
+	return leases{w: l.w, q: db.New(conn)}
 }
 
 // completeAndClaim records the round's completions and makes its claim, in
@@ -104,7 +129,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 		params.ClaimTokens[i] = pgtype.UUID{Bytes: token, Valid: true}
 	}
 	r.sentAt = time.Now()
-	rows, err := w.q.JobCompleteAndClaim(ctx, params)
+	rows, err := l.q.JobCompleteAndClaim(ctx, params)
 	if err != nil {
 		if pgerr.AnswerLost(err) {
 			r.lostClaim = params.ClaimTokens
@@ -138,7 +163,7 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 	params := db.JobCompleteManyParams{LockWaitMs: l.w.cfg.lockWaitMs()}
 	params.IDs, params.Tokens, params.Results = completions(done)
 	r.sentAt = time.Now()
-	ids, err := l.w.q.JobCompleteMany(ctx, params)
+	ids, err := l.q.JobCompleteMany(ctx, params)
 	if err != nil {
 		if pgerr.AnswerLost(err) {
 			markUnanswered(done)
@@ -175,7 +200,7 @@ func markUnanswered(outcomes []outcome) {
 // those of claims whose answer was lost (JobGetClaimed), in the shape of a
 // claim.
 func (l leases) getClaimed(ctx context.Context, tokens []pgtype.UUID) ([]db.JobCompleteAndClaimRow, error) {
-	rows, err := l.w.q.JobGetClaimed(ctx, tokens)
+	rows, err := l.q.JobGetClaimed(ctx, tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +238,7 @@ func (l leases) heartbeatMany(ctx context.Context, held []*execution, until time
 	}
 	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
-	rows, err := w.q.JobHeartbeatMany(ctx, params)
+	rows, err := l.q.JobHeartbeatMany(ctx, params)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -263,7 +288,7 @@ func (l leases) failMany(ctx context.Context, failed []outcome) (states map[int6
 				params.RetryInMs[i] = w.backoff(job).Milliseconds()
 			}
 		}
-		rows, err := w.q.JobFailMany(ctx, params)
+		rows, err := l.q.JobFailMany(ctx, params)
 		for _, r := range rows {
 			states[r.ID] = r.State
 		}
@@ -291,7 +316,7 @@ func cancelled(e *execution) bool {
 // heldElsewhere returns which of the jobs ids another transaction holds
 // the rows of (JobHeldElsewhere), without waiting for any.
 func (l leases) heldElsewhere(ctx context.Context, ids []int64) (map[int64]bool, error) {
-	rows, err := l.w.q.JobHeldElsewhere(ctx, ids)
+	rows, err := l.q.JobHeldElsewhere(ctx, ids)
 	if err != nil {
 		return nil, fmt.Errorf("ask which jobs' rows another transaction holds: %w", err)
 	}
@@ -395,7 +420,7 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 		for i, e := range part {
 			params.Tokens[i] = e.token
 		}
-		ids, err := w.q.JobReleaseMany(ctx, params)
+		ids, err := l.q.JobReleaseMany(ctx, params)
 		for _, id := range ids {
 			released[id] = true
 		}
@@ -427,7 +452,7 @@ func (l leases) reclaim(ctx context.Context, since *time.Time, recheck []int64) 
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
 	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch, ExpiredSince: since, RecheckIDs: recheck}
-	rows, err := w.q.JobReclaim(ctx, params)
+	rows, err := l.q.JobReclaim(ctx, params)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("reclaim failed", "err", err)

@@ -117,7 +117,9 @@ func (r *round) carried() int {
 // are sent again; a release waits as long, then is set aside alike
 // (leases.releaseMany). It touches nothing but r, so that it can run beside the
 // dispatcher. It gives up when ctx ends, or a lease after it is sent (or
-// at r.deadline, if sooner).
+// at r.deadline, if sooner). Its statements go on one connection of the
+// pool, taken first: a round that cannot get one sends nothing, and
+// everything it carries is to be sent again, none of it in doubt.
 func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	deadline := time.Now().Add(w.cfg.Lease)
 	if !r.deadline.IsZero() && r.deadline.Before(deadline) {
@@ -126,10 +128,20 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 
-	r.takeBackFree(ctx, w)
-	r.send(ctx, w)
+	conn, err := w.leases.acquire(ctx)
+	if err != nil {
+		r.err = err
+		// Set aside again, as takeBackFree does when it cannot ask.
+		r.heldAgain, r.releaseHeldAgain = r.recheck, r.releaseRecheck
+		r.recheck, r.releaseRecheck = nil, nil
+		return
+	}
+	defer conn.Release()
+	l := w.leases.on(conn)
+	r.takeBackFree(ctx, l)
+	r.send(ctx, l)
 	if r.err != nil && lockNotAvailable(r.err) {
-		r.setAsideHeld(ctx, w)
+		r.setAsideHeld(ctx, l)
 	}
 }
 
@@ -137,13 +149,13 @@ func (r *round) acknowledge(ctx context.Context, w *Worker) {
 // (recheck, releaseRecheck) still have their jobs' rows held by another
 // transaction, adds the others to the round's batch and sets the rest
 // aside again. If it cannot ask, it sets them all aside again.
-func (r *round) takeBackFree(ctx context.Context, w *Worker) {
+func (r *round) takeBackFree(ctx context.Context, l leases) {
 	if len(r.recheck) == 0 && len(r.releaseRecheck) == 0 {
 		return
 	}
 	recheck, releases := r.recheck, r.releaseRecheck
 	r.recheck, r.releaseRecheck = nil, nil
-	held, err := w.leases.heldElsewhere(ctx, append(outcomeJobs(recheck), executionJobs(releases)...))
+	held, err := l.heldElsewhere(ctx, append(outcomeJobs(recheck), executionJobs(releases)...))
 	if err != nil {
 		r.heldAgain, r.releaseHeldAgain = recheck, releases
 		return
@@ -172,7 +184,7 @@ func (r *round) takeBackFree(ctx context.Context, w *Worker) {
 // their jobs' rows held by another transaction, and moves those to
 // heldAside, so that the others go again without them. If it cannot ask,
 // every outcome stays to be sent again.
-func (r *round) setAsideHeld(ctx context.Context, w *Worker) {
+func (r *round) setAsideHeld(ctx context.Context, l leases) {
 	// The outcomes to be sent again, as finish will find them.
 	var unsent []*[]outcome
 	if r.completed == nil {
@@ -190,7 +202,7 @@ func (r *round) setAsideHeld(ctx context.Context, w *Worker) {
 	if len(all) == 0 {
 		return
 	}
-	held, err := w.leases.heldElsewhere(ctx, outcomeJobs(all))
+	held, err := l.heldElsewhere(ctx, outcomeJobs(all))
 	if err != nil || len(held) == 0 {
 		return
 	}
@@ -208,9 +220,9 @@ func (r *round) setAsideHeld(ctx context.Context, w *Worker) {
 }
 
 // send makes the round's statements, in the order acknowledge describes.
-func (r *round) send(ctx context.Context, w *Worker) {
+func (r *round) send(ctx context.Context, l leases) {
 	if len(r.adopt) > 0 {
-		adopted, err := w.leases.getClaimed(ctx, r.adopt)
+		adopted, err := l.getClaimed(ctx, r.adopt)
 		if err != nil {
 			r.err = fmt.Errorf("find the jobs of a claim whose answer was lost: %w", err)
 			return
@@ -219,7 +231,7 @@ func (r *round) send(ctx context.Context, w *Worker) {
 		r.adoptedOK = true
 	}
 	if len(r.batch.toRelease) > 0 {
-		ids, held, err := w.leases.releaseMany(ctx, r.batch.toRelease, nil)
+		ids, held, err := l.releaseMany(ctx, r.batch.toRelease, nil)
 		if err != nil {
 			r.err = fmt.Errorf("release jobs claimed ahead: %w", err)
 			return
@@ -232,7 +244,7 @@ func (r *round) send(ctx context.Context, w *Worker) {
 	}
 	if r.probe {
 		r.sentAt = time.Now()
-		ready, err := w.q.JobAnyReady(ctx, w.cfg.Queue)
+		ready, err := l.q.JobAnyReady(ctx, l.w.cfg.Queue)
 		if err != nil {
 			r.err = fmt.Errorf("look for ready jobs: %w", err)
 			return
@@ -241,12 +253,12 @@ func (r *round) send(ctx context.Context, w *Worker) {
 			return // nothing to claim, and nothing else to acknowledge
 		}
 	}
-	if err := w.leases.completeAndClaim(ctx, r); err != nil {
+	if err := l.completeAndClaim(ctx, r); err != nil {
 		r.err = err
 		return
 	}
 	if len(r.batch.failed) > 0 {
-		states, settled, err := w.leases.failMany(ctx, r.batch.failed)
+		states, settled, err := l.failMany(ctx, r.batch.failed)
 		r.failStates = states
 		r.unsettled.failed = r.batch.failed[settled:]
 		r.batch.failed = r.batch.failed[:settled]

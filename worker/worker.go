@@ -131,7 +131,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		held:     map[int64]*execution{},
 		running:  map[*execution]bool{},
 	}
-	w.leases.w = w
+	w.leases = leases{w: w, q: w.q}
 	w.session.w = w
 	return w, nil
 }
