@@ -258,11 +258,11 @@ type Ack struct {
 	// connection failed after it was sent, or its round was given up as
 	// the shutdown's grace period ended), and the worker could not learn
 	// more. A round that never got a connection to send it on, its pool's
-	// busy or the database out of reach, leaves nothing in doubt. Sent again, such an outcome is refused by the fence, which
-	// refuses an outcome recorded already as it refuses one whose lease
-	// was lost; or the shutdown gave up sending it again. The job's row
-	// tells which for a completion: it landed if the job succeeded at
-	// this attempt.
+	// busy or the database out of reach, leaves nothing in doubt. Sent
+	// again, such an outcome is refused by the fence, which refuses an
+	// outcome recorded already as it refuses one whose lease was lost; or
+	// the shutdown gave up sending it again. The job's row tells which for
+	// a completion: it landed if the job succeeded at this attempt.
 	InDoubt bool
 	// Err is the handler's error, for failures.
 	Err error
