@@ -100,11 +100,18 @@ func (s *serveFlags) announceEveryConfig() time.Duration {
 	return s.announceEvery
 }
 
-// requireTokenOffLoopback refuses to serve the API without a token on an
-// address that other machines may reach, unless --insecure-no-auth allows
-// it. lookupHost resolves a host name to its addresses.
+// requireTokenOffLoopback refuses an address Listen would refuse, and to
+// serve the API without a token on an address that other machines may
+// reach, unless --insecure-no-auth allows it. lookupHost resolves a host
+// name to its addresses.
 func (s *serveFlags) requireTokenOffLoopback(ctx context.Context, lookupHost func(context.Context, string) ([]string, error)) error {
-	host, _, err := net.SplitHostPort(s.addr)
+	host, port, err := net.SplitHostPort(s.addr)
+	if err == nil {
+		// As Listen reads it: a number up to 65535 or a service name,
+		// and empty for any free port. Checked here, before the
+		// database, so that a port out of range is a usage error.
+		_, err = net.LookupPort("tcp", port)
+	}
 	if err != nil {
 		return cli.Usagef("%s: invalid address %q (--addr or RELAY_ADDR): %v", s.command, s.addr, err)
 	}
