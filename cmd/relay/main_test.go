@@ -845,3 +845,18 @@ func TestRun_StoppedWhileConnectingSaysSo(t *testing.T) {
 		t.Errorf("error %v, want the connection given up as the context ended", r.err)
 	}
 }
+
+// TestDev_StoppedWhileStartingItsDatabaseSaysSo stops relay dev, as Ctrl-C
+// does, while its throwaway PostgreSQL is still being made: the error says
+// that the start was given up, not that initdb failed.
+func TestDev_StoppedWhileStartingItsDatabaseSaysSo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server; skipped with -short")
+	}
+	ctx, stop := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer stop()
+	r := runRelay(ctx, nil, "", "dev", "--addr", "127.0.0.1:0")
+	if !errors.Is(r.err, context.DeadlineExceeded) || strings.Contains(r.err.Error(), "signal: killed") {
+		t.Errorf("error %v, want the start of the throwaway database given up as the context ended", r.err)
+	}
+}

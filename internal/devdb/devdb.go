@@ -102,15 +102,25 @@ func start(ctx context.Context, logger *slog.Logger, startLocal func(context.Con
 		return c, nil
 	}
 	if ctx.Err() != nil {
-		return nil, localErr
+		return nil, stopped(ctx)
 	}
 	logger.Info("no local PostgreSQL cluster; trying a container", "reason", localErr)
 	c, containerErr := StartContainer(ctx, logger, cfg)
+	if containerErr != nil && ctx.Err() != nil {
+		return nil, stopped(ctx)
+	}
 	if containerErr != nil {
 		return nil, fmt.Errorf("devdb: cannot start a throwaway PostgreSQL: %v; and no container either: %v "+
 			"(install PostgreSQL's server binaries or Docker, or set DATABASE_URL)", localErr, containerErr)
 	}
 	return c, nil
+}
+
+// stopped is the error of a start given up as ctx ended, as when relay is
+// stopped meanwhile: the commands it killed say no more than "signal:
+// killed".
+func stopped(ctx context.Context) error {
+	return fmt.Errorf("devdb: start of a throwaway PostgreSQL given up: %w", context.Cause(ctx))
 }
 
 // StartLocal starts a private local cluster with initdb and pg_ctl, never a
