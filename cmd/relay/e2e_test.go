@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/internal/relaybin"
 )
 
@@ -37,9 +38,15 @@ func startProc(t *testing.T, ctx context.Context, name string, args ...string) *
 // nil).
 func startProcEnv(t *testing.T, ctx context.Context, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.CommandContext(ctx, relaybin.Path(t), args...)
-	p.cmd.Env = env
+	cmd := exec.CommandContext(ctx, relaybin.Path(t), args...)
+	cmd.Env = env
+	return startCmd(t, name, cmd)
+}
+
+// startCmd starts cmd, a command that runs relay, as the process name.
+func startCmd(t *testing.T, name string, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
@@ -150,6 +157,33 @@ func TestBinary_FailuresAreOneLineOnStderrWithANonZeroStatus(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServe_UnderNohupOutlivesItsTerminal runs `nohup relay serve`, which
+// starts relay with SIGHUP ignored: the SIGHUP of its terminal closing
+// leaves it serving, as nohup promises, and SIGTERM still stops it
+// gracefully.
+func TestServe_UnderNohupOutlivesItsTerminal(t *testing.T) {
+	ctx := testContext(t, 60*time.Second)
+	addr := freeAddr(t)
+	base := "http://" + addr
+	serve := startCmd(t, "nohup relay serve", exec.CommandContext(ctx, "nohup", relaybin.Path(t),
+		"serve", "--addr", addr, "--database-url", dbtest.NewURL(t)))
+	waitHealthy(t, ctx, serve, base)
+
+	if err := serve.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatalf("SIGHUP: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case <-serve.done:
+		t.Fatalf("nohup relay serve exited after SIGHUP (%v):\n%s", serve.err, serve.stderr.String())
+	default:
+	}
+	if resp, _, err := apiRequest(ctx, http.MethodGet, base+"/healthz", "", ""); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /healthz after SIGHUP: %v, %v; want 200", resp, err)
+	}
+	serve.terminate(t, 15*time.Second)
 }
 
 // TestEndToEnd_ServeAndWorkersRunJobs runs relay as separate processes, as

@@ -12,7 +12,8 @@
 //
 // Run "relay COMMAND -h" for a command's flags. The database comes from
 // --database-url or DATABASE_URL. SIGINT, SIGTERM and SIGHUP (the terminal
-// closing) shut down gracefully.
+// closing) shut down gracefully, but SIGINT and SIGHUP not where relay
+// starts with them ignored, as under nohup.
 package main
 
 import (
@@ -32,10 +33,22 @@ import (
 // -ldflags "-X main.version=v1.2.3"; otherwise the module version, if any.
 var version = ""
 
-// shutdownSignals start a graceful shutdown. SIGHUP is among them because
-// closing the terminal that runs `relay dev` sends it, and the default
-// action, dying at once, would leave the throwaway database running.
-var shutdownSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+// shutdownSignals returns the signals that start a graceful shutdown.
+// SIGHUP is among them because closing the terminal that runs `relay dev`
+// sends it, and the default action, dying at once, would leave the
+// throwaway database running. SIGHUP and SIGINT are not when relay started
+// with them ignored, as `nohup relay serve` starts it with SIGHUP, and a
+// shell a command it runs in the background with SIGINT: catching them
+// would undo what was asked, and stop relay when its terminal closes.
+func shutdownSignals() []os.Signal {
+	sigs := []os.Signal{syscall.SIGTERM}
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
+		if !signal.Ignored(sig) {
+			sigs = append(sigs, sig)
+		}
+	}
+	return sigs
+}
 
 func main() {
 	if percent, ok := cli.GCPercent(os.LookupEnv); ok {
@@ -44,7 +57,7 @@ func main() {
 	// The first signal starts a graceful shutdown; later ones are ignored
 	// until it is done, so that `relay dev` always gets to remove its
 	// throwaway database. Every step of the shutdown has a time limit.
-	ctx, stop := signal.NotifyContext(context.Background(), shutdownSignals...)
+	ctx, stop := signal.NotifyContext(context.Background(), shutdownSignals()...)
 	err := run(ctx, os.Args, os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
