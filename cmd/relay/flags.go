@@ -129,10 +129,35 @@ func adaptToPooler(ctx context.Context, logger *slog.Logger, cfg *pgxpool.Config
 	return nil
 }
 
+// reachSession checks that a worker's session database, --session-database-url
+// when given, answers, as connect checks the database: a worker claims
+// nothing without its session, and would otherwise run waiting for one.
+func reachSession(ctx context.Context, dsn string) error {
+	if dsn == "" {
+		return nil // the session opens on the database, already reached
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return cli.Usagef("invalid session database URL: %v", err)
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = connectTimeout
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("connect to the session database: %w", context.Cause(ctx))
+		}
+		return &connectError{what: "session database", dsn: pgurl.Redact(dsn), err: err}
+	}
+	return conn.Close(ctx)
+}
+
 // connectError says, in one line, why the database could not be reached.
 type connectError struct {
-	dsn string
-	err error
+	what string // which database: "" for the database
+	dsn  string
+	err  error
 }
 
 func (e *connectError) Error() string {
@@ -142,7 +167,11 @@ func (e *connectError) Error() string {
 	if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
 		msg = strings.TrimSpace(msg[i+1:])
 	}
-	return fmt.Sprintf("cannot reach the database %s: %s", e.dsn, msg)
+	what := e.what
+	if what == "" {
+		what = "database"
+	}
+	return fmt.Sprintf("cannot reach the %s %s: %s", what, e.dsn, msg)
 }
 
 func (e *connectError) Unwrap() error { return e.err }

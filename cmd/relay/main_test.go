@@ -301,6 +301,32 @@ func TestRun_FailsClearlyWhenTheDatabaseIsUnreachable(t *testing.T) {
 	}
 }
 
+// TestRun_FailsClearlyWhenTheSessionDatabaseIsUnreachable gives a worker a
+// session database that cannot be reached, as with a mistake in
+// --session-database-url: a worker claims nothing without its session, so
+// it fails at start, as without its database, rather than run waiting for
+// a session it never had.
+func TestRun_FailsClearlyWhenTheSessionDatabaseIsUnreachable(t *testing.T) {
+	dsn := dbtest.NewURL(t)
+	for _, args := range [][]string{
+		{"work"},
+		{"serve", "--addr", "127.0.0.1:0", "--slots", "2"},
+		{"dev", "--addr", "127.0.0.1:0"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			env := map[string]string{"DATABASE_URL": dsn, "RELAY_SESSION_DATABASE_URL": "postgres://u:s3cret@127.0.0.1:1/x"}
+			r := runRelay(testContext(t, 20*time.Second), env, "", args...)
+			if r.err == nil {
+				t.Fatal("succeeded without a session database")
+			}
+			const want = "cannot reach the session database postgres://u:xxxxx@127.0.0.1:1/x: "
+			if !strings.HasPrefix(r.err.Error(), want) || strings.Contains(r.err.Error(), "\n") {
+				t.Errorf("error = %q, want one line starting with %q", r.err, want)
+			}
+		})
+	}
+}
+
 func TestRun_RefusesAnUnmigratedDatabase(t *testing.T) {
 	dsn := emptyDatabaseURL(t)
 	for _, args := range [][]string{

@@ -233,6 +233,9 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 			return err
 		}
 		defer workerPool.Close()
+		if err := reachSession(ctx, cfg.SessionDatabaseURL); err != nil {
+			return err
+		}
 		if w, err = worker.New(workerPool, cfg); err != nil {
 			return fmt.Errorf("create worker: %w", err)
 		}

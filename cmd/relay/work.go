@@ -63,6 +63,9 @@ func runWork(ctx context.Context, env *environment, args []string) error {
 	if err := requireMigrated(ctx, logger, pool); err != nil {
 		return err
 	}
+	if err := reachSession(ctx, cfg.SessionDatabaseURL); err != nil {
+		return err
+	}
 	w, err := worker.New(pool, cfg)
 	if err != nil {
 		return fmt.Errorf("create worker: %w", err)
