@@ -151,6 +151,10 @@ Environment:
   RELAY_API_TOKEN  bearer token the API requires, when --api-token is not given;
                    without one, serve/dev listen only on a loopback address
                    unless --insecure-no-auth is given
+  RELAY_SESSION_DATABASE_URL
+                   PostgreSQL URL of a worker's session, when
+                   --session-database-url is not given
+  GOGC             the garbage collector's target (default 400, not Go's 100)
 `)
 }
 

@@ -221,7 +221,7 @@ func TestRun_HelpListsCommandsAndFlagsAndSucceeds(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--help"}, []string{"dev", "migrate", "serve", "work", "enqueue", "version", "DATABASE_URL", "RELAY_ADDR", "RELAY_API_TOKEN"}},
+		{[]string{"--help"}, []string{"dev", "migrate", "serve", "work", "enqueue", "version", "DATABASE_URL", "RELAY_ADDR", "RELAY_API_TOKEN", "RELAY_SESSION_DATABASE_URL", "GOGC"}},
 		{[]string{"-h"}, []string{"Commands:"}},
 		{[]string{"help"}, []string{"Commands:"}},
 		{[]string{"help", "work"}, []string{"Usage: relay work", "-backoff-base", "-slots", "(default 10)", "-reclaim-interval", "-queue-listeners"}},
