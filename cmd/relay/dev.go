@@ -30,11 +30,11 @@ built-in job kinds, on a database migrated to the current schema.
 The database is --database-url or DATABASE_URL when given (it is migrated
 up). Otherwise relay starts a throwaway PostgreSQL of its own: a temporary
 cluster made with initdb and pg_ctl (found on PATH or in
-/usr/lib/postgresql/*/bin), or failing that a container through Docker. It is
-removed, with all its data, when relay stops (Ctrl-C, SIGTERM, or SIGHUP
-when its terminal closes). The clusters that a relay killed outright (with
-SIGKILL) left in the temporary directory are stopped and removed when the
-next relay dev starts.
+/usr/lib/postgresql/*/bin or /usr/pgsql-*/bin), or failing that a container
+through Docker. It is removed, with all its data, when relay stops (Ctrl-C,
+SIGTERM, or SIGHUP when its terminal closes). The clusters that a relay
+killed outright (with SIGKILL) left in the temporary directory are stopped
+and removed when the next relay dev starts.
 
 Without an API token (--api-token or RELAY_API_TOKEN) it listens only on a
 loopback address, unless --insecure-no-auth is given.`)

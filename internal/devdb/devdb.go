@@ -383,7 +383,7 @@ func findBinaries() (string, error) {
 			return dir, nil
 		}
 	}
-	return "", errors.New("devdb: initdb and pg_ctl not found on PATH nor in /usr/lib/postgresql/*/bin")
+	return "", errors.New("devdb: initdb and pg_ctl not found on PATH nor in /usr/lib/postgresql/*/bin or /usr/pgsql-*/bin")
 }
 
 // freePort returns a TCP port of 127.0.0.1 that nothing listens on now.
