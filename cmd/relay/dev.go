@@ -63,6 +63,12 @@ func runDev(ctx context.Context, env *environment, args []string) (err error) {
 	dsn, _ := opts.db.Resolve(env.getenv)
 	where := "the database at " + pgurl.Redact(dsn)
 	throwaway := dsn == ""
+	if throwaway && opts.worker.Slots > 0 && opts.worker.SessionURL != "" {
+		// The workers' sessions would be registered on another server
+		// than their jobs, and the workers would claim nothing.
+		return cli.Usagef("%s: --session-database-url (or RELAY_SESSION_DATABASE_URL) names a database, but without DATABASE_URL relay dev starts one of its own: "+
+			"give --database-url (or DATABASE_URL) too, or leave the session database out", opts.command)
+	}
 	if throwaway {
 		cluster, err := devdb.Start(ctx, logger)
 		if err != nil {
