@@ -159,10 +159,15 @@ func (h *Handler) Close(ctx context.Context) {
 	h.enqueuer.Close(ctx)
 }
 
+// readTimeout bounds reading a whole request, its body included.
+const readTimeout = 30 * time.Second
+
 // NewHTTPServer returns an http.Server for h on addr with timeouts and a
 // header size limit set, so that slow or oversized clients cannot hold
-// connections or memory indefinitely. Its WriteTimeout leaves room for the
-// per-request database timeout. It panics if h is nil, or a nil pointer
+// connections or memory indefinitely. Its WriteTimeout, which counts from
+// the end of a request's headers, leaves room for a body read up to its
+// ReadTimeout, the per-request database timeout after it, and the answer:
+// a job stored after a slow upload is not left without its 201. It panics if h is nil, or a nil pointer
 // or function, with which the server would serve http.DefaultServeMux or
 // panic at each request.
 func NewHTTPServer(addr string, h http.Handler) *http.Server {
@@ -173,8 +178,8 @@ func NewHTTPServer(addr string, h http.Handler) *http.Server {
 		Addr:              addr,
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      readTimeout + dbTimeout + 20*time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 	}

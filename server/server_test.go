@@ -262,8 +262,12 @@ func TestNewHTTPServer_SetsTimeoutsAndHeaderLimit(t *testing.T) {
 			t.Errorf("%s is not set", name)
 		}
 	}
-	if srv.WriteTimeout <= dbTimeout {
-		t.Errorf("WriteTimeout %v leaves no room for the database timeout %v", srv.WriteTimeout, dbTimeout)
+	// WriteTimeout counts from the end of a request's headers: an answer
+	// must still go out after a body read for up to ReadTimeout and the
+	// database work that follows it, or a job is stored and its 201 lost.
+	if srv.WriteTimeout <= srv.ReadTimeout+dbTimeout {
+		t.Errorf("WriteTimeout %v leaves no room for a body read up to ReadTimeout %v and the database timeout %v after it",
+			srv.WriteTimeout, srv.ReadTimeout, dbTimeout)
 	}
 	if srv.MaxHeaderBytes <= 0 {
 		t.Error("MaxHeaderBytes is not set")
