@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,7 +20,25 @@ import (
 	"github.com/relayq/relay/internal/relaybin"
 )
 
-func TestMain(m *testing.M) { relaybin.RunTests(m) }
+func TestMain(m *testing.M) {
+	resetIgnoredStopSignals()
+	relaybin.RunTests(m)
+}
+
+// resetIgnoredStopSignals has this process catch, and drop, SIGHUP and
+// SIGINT if it started with them ignored, as under nohup or as a shell's
+// background job. relay keeps a stop signal it started ignored ignored,
+// and the processes the tests start would inherit it, though the tests
+// stop them with those signals as a terminal does; a signal caught here
+// is reset to its default action in them instead.
+func resetIgnoredStopSignals() {
+	dropped := make(chan os.Signal, 1)
+	for _, sig := range []os.Signal{syscall.SIGHUP, os.Interrupt} {
+		if signal.Ignored(sig) {
+			signal.Notify(dropped, sig)
+		}
+	}
+}
 
 // proc is a relay process.
 type proc struct {
