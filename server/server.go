@@ -167,9 +167,9 @@ const readTimeout = 30 * time.Second
 // connections or memory indefinitely. Its WriteTimeout, which counts from
 // the end of a request's headers, leaves room for a body read up to its
 // ReadTimeout, the per-request database timeout after it, and the answer:
-// a job stored after a slow upload is not left without its 201. It panics if h is nil, or a nil pointer
-// or function, with which the server would serve http.DefaultServeMux or
-// panic at each request.
+// a job stored after a slow upload is not left without its 201. It panics
+// if h is nil, or a nil pointer or function, with which the server would
+// serve http.DefaultServeMux or panic at each request.
 func NewHTTPServer(addr string, h http.Handler) *http.Server {
 	if isNil(h) {
 		panic("server.NewHTTPServer: nil handler")
