@@ -87,3 +87,60 @@ func TestAheadLimit_AHugePrefetchWaitStillClaimsAhead(t *testing.T) {
 		}
 	}
 }
+
+// TestLockWait_AQuarterOfTheLeaseAndTwoSecondsAtMost: a completion, a
+// failure or a release waits for a row another transaction holds for a
+// quarter of the lease, and 2 s at most (docs/failure-semantics.md), so
+// that a circle of waits breaks as a deadlock, after deadlock_timeout's
+// second, only with a lease of 4 s or more.
+func TestLockWait_AQuarterOfTheLeaseAndTwoSecondsAtMost(t *testing.T) {
+	for _, tc := range []struct {
+		lease time.Duration
+		want  int32
+	}{
+		{DefaultLease, 2000},
+		{8 * time.Second, 2000},
+		{6 * time.Second, 1500},
+		{4 * time.Second, 1000},
+		{2 * time.Second, 500},
+		{400 * time.Millisecond, 100},
+	} {
+		cfg, err := Config{Lease: tc.lease}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.lockWaitMs(); got != tc.want {
+			t.Errorf("lease %s: lock wait %d ms, want %d ms", tc.lease, got, tc.want)
+		}
+	}
+}
+
+// TestAheadLimit_WhatTheSlotsStartWithinHalfThePrefetchWait: a worker
+// claims ahead only once a handler has returned and while its handlers
+// take less than half of PrefetchWait, and no more than its slots start
+// within that half at their mean: 4 for one slot and jobs of 12 ms at the
+// default wait (docs/failure-semantics.md, "Claiming ahead").
+func TestAheadLimit_WhatTheSlotsStartWithinHalfThePrefetchWait(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		slots    int
+		measured bool
+		meanRun  time.Duration
+		want     int
+	}{
+		{"one slot, jobs of 12 ms", 1, true, 12 * time.Millisecond, 4},
+		{"two slots, jobs of 12 ms", 2, true, 12 * time.Millisecond, 8},
+		{"ten slots, jobs of 1 ms: the default Prefetch", 10, true, time.Millisecond, DefaultMinPrefetch},
+		{"jobs of half the wait", 1, true, DefaultPrefetchWait / 2, 0},
+		{"no handler returned yet", 1, false, 0, 0},
+	} {
+		cfg, err := Config{Slots: tc.slots}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &dispatcher{w: &Worker{cfg: cfg}, measured: tc.measured, meanRun: tc.meanRun}
+		if got := d.aheadLimit(); got != tc.want {
+			t.Errorf("%s: ahead limit %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
