@@ -144,3 +144,38 @@ func TestAheadLimit_WhatTheSlotsStartWithinHalfThePrefetchWait(t *testing.T) {
 		}
 	}
 }
+
+// TestRecheckReturned_50And100MillisecondsAfterAShortClaim: once a job has
+// come back to available, a claim that comes back short is followed by a
+// claim from the head 50 ms later and once more 100 ms after that, and no
+// more until another job comes back (docs/failure-semantics.md, "The order
+// of claims").
+func TestRecheckReturned_50And100MillisecondsAfterAShortClaim(t *testing.T) {
+	w := &Worker{}
+	d := &dispatcher{w: w}
+	short := func() *round { return &round{claim: 4, sentAt: time.Now()} }
+	type answer struct {
+		delay time.Duration
+		ok    bool
+	}
+	ask := func() answer {
+		delay, ok := d.recheckReturned(short())
+		return answer{delay, ok}
+	}
+	if got := ask(); got.ok {
+		t.Errorf("no job came back: recheck after %s, want none", got.delay)
+	}
+	w.returned.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	for i, want := range []answer{{50 * time.Millisecond, true}, {100 * time.Millisecond, true}, {0, false}} {
+		if got := ask(); got != want {
+			t.Errorf("short claim %d after a job came back: recheck %+v, want %+v", i+1, got, want)
+		}
+	}
+	if delay, ok := d.recheckReturned(&round{claim: 0, sentAt: time.Now()}); ok {
+		t.Errorf("a round that claimed nothing: recheck after %s, want none", delay)
+	}
+	w.returned.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	if got, want := ask(), (answer{50 * time.Millisecond, true}); got != want {
+		t.Errorf("short claim after another job came back: recheck %+v, want %+v", got, want)
+	}
+}
