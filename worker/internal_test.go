@@ -179,3 +179,45 @@ func TestRecheckReturned_50And100MillisecondsAfterAShortClaim(t *testing.T) {
 		t.Errorf("short claim after another job came back: recheck %+v, want %+v", got, want)
 	}
 }
+
+// TestClaimCursors_ASecondBehindTheNewestClaimedOfUpToEightPriorities: a
+// worker starts its claims of a priority one second behind the newest
+// run_at it claimed there, keeps a cursor for 8 priorities at most, and
+// claims from the head of every priority once a second, and at once when
+// told to (docs/failure-semantics.md, "The order of claims").
+func TestClaimCursors_ASecondBehindTheNewestClaimedOfUpToEightPriorities(t *testing.T) {
+	var c claimCursors
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	if p, _ := c.params(now); p != nil {
+		t.Fatalf("first claim: cursors for priorities %v, want a claim from the head", p)
+	}
+	var rows []db.JobCompleteAndClaimRow
+	for prio := range int16(10) {
+		for _, at := range []time.Time{now.Add(time.Duration(prio) * time.Minute), now} {
+			rows = append(rows, db.JobCompleteAndClaimRow{Priority: &prio, RunAt: &at})
+		}
+	}
+	c.claimed(rows)
+	p, since := c.params(now.Add(999 * time.Millisecond))
+	if len(p) != maxClaimCursors || maxClaimCursors != 8 {
+		t.Fatalf("cursors for priorities %v, want for 8", p)
+	}
+	for i, prio := range p {
+		if want := int16(i); prio != want {
+			t.Errorf("cursor %d: priority %d, want %d", i, prio, want)
+		}
+		if want := now.Add(time.Duration(prio)*time.Minute - time.Second); !since[i].Equal(want) {
+			t.Errorf("priority %d: claims start at %s, want %s, a second behind the newest claimed", prio, since[i], want)
+		}
+	}
+	if p, _ := c.params(now.Add(time.Second)); p != nil {
+		t.Errorf("a second after the last claim from the head: cursors for priorities %v, want a claim from the head", p)
+	}
+	if p, _ := c.params(now.Add(1500 * time.Millisecond)); p == nil {
+		t.Error("half a second after a claim from the head: another from the head, want the cursors")
+	}
+	c.fromHead()
+	if p, _ := c.params(now.Add(1600 * time.Millisecond)); p != nil {
+		t.Errorf("told to claim from the head: cursors for priorities %v, want a claim from the head", p)
+	}
+}
