@@ -318,12 +318,7 @@ func TestWorker_AnOutcomeNeverSentIsNotReportedInDoubt(t *testing.T) {
 	if got := b.get(t, job.ID); got.State != db.JobStateRunning || got.Attempt != 1 {
 		t.Errorf("job %d: %s at attempt %d, want still running at attempt 1", job.ID, got.State, got.Attempt)
 	}
-	close(acks)
-	var reported []string
-	for a := range acks {
-		reported = append(reported, fmt.Sprintf("%s accepted=%t in_doubt=%t", a.Outcome, a.Accepted, a.InDoubt))
-	}
-	if want := []string{"completed accepted=false in_doubt=false"}; !slices.Equal(reported, want) {
+	if reported, want := reportedAcks(acks, job.ID), []string{"completed accepted=false in_doubt=false"}; !slices.Equal(reported, want) {
 		t.Errorf("reported %q, want %q", reported, want)
 	}
 }
@@ -371,12 +366,7 @@ func TestWorker_AnOutcomeThatWaitedForAConnectionIsNotReportedInDoubt(t *testing
 	if got := b.get(t, job.ID); got.State != db.JobStateRunning || got.Attempt != 1 {
 		t.Errorf("job %d: %s at attempt %d, want still running at attempt 1", job.ID, got.State, got.Attempt)
 	}
-	close(acks)
-	var reported []string
-	for a := range acks {
-		reported = append(reported, fmt.Sprintf("%s accepted=%t in_doubt=%t", a.Outcome, a.Accepted, a.InDoubt))
-	}
-	if want := []string{"completed accepted=false in_doubt=false"}; !slices.Equal(reported, want) {
+	if reported, want := reportedAcks(acks, job.ID), []string{"completed accepted=false in_doubt=false"}; !slices.Equal(reported, want) {
 		t.Errorf("reported %q, want %q", reported, want)
 	}
 	if strings.Contains(logs.String(), "answer to a claim was lost") {
@@ -512,11 +502,15 @@ func (g *graceWorker) wantSecondCancelledAndFirstSucceeded(t *testing.T, cancelW
 
 // reportedFirst lists what the worker, once Run has returned, reported of
 // the first job's acknowledgements.
-func (g *graceWorker) reportedFirst() []string {
-	close(g.acks)
+func (g *graceWorker) reportedFirst() []string { return reportedAcks(g.acks, g.first.ID) }
+
+// reportedAcks closes acks, which a worker whose Run has returned fed from
+// OnAck, and lists what it reported of job id's acknowledgements.
+func reportedAcks(acks chan worker.Ack, id int64) []string {
+	close(acks)
 	var reported []string
-	for a := range g.acks {
-		if a.Job.ID == g.first.ID {
+	for a := range acks {
+		if a.Job.ID == id {
 			reported = append(reported, fmt.Sprintf("%s accepted=%t in_doubt=%t", a.Outcome, a.Accepted, a.InDoubt))
 		}
 	}
