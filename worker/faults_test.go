@@ -35,6 +35,16 @@ func blockUntilCancelled(started chan<- int64) worker.HandlerFunc {
 	}
 }
 
+// finishWhenTold is a handler that says on started that it runs, and
+// returns "done" once finish is closed, whatever its context.
+func finishWhenTold(started chan<- int64, finish <-chan struct{}) worker.HandlerFunc {
+	return func(ctx context.Context, j *worker.Job) (any, error) {
+		started <- j.ID
+		<-finish
+		return "done", nil
+	}
+}
+
 // holder is a handler that runs its first job until its context ends, and
 // tells when it started and why it stopped. Any later job, the same one
 // claimed again included, succeeds at once.
@@ -292,13 +302,7 @@ func TestWorker_AnOutcomeNeverSentIsNotReportedInDoubt(t *testing.T) {
 	_, run := b.runWorker(t, pool, worker.Config{
 		Slots: 1, Lease: 2 * time.Second, SessionDatabaseURL: b.url,
 		OnAck: func(a worker.Ack) { acks <- a },
-	}, func(w *worker.Worker) {
-		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
-			started <- j.ID
-			<-finish
-			return "done", nil
-		})
-	})
+	}, func(w *worker.Worker) { w.HandleFunc("task", finishWhenTold(started, finish)) })
 	<-started
 	proxy.Cut()
 	// Once the worker's other statements have found every connection of
@@ -344,13 +348,7 @@ func TestWorker_AnOutcomeThatWaitedForAConnectionIsNotReportedInDoubt(t *testing
 		Slots: 1, Lease: 3 * time.Second, SessionDatabaseURL: b.url, ShutdownGrace: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		OnAck:  func(a worker.Ack) { acks <- a },
-	}, func(w *worker.Worker) {
-		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
-			started <- j.ID
-			<-finish
-			return "done", nil
-		})
-	})
+	}, func(w *worker.Worker) { w.HandleFunc("task", finishWhenTold(started, finish)) })
 	<-started
 	proxy.Blackhole()
 	// A reclaim, sent every 250 ms, now holds the pool's one connection
