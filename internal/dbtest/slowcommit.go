@@ -62,8 +62,8 @@ const slowCommitTries = 5
 // run's error once it has. A run whose commit did not land says nothing
 // about a lost answer, and is run again, up to slowCommitTries times: on
 // a loaded machine the timeout can fall before the statement reaches its
-// commit, which cancels it, and a cancel can arrive, late, as the commit
-// ends, rolling it back.
+// commit, which cancels it, and a commit that had begun to wait has been
+// seen rolled back all the same, as by a cancel that arrived late.
 func LoseASlowCommitsAnswer(t testing.TB, pool *pgxpool.Pool, store func() error) error {
 	t.Helper()
 	for try := 1; ; try++ {
