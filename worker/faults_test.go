@@ -346,7 +346,7 @@ func TestWorker_AnOutcomeThatWaitedForAConnectionIsNotReportedInDoubt(t *testing
 	// job back meanwhile.
 	_, run := b.runWorker(t, pool, worker.Config{
 		Slots: 1, Lease: 3 * time.Second, SessionDatabaseURL: b.url, ShutdownGrace: 200 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Logger: logs.logger(),
 		OnAck:  func(a worker.Ack) { acks <- a },
 	}, func(w *worker.Worker) { w.HandleFunc("task", finishWhenTold(started, finish)) })
 	<-started
@@ -528,7 +528,7 @@ func TestWorker_ShutdownAtOnceLetsARoundInFlightBeAnswered(t *testing.T) {
 	finish := make(chan struct{})
 	_, run := b.runWorker(t, b.pool, worker.Config{
 		Slots: 1, Lease: time.Minute, ShutdownGrace: -1, Prefetch: -1,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: logs.logger(),
 		OnAck:  func(a worker.Ack) { acks <- a },
 	}, func(w *worker.Worker) {
 		w.HandleFunc("quick", func(ctx context.Context, j *worker.Job) (any, error) {
@@ -779,7 +779,7 @@ func TestWorker_ARowHeldElsewhereCostsOnlyItsOwnJob(t *testing.T) {
 			finish := make(chan struct{})
 			b.startWorker(t, worker.Config{
 				Slots: 2, Lease: 2 * time.Second, Prefetch: -1,
-				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+				Logger: logs.logger(),
 			}, func(w *worker.Worker) {
 				for i, kind := range []string{"held", "beside", "later"} {
 					w.HandleFunc(kind, func(ctx context.Context, j *worker.Job) (any, error) {
@@ -847,7 +847,7 @@ func TestWorker_AHeldRowOfAJobClaimedAheadHoldsBackOnlyItsRelease(t *testing.T) 
 	blocking, finish := make(chan struct{}), make(chan struct{})
 	b.startWorker(t, worker.Config{
 		Slots: 1, Lease: 4 * time.Second, PrefetchWait: time.Second,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: logs.logger(),
 	}, func(w *worker.Worker) {
 		w.HandleFunc("quick", quick)
 		for i, kind := range []string{"block", "next", "later"} {
@@ -1061,7 +1061,7 @@ func TestWorker_RoundTheDatabaseEndsAsADeadlockIsSentAgainAndLosesNothing(t *tes
 	finish := make(chan struct{})
 	b.startWorker(t, worker.Config{
 		Slots: 1, Lease: 10 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: logs.logger(),
 	}, func(w *worker.Worker) {
 		w.HandleFunc("first", func(ctx context.Context, j *worker.Job) (any, error) {
 			if firstRuns.Add(1) == 1 {

@@ -52,6 +52,10 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// logger returns a logger that writes its records, from Info up, as text
+// to s.
+func (s *syncBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(s, nil)) }
+
 // waitForLog polls the buffer until it holds every one of parts, and fails
 // the test with what it holds once timeout has passed: a worker logs an
 // outcome after its statement's answer, so after the database shows it.
@@ -78,7 +82,7 @@ func TestWorker_ThroughATransactionPoolerWithoutASessionRunsOnLeasesAloneAndSays
 	release := make(chan struct{})
 	b.runWorker(t, pooled, worker.Config{
 		Slots: 2, Lease: 2 * time.Second, PollInterval: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: logs.logger(),
 	}, func(w *worker.Worker) {
 		w.HandleFunc("quick", func(ctx context.Context, j *worker.Job) (any, error) { return j.Attempt, nil })
 		w.HandleFunc("held", func(ctx context.Context, j *worker.Job) (any, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -195,7 +194,7 @@ func TestWorker_AResultWhoseMarshalerPanicsFailsItsJobAndTheWorkerGoesOn(t *test
 	bad := b.enqueue(t, "bad", `{}`, 5)
 	b.startWorker(t, worker.Config{
 		Slots:  1,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: logs.logger(),
 	}, func(w *worker.Worker) {
 		w.HandleFunc("bad", func(ctx context.Context, j *worker.Job) (any, error) { return panickingResult{}, nil })
 		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })

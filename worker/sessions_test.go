@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"slices"
 	"testing"
@@ -518,7 +517,7 @@ func TestReclaim_LogsACountOfTheFleetThatFailed(t *testing.T) {
 	var logs syncBuffer
 	w, _ := b.startWorker(t, worker.Config{
 		Slots:  1,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: logs.logger(),
 	}, func(*worker.Worker) {})
 	waitFleet(t, w, 1, 1, 5*time.Second)
 	// Only the count and a session's registration read this column.

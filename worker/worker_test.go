@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"runtime"
 	"slices"
@@ -949,7 +948,7 @@ func TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn(t *testing.T) {
 	flaky := b.enqueue(t, "flaky", `{}`, 2)
 	b.startWorker(t, worker.Config{
 		Slots:   1,
-		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:  logs.logger(),
 		Backoff: func(int) time.Duration { panic("boom in Backoff") },
 		OnAck:   func(worker.Ack) { panic("boom in OnAck") },
 	}, func(w *worker.Worker) {
