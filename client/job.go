@@ -39,10 +39,11 @@ const (
 	// MaxBatchJobs is how many jobs one InsertMany may insert.
 	MaxBatchJobs = 1000
 	// MaxPayloadDepth bounds how deep the arrays and objects of a payload
-	// may nest. encoding/json reads documents nested at most 10,000 deep,
-	// and the deepest one that carries a payload, a batch request to the
-	// API ({"jobs": [{"payload": ...}]}), holds it three levels down.
-	MaxPayloadDepth = 10000 - 3
+	// may nest. encoding/json reads documents nested at most 10,000 deep
+	// (jsonb.MaxDecodeDepth), and the deepest one that carries a payload,
+	// a batch request to the API ({"jobs": [{"payload": ...}]}), holds it
+	// three levels down.
+	MaxPayloadDepth = jsonb.MaxDecodeDepth - 3
 )
 
 // earliestRunAt is the earliest run_at accepted: anything before is surely

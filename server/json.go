@@ -157,10 +157,6 @@ var fieldTypes = map[string]string{
 	"jobs":         "an array of job objects",
 }
 
-// maxBodyDepth is how deep encoding/json reads a document's arrays and
-// objects.
-const maxBodyDepth = 10000
-
 // decodeError turns an encoding/json error into a 400 that names the field
 // when it can.
 func decodeError(err error) error {
@@ -171,7 +167,7 @@ func decodeError(err error) error {
 		// encoding/json's bound, which its error calls a syntax error;
 		// only a payload may nest, and client.Validate says how deep.
 		return badRequest("", "request body nests arrays and objects more than %d deep, deeper than encoding/json reads: a payload may nest at most %d deep",
-			maxBodyDepth, client.MaxPayloadDepth)
+			jsonb.MaxDecodeDepth, client.MaxPayloadDepth)
 	case errors.As(err, &syntaxErr):
 		return badRequest("", "request body is not valid JSON: %s (at byte %d)", strings.TrimPrefix(syntaxErr.Error(), "json: "), syntaxErr.Offset)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):

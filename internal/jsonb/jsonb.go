@@ -443,6 +443,10 @@ func equalValues(a, b any) bool {
 	}
 }
 
+// MaxDecodeDepth is how deep encoding/json reads a document's arrays and
+// objects; it refuses one nested deeper.
+const MaxDecodeDepth = 10000
+
 // Depth returns how deep the arrays and objects of b, a JSON document that
 // may be invalid, nest at their deepest, counting the brackets outside
 // strings.
