@@ -47,11 +47,12 @@ func conflict(field, msg string) *apiError {
 
 var errUnavailable = errors.New("database unavailable")
 
-// outcomeUnknown answers an enqueue whose statement was sent and whose
-// answer was lost (client.ErrOutcomeUnknown) with a 504, as a gateway
-// that got no answer from the server behind it answers: the jobs may have
-// been stored. Unlike a 503, which says that nothing was, it carries no
-// Retry-After, and msg says what a retry does.
+// outcomeUnknown answers a request whose statement was sent and whose
+// answer was lost (client.ErrOutcomeUnknown, pgerr.AnswerLost) with a 504,
+// as a gateway that got no answer from the server behind it answers: the
+// jobs may have been stored, or the change made. Unlike a 503, which says
+// that nothing was, it carries no Retry-After, and msg says what a retry
+// does.
 func outcomeUnknown(msg string, err error) *apiError {
 	return &apiError{status: http.StatusGatewayTimeout, msg: "the database's answer was lost: " + msg, cause: err}
 }

@@ -16,10 +16,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/jobrow"
+	"github.com/relayq/relay/internal/pgerr"
 )
 
 // JobSummary is a job as a listing shows it: all of its view but the
@@ -540,18 +542,22 @@ func listParams(r *http.Request) (listFilter, int, error) {
 // cancelled at once; a running one is marked, and its worker cancels it at
 // its next heartbeat (the job stays running until then, with
 // cancel_requested_at set). 409 for a job that has already finished.
-func handleCancelJob(logger *slog.Logger, queries *db.Queries) http.Handler {
-	return handleTransition(logger, queries, "cancel", queries.JobCancel)
+func handleCancelJob(logger *slog.Logger, pool *pgxpool.Pool) http.Handler {
+	return handleTransition(logger, pool, "cancel",
+		"GET the job to see its state; sending the cancel again is safe, and answers 409 if the job is already cancelled or finished",
+		(*db.Queries).JobCancel)
 }
 
 // handleRetryJob serves POST /v1/jobs/{id}/retry: a dead or cancelled job
 // becomes available again at once with a fresh set of attempts. 409 for a
 // job in any other state.
-func handleRetryJob(logger *slog.Logger, queries *db.Queries) http.Handler {
-	return handleTransition(logger, queries, "retry", func(ctx context.Context, id int64) (db.JobCancelRow, error) {
-		row, err := queries.JobRetry(ctx, id)
-		return db.JobCancelRow(row), err
-	})
+func handleRetryJob(logger *slog.Logger, pool *pgxpool.Pool) http.Handler {
+	return handleTransition(logger, pool, "retry",
+		"GET the job to see its state before sending the retry again: a job retried that has run and failed since would be retried once more",
+		func(q *db.Queries, ctx context.Context, id int64) (db.JobCancelRow, error) {
+			row, err := q.JobRetry(ctx, id)
+			return db.JobCancelRow(row), err
+		})
 }
 
 // transitionDone, when not nil, runs once the statement of a cancel or a
@@ -564,7 +570,13 @@ var transitionDone func(id int64)
 // job as it found it, locked, when its state does not allow the change:
 // the 409 then names the state the change was refused for, whatever a
 // concurrent change has made of the job since.
-func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, change func(context.Context, int64) (db.JobCancelRow, error)) http.Handler {
+//
+// The statement commits on its own, so an answer lost after it was sent
+// (pgerr.AnswerLost) leaves the change unknown: that is a 504 whose
+// message, lost, says what to do. The connection is taken from the pool
+// first, so that a wait for one that runs out, before anything is sent,
+// is a 503 (nothing changed) and not mistaken for a lost answer.
+func handleTransition(logger *slog.Logger, pool *pgxpool.Pool, verb, lost string, change func(*db.Queries, context.Context, int64) (db.JobCancelRow, error)) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		id, err := jobID(r)
 		if err != nil {
@@ -572,12 +584,21 @@ func handleTransition(logger *slog.Logger, queries *db.Queries, verb string, cha
 		}
 		ctx, cancel := dbContext(r)
 		defer cancel()
-		row, err := change(ctx, id)
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("%s job %d: acquire a connection: %w", verb, id, errors.Join(errUnavailable, err))
+		}
+		defer conn.Release()
+		queries := db.New(conn)
+		row, err := change(queries, ctx, id)
 		if transitionDone != nil {
 			transitionDone(id)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			return jobNotFound(ctx, queries, id)
+		}
+		if pgerr.AnswerLost(err) {
+			return outcomeUnknown(fmt.Sprintf("the %s may have been applied; %s", verb, lost), err)
 		}
 		if err != nil {
 			return fmt.Errorf("%s job %d: %w", verb, id, err)

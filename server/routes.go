@@ -31,7 +31,7 @@ func addRoutes(mux *http.ServeMux, logger *slog.Logger, pool *pgxpool.Pool, cfg 
 	mux.Handle("POST "+batchPath, auth(noQueryForEnqueue(handleEnqueueBatch(logger, pool, maxBody))))
 	mux.Handle("GET /v1/jobs", auth(handleListJobs(logger, queries)))
 	mux.Handle("GET /v1/jobs/{id}", auth(noQuery(handleGetJob(logger, queries))))
-	mux.Handle("POST /v1/jobs/{id}/cancel", auth(noQuery(handleCancelJob(logger, queries))))
-	mux.Handle("POST /v1/jobs/{id}/retry", auth(noQuery(handleRetryJob(logger, queries))))
+	mux.Handle("POST /v1/jobs/{id}/cancel", auth(noQuery(handleCancelJob(logger, pool))))
+	mux.Handle("POST /v1/jobs/{id}/retry", auth(noQuery(handleRetryJob(logger, pool))))
 	mux.Handle("GET /v1/queues", auth(noQuery(handleListQueues(logger, queries))))
 }
