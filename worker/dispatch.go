@@ -498,6 +498,7 @@ func (d *dispatcher) releaseStale() {
 	}
 	stale := w.ahead[:n:n]
 	w.ahead = append([]*execution(nil), w.ahead[n:]...)
+	w.markReleasing(stale)
 	w.mu.Unlock()
 	if n == 0 {
 		return
@@ -515,14 +516,16 @@ func (d *dispatcher) finish(r *round) {
 	w := d.w
 	var retry pending
 	if r.released != nil {
+		warned := make([]bool, len(r.batch.toRelease))
 		w.mu.Lock()
-		for _, e := range r.batch.toRelease {
+		for i, e := range r.batch.toRelease {
 			w.unhold(e)
+			warned[i] = e.lost
 		}
 		w.mu.Unlock()
-		for _, e := range r.batch.toRelease {
+		for i, e := range r.batch.toRelease {
 			e.cancel(nil)
-			w.log.Debug("released job claimed ahead", "job", e.job.ID, "accepted", r.released[e.job.ID])
+			d.releasedAhead(e, r.released[e.job.ID], r.releaseRefused[e.job.ID] || warned[i])
 		}
 	} else {
 		retry.toRelease = r.batch.toRelease
@@ -586,8 +589,10 @@ func (d *dispatcher) finish(r *round) {
 	w.mu.Lock()
 	for _, e := range claimed {
 		// A job claimed again while this worker still holds an older
-		// attempt of it: that attempt's lease is gone.
-		if old, ok := w.held[e.job.ID]; ok && !old.lost {
+		// attempt of it: that attempt's lease is gone. One whose release
+		// is under way may be gone because this worker released it: its
+		// release's answer tells (see releasedAhead).
+		if old, ok := w.held[e.job.ID]; ok && !old.lost && !old.releasing {
 			old.lost = true
 			superseded = append(superseded, old)
 		}
@@ -595,7 +600,9 @@ func (d *dispatcher) finish(r *round) {
 	}
 	stopping := w.stopping
 	spawn := 0
-	if !stopping {
+	if stopping {
+		w.markReleasing(claimed)
+	} else {
 		w.ahead = append(w.ahead, claimed...)
 		// Free slots start the new jobs; slots that are busy take them as
 		// their handlers return.
@@ -613,6 +620,27 @@ func (d *dispatcher) finish(r *round) {
 	}
 	for range spawn {
 		go slot{w: w}.run()
+	}
+}
+
+// releasedAhead logs what became of the release of e, a job claimed ahead
+// and never started, that the database answered for: released, the lease
+// given back; or not, which is a lease lost unless told already (told: the
+// database refused the row, or a heartbeat or a newer claim found the
+// lease lost before the release was under way, and each said so). A
+// heartbeat that finds such a lease gone while the release is under way
+// says nothing (see heartbeater.lose): it may have come after the release.
+func (d *dispatcher) releasedAhead(e *execution, released, told bool) {
+	w := d.w
+	switch {
+	case released || told:
+		w.log.Debug("released job claimed ahead", "job", e.job.ID, "accepted", released)
+	case e.unanswered:
+		w.log.Info("release of a job claimed ahead rejected, in doubt: an earlier release whose answer was lost may have released it, or the lease is no longer this worker's",
+			"job", e.job.ID, "attempt", e.job.Attempt)
+	default:
+		w.log.Warn("release of a job claimed ahead rejected: the lease is no longer this worker's",
+			"job", e.job.ID, "attempt", e.job.Attempt)
 	}
 }
 
@@ -652,6 +680,7 @@ func (d *dispatcher) logRefused(what string, o outcome) {
 func (d *dispatcher) drain(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
+	w.markReleasing(w.ahead)
 	d.p.toRelease = append(d.p.toRelease, w.ahead...)
 	w.ahead = nil
 	w.mu.Unlock()
@@ -877,7 +906,7 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execu
 	// that cannot get one is not reported in doubt.
 	conn, err := w.leases.acquire(ctx)
 	if err == nil {
-		released, held, err = w.leases.on(conn).releaseMany(ctx, left, &note)
+		released, _, held, err = w.leases.on(conn).releaseMany(ctx, left, &note)
 		conn.Release()
 	}
 	switch {

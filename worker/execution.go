@@ -26,6 +26,11 @@ type execution struct {
 	// lost is set, under Worker.mu, once the lease is known lost or the
 	// job released: the outcome is then dropped, never written.
 	lost bool
+	// releasing is set, under Worker.mu, once the dispatcher takes the
+	// job, claimed ahead and never started, to be released: from then on
+	// the release's answer, not a heartbeat nor a newer claim of the job,
+	// tells whether the worker gave the lease back or had lost it.
+	releasing bool
 	// returned is set, under Worker.mu, once the handler has returned: its
 	// outcome is on its way to the dispatcher, and the job is no longer
 	// one a shutdown may release.

@@ -104,17 +104,25 @@ func (h heartbeater) loseIfRanOut(e *execution, why string) bool {
 }
 
 // lose marks e's lease lost and cancels its handler; its outcome will be
-// dropped.
+// dropped. A job claimed ahead whose release is under way is left alone:
+// the heartbeat may have been sent after the release landed, and only the
+// release's answer tells whether the worker gave the lease back or had
+// lost it (see dispatcher.releasedAhead).
 func (h heartbeater) lose(e *execution, why string) {
 	w := h.w
 	w.mu.Lock()
 	stillHeld := w.held[e.job.ID] == e
-	already := e.lost
-	if stillHeld {
+	already, releasing := e.lost, e.releasing
+	if stillHeld && !releasing {
 		e.lost = true
 	}
 	w.mu.Unlock()
 	if !stillHeld || already {
+		return
+	}
+	if releasing {
+		w.log.Debug("heartbeat did not renew the lease of a job claimed ahead whose release is under way; the release's answer tells whether it was given back",
+			"job", e.job.ID, "why", why)
 		return
 	}
 	w.log.Warn("lease lost; cancelling handler", "job", e.job.ID, "attempt", e.job.Attempt, "why", why)

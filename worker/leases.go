@@ -372,23 +372,25 @@ func errorText(err error, n int) string {
 
 // releaseMany releases the jobs of execs to the queue (JobReleaseMany),
 // with note in their error history if it is not nil, and returns those the
-// database released. A job the database refuses to release is left to its
-// lease. A row another transaction holds is waited for lock_wait_ms at
-// most; then the jobs whose rows are held are left out, returned in held,
-// and the others sent again, so that a held row holds back only its own
-// job's release.
-func (l leases) releaseMany(ctx context.Context, execs []*execution, note *string) (released map[int64]bool, held []*execution, err error) {
+// database released, and those whose rows it refused (see sendIsolating).
+// A job the database refuses to release is left to its lease; one it
+// neither released nor refused, the fence turned down. A row another
+// transaction holds is waited for lock_wait_ms at most; then the jobs
+// whose rows are held are left out, returned in held, and the others sent
+// again, so that a held row holds back only its own job's release.
+func (l leases) releaseMany(ctx context.Context, execs []*execution, note *string) (released, refused map[int64]bool, held []*execution, err error) {
 	released = make(map[int64]bool, len(execs))
-	err = l.release(ctx, execs, note, released)
+	refused = make(map[int64]bool)
+	err = l.release(ctx, execs, note, released, refused)
 	switch {
 	case err == nil:
-		return released, nil, nil
+		return released, refused, nil, nil
 	case !lockNotAvailable(err):
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	isHeld, herr := l.heldElsewhere(ctx, executionJobs(execs))
 	if herr != nil || len(isHeld) == 0 {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var free []*execution
 	for _, e := range execs {
@@ -399,18 +401,19 @@ func (l leases) releaseMany(ctx context.Context, execs []*execution, note *strin
 			free = append(free, e)
 		}
 	}
-	if err := l.release(ctx, free, note, released); err != nil {
-		return nil, nil, err
+	if err := l.release(ctx, free, note, released, refused); err != nil {
+		return nil, nil, nil, err
 	}
-	return released, held, nil
+	return released, refused, held, nil
 }
 
 // release sends the releases of execs (JobReleaseMany) and records in
 // released the jobs the database released, in the parts it answered for
-// even if it did not answer for all.
-func (l leases) release(ctx context.Context, execs []*execution, note *string, released map[int64]bool) error {
+// even if it did not answer for all, and in refused, once all are
+// answered for, those whose rows it refused.
+func (l leases) release(ctx context.Context, execs []*execution, note *string, released, refused map[int64]bool) error {
 	w := l.w
-	refused, _, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
+	rowsRefused, _, err := sendIsolating(ctx, execs, func(ctx context.Context, part []*execution) error {
 		params := db.JobReleaseManyParams{
 			LockWaitMs: w.cfg.lockWaitMs(),
 			Note:       note,
@@ -434,7 +437,8 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 	if err != nil {
 		return err
 	}
-	for i, rerr := range refused {
+	for i, rerr := range rowsRefused {
+		refused[execs[i].job.ID] = true
 		w.log.Error("the database refused to release a job; its lease will expire", "job", execs[i].job.ID, "err", rerr)
 	}
 	return nil

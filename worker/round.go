@@ -84,6 +84,9 @@ type round struct {
 	completed  map[int64]bool        // completions the database accepted
 	unsettled  pending
 	claimed    []db.JobCompleteAndClaimRow
+	// releaseRefused holds, beside released, the jobs whose rows the
+	// database refused to release (logged as it answered).
+	releaseRefused map[int64]bool
 	// adopted holds the jobs found under the tokens of adopt; adoptedOK is
 	// whether the search was made.
 	adopted   []db.JobCompleteAndClaimRow
@@ -231,12 +234,12 @@ func (r *round) send(ctx context.Context, l leases) {
 		r.adoptedOK = true
 	}
 	if len(r.batch.toRelease) > 0 {
-		ids, held, err := l.releaseMany(ctx, r.batch.toRelease, nil)
+		ids, refused, held, err := l.releaseMany(ctx, r.batch.toRelease, nil)
 		if err != nil {
 			r.err = fmt.Errorf("release jobs claimed ahead: %w", err)
 			return
 		}
-		r.released = ids
+		r.released, r.releaseRefused = ids, refused
 		if len(held) > 0 {
 			r.releaseHeldAside = held
 			r.batch.toRelease = slices.DeleteFunc(r.batch.toRelease, func(e *execution) bool { return slices.Contains(held, e) })
