@@ -346,3 +346,74 @@ func TestPrune_DeletesAJobWhoseRetentionPassedWhileAPruneWasOnItsWay(t *testing.
 			3*time.Second+3*interval)
 	}
 }
+
+// TestPrune_KeepsADeadJobRetriedWhileItRuns retries a dead job long past
+// its retention in a transaction still open while a prune runs: the prune
+// skips the row the retry holds, and once the retry has committed the job
+// is available and no prune deletes it. The other way round, a retry
+// that comes while a prune holds the job waits for it, and finds no job
+// once the prune has committed.
+func TestPrune_KeepsADeadJobRetriedWhileItRuns(t *testing.T) {
+	b := setup(t)
+	hour := int64(time.Hour / time.Millisecond)
+	params := db.JobPruneParams{RetainDeadMs: &hour, MaxJobs: worker.DefaultPruneBatch}
+	dead := func() int64 {
+		t.Helper()
+		var id int64
+		if err := b.pool.QueryRow(b.ctx, `
+			INSERT INTO jobs (kind, state, attempt, fence, started_at, finished_at)
+			VALUES ('done', 'dead', 1, 1, now() - interval '3 hours', now() - interval '3 hours')
+			RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+
+	retried := dead()
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx) //nolint:errcheck // committed below
+	if row, err := db.New(tx).JobRetry(b.ctx, retried); err != nil || !row.Applied {
+		t.Fatalf("retry job %d: applied %t, %v", retried, row.Applied, err)
+	}
+	if n, err := b.q.JobPrune(b.ctx, params); err != nil || n.Dead != 0 {
+		t.Fatalf("prune while the retry holds the job: %+v, %v; want none deleted", n, err)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.q.JobPrune(b.ctx, params); err != nil || n.Dead != 0 {
+		t.Fatalf("prune after the retry: %+v, %v; want none deleted", n, err)
+	}
+	if job, err := b.q.JobGet(b.ctx, retried); err != nil || job.State != db.JobStateAvailable {
+		t.Fatalf("job %d retried during a prune: %v, %v; want it kept, available", retried, job.State, err)
+	}
+
+	pruned := dead()
+	tx, err = b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx) //nolint:errcheck // committed below
+	if n, err := db.New(tx).JobPrune(b.ctx, params); err != nil || n.Dead != 1 {
+		t.Fatalf("prune: %+v, %v; want the dead job deleted", n, err)
+	}
+	answered := make(chan error, 1)
+	go func() {
+		_, err := b.q.JobRetry(b.ctx, pruned)
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("a retry of job %d answered while a prune held it: %v", pruned, err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-answered; !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("a retry of job %d, which a prune deleted meanwhile: %v; want no job", pruned, err)
+	}
+}
