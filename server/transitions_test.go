@@ -204,9 +204,6 @@ func TestQueuesAndListings_AgreeWithTheJobsTableThroughRandomTransitions(t *test
 			did = fmt.Sprintf("prune %d of each state: %v", params.MaxJobs, pruned)
 		}
 		history = append(history, did)
-		if t.Failed() {
-			t.Fatalf("after steps:\n%s", strings.Join(history, "\n"))
-		}
 		checkQueues(t, e)
 		checkListing(t, e, rng, append(queues, "none"), append(kinds, "none"))
 		if t.Failed() {
