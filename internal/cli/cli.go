@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -110,7 +111,7 @@ func (fs *FlagSet) Parse(args []string, stderr io.Writer) ([]string, error) {
 			return nil, ErrHelp
 		}
 		if err != nil {
-			return nil, Usagef("%s: %v (run \"%s -h\" for usage)", fs.Name(), err, fs.command)
+			return nil, Usagef("%s: %v (run \"%s -h\" for usage)", fs.Name(), fs.explain(err), fs.command)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -122,6 +123,39 @@ func (fs *FlagSet) Parse(args []string, stderr io.Writer) ([]string, error) {
 		positional = append(positional, rest[0])
 		args = rest[1:]
 	}
+}
+
+// explain returns err, an error of the flag package's Parse, with the
+// reason a duration flag's value was refused where the flag package says
+// only "parse error": a unit missing ("10") or unknown ("7d").
+func (fs *FlagSet) explain(err error) error {
+	msg := err.Error()
+	explained := err
+	fs.VisitAll(func(f *flag.Flag) {
+		getter, ok := f.Value.(flag.Getter)
+		if !ok {
+			return
+		}
+		if _, ok := getter.Get().(time.Duration); !ok {
+			return
+		}
+		quoted, ok := strings.CutPrefix(msg, "invalid value ")
+		if !ok {
+			return
+		}
+		quoted, ok = strings.CutSuffix(quoted, " for flag -"+f.Name+": parse error")
+		if !ok {
+			return
+		}
+		value, uerr := strconv.Unquote(quoted)
+		if uerr != nil {
+			return
+		}
+		if _, perr := time.ParseDuration(value); perr != nil {
+			explained = fmt.Errorf("invalid value %q for flag -%s: %v: durations take units h, m, s, ms, us or ns, as in 168h (7 days) or 1m30s", value, f.Name, perr)
+		}
+	})
+	return explained
 }
 
 // LogFlags are the logging flags every command has.

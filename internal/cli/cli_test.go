@@ -36,6 +36,30 @@ func TestParse_MixesFlagsAndArgumentsAndStopsAtDoubleDash(t *testing.T) {
 	}
 }
 
+func TestParse_ABadDurationSaysWhyAndWhatADurationIs(t *testing.T) {
+	tests := []struct{ value, why string }{
+		{"7d", `time: unknown unit "d" in duration "7d"`},
+		{"10", `time: missing unit in duration "10"`},
+		{"", `time: invalid duration ""`},
+	}
+	for _, tt := range tests {
+		fs := NewFlagSet("work", "relay work [flags]", "")
+		var w WorkerFlags
+		w.Register(fs, 1, "")
+		_, err := fs.Parse([]string{"--retain-dead", tt.value}, io.Discard)
+		want := fmt.Sprintf(`invalid value %q for flag -retain-dead: %s: durations take units h, m, s, ms, us or ns, as in 168h (7 days)`, tt.value, tt.why)
+		if err == nil || !strings.Contains(err.Error(), want) || ExitCode(err) != 2 {
+			t.Errorf("--retain-dead %q: %v (exit %d), want a usage error with %q, exit 2", tt.value, err, ExitCode(err), want)
+		}
+	}
+	fs := NewFlagSet("work", "relay work [flags]", "")
+	fs.Int("slots", 1, "")
+	_, err := fs.Parse([]string{"--slots", "7d"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `invalid value "7d" for flag -slots: parse error`) {
+		t.Errorf("--slots 7d: %v, want the flag package's own error, as it is not a duration", err)
+	}
+}
+
 func TestExitCode_TwoForUsageOneForOthersZeroForNone(t *testing.T) {
 	for err, want := range map[error]int{
 		nil:                                      0,
