@@ -21,6 +21,7 @@ import (
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/jobrow"
+	"github.com/relayq/relay/internal/jsonb"
 	"github.com/relayq/relay/internal/pgerr"
 )
 
@@ -95,9 +96,9 @@ func NewJobView(j db.Job) JobView {
 	if len(errs) == 0 {
 		errs = json.RawMessage("[]")
 	}
-	// The database holds errors as an array (jobs_errors_array).
-	var kept []json.RawMessage
-	_ = json.Unmarshal(errs, &kept)
+	// The database holds errors as an array (jobs_errors_array), whose
+	// entries may nest deeper than encoding/json reads.
+	kept := jsonb.ArrayLen(errs)
 	return JobView{
 		JobSummary: JobSummary{
 			ID:                j.ID,
@@ -120,7 +121,7 @@ func NewJobView(j db.Job) JobView {
 		},
 		Payload:       payload,
 		Errors:        errs,
-		ErrorsOmitted: max(j.ErrorCount-int32(len(kept)), 0),
+		ErrorsOmitted: max(j.ErrorCount-int32(kept), 0),
 		Result:        j.Result,
 	}
 }

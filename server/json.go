@@ -25,11 +25,24 @@ type errorBody struct {
 	Field string `json:"field,omitempty"`
 }
 
+// jsonAppender is a value of the API that writes its own JSON, as
+// json.Marshal would, where json.Marshal cannot: JobView, whose stored
+// documents may nest deeper than encoding/json writes.
+type jsonAppender interface {
+	appendJSON(b []byte) ([]byte, error)
+}
+
 // writeJSON writes v as the JSON body of a response with the given status.
 // The value is encoded before anything is written, so an encoding failure
 // can still become a clean 500.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
+	var b []byte
+	var err error
+	if a, ok := v.(jsonAppender); ok {
+		b, err = a.appendJSON(nil)
+	} else {
+		b, err = json.Marshal(v)
+	}
 	if err != nil {
 		status = http.StatusInternalServerError
 		b, _ = json.Marshal(errorBody{Error: "internal server error"})
@@ -38,6 +51,82 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Del("Content-Length")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// appendJSON appends v as json.Marshal writes it: its summary's fields,
+// then its documents. A document, as PostgreSQL stored it, may nest
+// deeper than encoding/json writes, as a result stored before the worker
+// refused one, or a row written by SQL: each is written on its own, by
+// appendDocument, and not a level down in the view.
+func (v JobView) appendJSON(b []byte) ([]byte, error) {
+	summary, err := json.Marshal(v.JobSummary)
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, summary[:len(summary)-1]...) // all but its closing brace
+	for _, f := range []struct {
+		name string
+		doc  json.RawMessage
+	}{{"payload", v.Payload}, {"errors", v.Errors}} {
+		b = append(append(append(b, `,"`...), f.name...), `":`...)
+		if b, err = appendDocument(b, f.doc); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
+	}
+	b = strconv.AppendInt(append(b, `,"errors_omitted":`...), int64(v.ErrorsOmitted), 10)
+	b = append(b, `,"result":`...)
+	if b, err = appendDocument(b, v.Result); err != nil {
+		return nil, fmt.Errorf("result: %w", err)
+	}
+	return append(b, '}'), nil
+}
+
+// appendDocument appends doc, a JSON document that PostgreSQL rendered, as
+// json.Marshal writes a json.RawMessage: compact, with <, >, &, U+2028 and
+// U+2029 escaped, and null when empty. json.Marshal writes it where it
+// can; one nested deeper than encoding/json reads (jsonb.MaxDecodeDepth),
+// which jsonb holds, is written by appendCompact.
+func appendDocument(b, doc []byte) ([]byte, error) {
+	out, err := json.Marshal(json.RawMessage(doc))
+	if err == nil {
+		return append(b, out...), nil
+	}
+	if jsonb.Depth(doc) <= jsonb.MaxDecodeDepth {
+		return nil, err
+	}
+	return appendCompact(b, doc), nil
+}
+
+// appendCompact appends doc, valid JSON, as json.Marshal writes a
+// json.RawMessage, at any depth: without the white space outside its
+// strings, and with <, >, &, U+2028 and U+2029 escaped as \u003c, \u003e,
+// \u0026, \u2028 and \u2029.
+func appendCompact(b, doc []byte) []byte {
+	const hex = "0123456789abcdef"
+	inString, escaped := false, false
+	for i := 0; i < len(doc); i++ {
+		c := doc[i]
+		switch {
+		case inString && escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case !inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			continue
+		}
+		switch {
+		case c == '<' || c == '>' || c == '&':
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+		case c == 0xE2 && i+2 < len(doc) && doc[i+1] == 0x80 && doc[i+2]&^1 == 0xA8:
+			b = append(b, '\\', 'u', '2', '0', '2', hex[doc[i+2]&0xF])
+			i += 2
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
 }
 
 // readBody reads a JSON request body of at most limit bytes and checks what

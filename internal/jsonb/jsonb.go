@@ -475,3 +475,39 @@ func Depth(b []byte) int {
 	}
 	return deepest
 }
+
+// ArrayLen returns how many elements b, a valid JSON document, holds if it
+// is an array, at any depth, or 0 if it is not an array.
+func ArrayLen(b []byte) int {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	if len(b) == 0 || b[0] != '[' {
+		return 0
+	}
+	if rest := bytes.TrimLeft(b[1:], " \t\r\n"); len(rest) > 0 && rest[0] == ']' {
+		return 0
+	}
+	commas, d := 0, 0
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			d++
+		case c == ']' || c == '}':
+			d--
+		case c == ',' && d == 1:
+			commas++
+		}
+	}
+	return commas + 1
+}

@@ -2,6 +2,7 @@ package jsonb
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -252,5 +253,33 @@ func BenchmarkCheckDuplicateKeys(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestArrayLen_CountsAsEncodingJSONDoesAtAnyDepth: ArrayLen counts the
+// elements encoding/json decodes from an array, and those of an array
+// nested deeper than it reads; anything else holds none.
+func TestArrayLen_CountsAsEncodingJSONDoesAtAnyDepth(t *testing.T) {
+	t.Parallel()
+	for _, doc := range []string{
+		`[]`, ` [ ] `, `[1]`, `[1, 2, 3]`, `[[1, 2], {"a": [3, 4], "b,": "]"}, "x,y", "\"]", []]`,
+		`[{"attempt": 1, "error": "a, b"}, {"attempt": 2, "error": "[c]"}]`, "\n[\n1\n,\n2\n]\n",
+	} {
+		var elems []json.RawMessage
+		if err := json.Unmarshal([]byte(doc), &elems); err != nil {
+			t.Fatalf("%s: %v", doc, err)
+		}
+		if got := ArrayLen([]byte(doc)); got != len(elems) {
+			t.Errorf("ArrayLen(%s) = %d, want %d", doc, got, len(elems))
+		}
+	}
+	deep := strings.Repeat("[", MaxDecodeDepth+1) + strings.Repeat("]", MaxDecodeDepth+1)
+	if got := ArrayLen([]byte("[" + deep + ", " + deep + ", 3]")); got != 3 {
+		t.Errorf("ArrayLen of 3 arrays nested deeper than encoding/json reads = %d", got)
+	}
+	for _, doc := range []string{``, `null`, `{}`, `{"a": [1, 2]}`, `"[1, 2]"`, `7`} {
+		if got := ArrayLen([]byte(doc)); got != 0 {
+			t.Errorf("ArrayLen(%s) = %d, want 0", doc, got)
+		}
 	}
 }

@@ -1,0 +1,146 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jsonb"
+)
+
+// beyondEncodingJSON is a depth encoding/json refuses and PostgreSQL's
+// jsonb stores: with the default max_stack_depth (2MB), PostgreSQL 15
+// parses arrays nested some 14,500 deep, and objects some 13,000.
+const beyondEncodingJSON = jsonb.MaxDecodeDepth + 50
+
+// deepArray is a string in arrays nested depth deep, which PostgreSQL
+// renders as it is written: it holds no space for jsonb's output to add.
+func deepArray(depth int) string {
+	return strings.Repeat("[", depth) + `"deep"` + strings.Repeat("]", depth)
+}
+
+// completeWith claims the job with id, the only ready job of its queue,
+// and completes it with result through the statement a worker uses.
+func completeWith(t *testing.T, e *testEnv, id int64, result string) {
+	t.Helper()
+	token := e.claimOne(t, id, time.Minute)
+	done, err := e.q.JobCompleteMany(context.Background(), db.JobCompleteManyParams{
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Results: []json.RawMessage{json.RawMessage(result)}, LockWaitMs: 1000,
+	})
+	if err != nil || len(done) != 1 {
+		t.Fatalf("complete job %d: %v (completed %v)", id, err, done)
+	}
+}
+
+// setColumn writes doc into the jsonb column of the job with id, as SQL
+// run by hand would.
+func setColumn(t *testing.T, e *testEnv, id int64, column, doc string) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(),
+		fmt.Sprintf("UPDATE jobs SET %s = $2::text::jsonb WHERE id = $1", column), id, doc); err != nil {
+		t.Fatalf("write the %s of job %d: %v", column, id, err)
+	}
+}
+
+// TestGetJob_AnswersAJobAsJSONMarshalWritesIt: the view of an ordinary job
+// is written byte for byte as json.Marshal writes a JobView, as writeJSON
+// always wrote it: its documents compact, with <, >, &, U+2028 and U+2029
+// escaped, whatever PostgreSQL's rendering.
+func TestGetJob_AnswersAJobAsJSONMarshalWritesIt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	payload := `{"html": "<a href='x'>&amp;</a>", "seps": "\u2028 \u2029", "escapes": "\"\\/\b\f\n\r\t\u0001\u007f",` +
+		` "caf\u00e9 é": [1.50, -0.0, 1e3, 12345678901234567890], "nested": [[{}], [], {"k": null}], "t": true}`
+	job := e.enqueue(t, `{"kind":"a","queue":"q","payload":`+payload+`}`)
+	failLeased(t, e.q, job.ID, e.claimOne(t, job.ID, time.Minute), false)
+	completeWith(t, e, job.ID, `{"out": ["<done>", "\u2028", {"n": 2.50}]}`)
+	stored, err := e.q.JobGet(context.Background(), job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := json.Marshal(NewJobView(stored))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rec := e.do(t, "GET", fmt.Sprintf("/v1/jobs/%d", job.ID), "")
+	wantStatus(t, rec, http.StatusOK)
+	if got := rec.Body.String(); got != string(want)+"\n" {
+		t.Errorf("answer\n%s\nwant json.Marshal's\n%s", got, want)
+	}
+}
+
+// TestWriteJSON_WritesAJobViewWhoseDocumentsNestDeeperThanEncodingJSONReads:
+// a view whose payload, result and error history nest deeper than
+// encoding/json reads is answered 200, each document written as
+// json.Marshal writes a shallower one.
+func TestWriteJSON_WritesAJobViewWhoseDocumentsNestDeeperThanEncodingJSONReads(t *testing.T) {
+	t.Parallel()
+	n := beyondEncodingJSON / 2
+	// As PostgreSQL renders it, and as json.Marshal writes it.
+	stored := strings.Repeat(`{"a": [`, n) + `"<&>"` + strings.Repeat(`]}`, n)
+	written := strings.Repeat(`{"a":[`, n) + `"\u003c\u0026\u003e"` + strings.Repeat(`]}`, n)
+	view := NewJobView(db.Job{
+		ID: 7, Queue: "q", Kind: "k", State: db.JobStateSucceeded, ErrorCount: 3,
+		Payload: json.RawMessage(stored), Errors: json.RawMessage("[" + stored + ", " + stored + "]"), Result: json.RawMessage(stored),
+	})
+	rec := httptest.NewRecorder()
+	writeJSON(rec, http.StatusOK, view)
+	wantStatus(t, rec, http.StatusOK)
+
+	body := rec.Body.String()
+	for _, field := range []string{`"payload":` + written + `,`, `"errors":[` + written + `,` + written + `],`, `"result":` + written + "}\n"} {
+		if !strings.Contains(body, field) {
+			t.Errorf("answer does not hold %.40s...%.40s", field, field[len(field)-40:])
+		}
+	}
+	// Without the deep documents, the view is as json.Marshal writes it.
+	view.Payload, view.Errors, view.Result = json.RawMessage("1"), json.RawMessage("[2,3]"), json.RawMessage("4")
+	want, err := json.Marshal(view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body = strings.Replace(body, `"payload":`+written, `"payload":1`, 1)
+	body = strings.Replace(body, `"errors":[`+written+`,`+written+`]`, `"errors":[2,3]`, 1)
+	body = strings.Replace(body, `"result":`+written, `"result":4`, 1)
+	if body != string(want)+"\n" {
+		t.Errorf("answer\n%s\nwant, the documents aside,\n%s", body, want)
+	}
+	if view.ErrorsOmitted != 1 {
+		t.Errorf("errors_omitted %d, want 1: the history holds 2 of the 3 errors", view.ErrorsOmitted)
+	}
+}
+
+// FuzzAppendCompact: appendCompact writes any valid JSON document in UTF-8,
+// as PostgreSQL renders them all, as json.Marshal writes it as a
+// json.RawMessage.
+func FuzzAppendCompact(f *testing.F) {
+	for _, doc := range []string{
+		`null`, `[]`, `{}`, `[1, 2.50, -0.0, 1e3]`, `{"a": {"b": [true, false, null]}, "c": ""}`,
+		`"<script>&amp;</script>"`, "\"\u2028\u2029 \u2027 \u202a\"", `"\"\\\/\b\f\n\r\t\u0001\u00e9\ud83d\ude00"`,
+		" \t\r\n{ \"k\" :\t[ 1 ,\n2 ] } \n", `{"a": "x", "a": "y"}`, `"é € 😀"`, `["\\", "\\\"", "\"<\""]`,
+	} {
+		f.Add([]byte(doc))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		if !json.Valid(doc) || !utf8.Valid(doc) {
+			return
+		}
+		want, err := json.Marshal(json.RawMessage(doc))
+		if err != nil {
+			t.Fatalf("json.Marshal(%q): %v", doc, err)
+		}
+		if got := appendCompact(nil, doc); string(got) != string(want) {
+			t.Errorf("appendCompact(%q) = %q, json.Marshal writes %q", doc, got, want)
+		}
+	})
+}
