@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -351,7 +350,7 @@ func manyParams(jobs []Job) (db.JobInsertManyParams, error) {
 	params := db.JobInsertManyParams{
 		Queues:      make([]string, 0, n),
 		Kinds:       make([]string, 0, n),
-		Payloads:    make([]json.RawMessage, 0, n),
+		Payloads:    make([][]byte, 0, n),
 		Priorities:  make([]int16, 0, n),
 		MaxAttempts: make([]int32, 0, n),
 		RunAts:      make([]time.Time, 0, n),

@@ -7,7 +7,6 @@ package db
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -82,7 +81,7 @@ type JobCancelRow struct {
 	ID                int64
 	Queue             string
 	Kind              string
-	Payload           json.RawMessage
+	Payload           []byte
 	Priority          int16
 	State             JobState
 	Attempt           int32
@@ -97,8 +96,8 @@ type JobCancelRow struct {
 	StartedAt         *time.Time
 	FinishedAt        *time.Time
 	LastError         *string
-	Errors            json.RawMessage
-	Result            json.RawMessage
+	Errors            []byte
+	Result            []byte
 	IdempotencyKey    *string
 	LeaseSession      *int32
 	ErrorCount        int32
@@ -320,7 +319,7 @@ RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fenc
 type JobInsertParams struct {
 	Queue               string
 	Kind                string
-	Payload             json.RawMessage
+	Payload             []byte
 	Priority            int16
 	MaxAttempts         int32
 	RunAt               *time.Time
@@ -404,7 +403,7 @@ RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fenc
 type JobInsertAllParams struct {
 	Queues              []string
 	Kinds               []string
-	Payloads            []json.RawMessage
+	Payloads            [][]byte
 	Priorities          []int16
 	MaxAttempts         []int32
 	RunAts              []time.Time
@@ -491,7 +490,7 @@ RETURNING id
 type JobInsertManyParams struct {
 	Queues              []string
 	Kinds               []string
-	Payloads            []json.RawMessage
+	Payloads            [][]byte
 	Priorities          []int16
 	MaxAttempts         []int32
 	RunAts              []time.Time
@@ -1422,7 +1421,7 @@ type JobRetryRow struct {
 	ID                int64
 	Queue             string
 	Kind              string
-	Payload           json.RawMessage
+	Payload           []byte
 	Priority          int16
 	State             JobState
 	Attempt           int32
@@ -1437,8 +1436,8 @@ type JobRetryRow struct {
 	StartedAt         *time.Time
 	FinishedAt        *time.Time
 	LastError         *string
-	Errors            json.RawMessage
-	Result            json.RawMessage
+	Errors            []byte
+	Result            []byte
 	IdempotencyKey    *string
 	LeaseSession      *int32
 	ErrorCount        int32

@@ -7,7 +7,6 @@ package db
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -169,7 +168,7 @@ ORDER BY claimed.n
 type JobCompleteAndClaimParams struct {
 	CompleteIDs      []int64
 	CompleteTokens   []pgtype.UUID
-	CompleteResults  []json.RawMessage
+	CompleteResults  [][]byte
 	LockWaitMs       int32
 	SessionKey       *int32
 	CursorPriorities []int16
@@ -185,7 +184,7 @@ type JobCompleteAndClaimRow struct {
 	ID             *int64
 	Queue          *string
 	Kind           *string
-	Payload        json.RawMessage
+	Payload        []byte
 	Priority       *int16
 	Attempt        *int32
 	MaxAttempts    *int32
@@ -343,7 +342,7 @@ RETURNING j.id
 type JobCompleteManyParams struct {
 	IDs        []int64
 	Tokens     []pgtype.UUID
-	Results    []json.RawMessage
+	Results    [][]byte
 	LockWaitMs int32
 }
 
@@ -486,7 +485,7 @@ type JobGetClaimedRow struct {
 	ID             int64
 	Queue          string
 	Kind           string
-	Payload        json.RawMessage
+	Payload        []byte
 	Priority       int16
 	Attempt        int32
 	MaxAttempts    int32

@@ -6,7 +6,6 @@ package db
 
 import (
 	"database/sql/driver"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -84,7 +83,7 @@ type Job struct {
 	ID                int64
 	Queue             string
 	Kind              string
-	Payload           json.RawMessage
+	Payload           []byte
 	Priority          int16
 	State             JobState
 	Attempt           int32
@@ -99,8 +98,8 @@ type Job struct {
 	StartedAt         *time.Time
 	FinishedAt        *time.Time
 	LastError         *string
-	Errors            json.RawMessage
-	Result            json.RawMessage
+	Errors            []byte
+	Result            []byte
 	IdempotencyKey    *string
 	LeaseSession      *int32
 	ErrorCount        int32

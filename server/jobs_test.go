@@ -304,7 +304,7 @@ func TestListJobs_ShowsEachJobsSummaryWithoutPayloadResultOrErrors(t *testing.T)
 	token := e.claimOne(t, succeeded.ID, time.Minute)
 	if _, err := e.q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
 		CompleteIDs: []int64{succeeded.ID}, CompleteTokens: []pgtype.UUID{token},
-		CompleteResults: []json.RawMessage{json.RawMessage(`{"secret":"result"}`)},
+		CompleteResults: [][]byte{json.RawMessage(`{"secret":"result"}`)},
 		Queue:           "done", ClaimTokens: []pgtype.UUID{}, LeaseMs: 1000, WorkerID: "test-worker",
 	}); err != nil {
 		t.Fatalf("complete: %v", err)

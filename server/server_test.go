@@ -181,7 +181,7 @@ func claimWith(t testing.TB, q *db.Queries, queue string, lease time.Duration) m
 	rows, err := q.JobCompleteAndClaim(context.Background(), db.JobCompleteAndClaimParams{
 		CompleteIDs:     []int64{},
 		CompleteTokens:  []pgtype.UUID{},
-		CompleteResults: []json.RawMessage{},
+		CompleteResults: [][]byte{},
 		Queue:           queue,
 		ClaimTokens:     leaseTokens(1000),
 		LeaseMs:         lease.Milliseconds(),

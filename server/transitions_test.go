@@ -107,7 +107,7 @@ func TestQueuesAndListings_AgreeWithTheJobsTableThroughRandomTransitions(t *test
 				lease = time.Millisecond // runs out by the next reclaim
 			}
 			rows, err := e.q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+				CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 				Queue: pick(queues), ClaimTokens: leaseTokens(1 + rng.IntN(3)), LeaseMs: lease.Milliseconds(), WorkerID: "w",
 			})
 			if err != nil {
@@ -123,9 +123,9 @@ func TestQueuesAndListings_AgreeWithTheJobsTableThroughRandomTransitions(t *test
 			did = fmt.Sprintf("claim under a lease of %s: %v", lease, claimed)
 		case 4:
 			ids, tokens := takeHeld()
-			results := make([]json.RawMessage, len(ids))
+			results := make([][]byte, len(ids))
 			for i := range results {
-				results[i] = json.RawMessage(`{}`)
+				results[i] = []byte(`{}`)
 			}
 			if _, err := e.q.JobCompleteMany(ctx, db.JobCompleteManyParams{IDs: ids, Tokens: tokens, Results: results}); err != nil {
 				t.Fatalf("step %d: complete: %v", step, err)

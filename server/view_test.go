@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -28,13 +29,106 @@ func deepArray(depth int) string {
 	return strings.Repeat("[", depth) + `"deep"` + strings.Repeat("]", depth)
 }
 
+// TestJobView_ShowsStoredJSONNestedDeeperThanEncodingJSONReads: a job whose
+// result, payload or error history nests deeper than encoding/json reads,
+// as a result stored by a build before the worker refused one, or a row
+// written by SQL, is answered 200 by every route that answers with a job,
+// with the document as PostgreSQL returns it, and the rest of the view as
+// for any job.
+func TestJobView_ShowsStoredJSONNestedDeeperThanEncodingJSONReads(t *testing.T) {
+	t.Parallel()
+	deep := deepArray(beyondEncodingJSON)
+	tests := []struct {
+		name string
+		// field is the column, and the field of the view, that holds deep.
+		field string
+		// store makes the job whose field holds deep, and returns the
+		// request that answers with it.
+		store  func(t *testing.T, e *testEnv) (id int64, method, path, body string, headers []string)
+		status int
+	}{
+		{
+			name:  "GET, with the result stored by the worker's statement",
+			field: "result",
+			store: func(t *testing.T, e *testEnv) (int64, string, string, string, []string) {
+				id := e.enqueue(t, `{"kind":"a","queue":"q"}`).ID
+				completeWith(t, e, id, deep)
+				return id, "GET", fmt.Sprintf("/v1/jobs/%d", id), "", nil
+			},
+			status: http.StatusOK,
+		},
+		{
+			name:  "an idempotent replay, with the result of the job holding the key",
+			field: "result",
+			store: func(t *testing.T, e *testEnv) (int64, string, string, string, []string) {
+				rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a","queue":"q"}`, "Idempotency-Key", "k")
+				wantStatus(t, rec, http.StatusCreated)
+				id := decode[JobView](t, rec).ID
+				completeWith(t, e, id, deep)
+				return id, "POST", "/v1/jobs", `{"kind":"a","queue":"q"}`, []string{"Idempotency-Key", "k"}
+			},
+			status: http.StatusOK,
+		},
+		{
+			name:  "a cancel, with the payload written by SQL",
+			field: "payload",
+			store: func(t *testing.T, e *testEnv) (int64, string, string, string, []string) {
+				id := e.enqueue(t, `{"kind":"a"}`).ID
+				setColumn(t, e, id, "payload", deep)
+				return id, "POST", fmt.Sprintf("/v1/jobs/%d/cancel", id), "", nil
+			},
+			status: http.StatusOK,
+		},
+		{
+			name:  "a retry, with an entry of the error history written by SQL",
+			field: "errors",
+			store: func(t *testing.T, e *testEnv) (int64, string, string, string, []string) {
+				id := e.enqueue(t, `{"kind":"a","queue":"q"}`).ID
+				e.kill(t, "q", id)
+				setColumn(t, e, id, "errors", "["+deep+"]")
+				return id, "POST", fmt.Sprintf("/v1/jobs/%d/retry", id), "", nil
+			},
+			status: http.StatusOK,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			id, method, path, body, headers := tt.store(t, e)
+			var stored string
+			if err := e.pool.QueryRow(context.Background(),
+				fmt.Sprintf("SELECT %s::text FROM jobs WHERE id = $1", tt.field), id).Scan(&stored); err != nil {
+				t.Fatalf("read the stored %s: %v", tt.field, err)
+			}
+			if !strings.Contains(stored, deep) {
+				t.Fatalf("stored %s is not the document written (%d bytes, want it to hold %d)", tt.field, len(stored), len(deep))
+			}
+
+			rec := e.do(t, method, path, body, headers...)
+			wantStatus(t, rec, tt.status)
+			field := `"` + tt.field + `":` + stored
+			if !strings.Contains(rec.Body.String(), field) {
+				t.Fatalf("answer does not hold the %s as stored: %.200s...", tt.field, rec.Body)
+			}
+			// Without the deep document, the view reads as any other.
+			rec.Body = bytes.NewBufferString(strings.Replace(rec.Body.String(), field, `"`+tt.field+`":null`, 1))
+			view := decode[JobView](t, rec)
+			if view.ID != id || view.ErrorsOmitted != 0 {
+				t.Errorf("view of job %d shows id %d, errors_omitted %d (error_count %d); want errors_omitted 0: the history holds every error",
+					id, view.ID, view.ErrorsOmitted, view.ErrorCount)
+			}
+		})
+	}
+}
+
 // completeWith claims the job with id, the only ready job of its queue,
 // and completes it with result through the statement a worker uses.
 func completeWith(t *testing.T, e *testEnv, id int64, result string) {
 	t.Helper()
 	token := e.claimOne(t, id, time.Minute)
 	done, err := e.q.JobCompleteMany(context.Background(), db.JobCompleteManyParams{
-		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Results: []json.RawMessage{json.RawMessage(result)}, LockWaitMs: 1000,
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Results: [][]byte{[]byte(result)}, LockWaitMs: 1000,
 	})
 	if err != nil || len(done) != 1 {
 		t.Fatalf("complete job %d: %v (completed %v)", id, err, done)

@@ -36,7 +36,7 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 	for i, r := range ten {
 		ids[i], tokens[i] = *r.ID, r.LeaseToken
 	}
-	results := make([]json.RawMessage, len(ten))
+	results := make([][]byte, len(ten))
 	errs := make([]string, len(ten))
 	permanent := make([]bool, len(ten))
 	retry := make([]int64, len(ten))
@@ -63,7 +63,7 @@ func TestStatements_GenericPlansLookJobsUpByIndex(t *testing.T) {
 		}, 20},
 		{"claim from the head", func(q *db.Queries) error {
 			_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+				CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 				Queue: "default", ClaimTokens: leaseTokens(200), LeaseMs: 60_000, WorkerID: "w"})
 			return err
 		}, 200},

@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -156,7 +155,7 @@ func TestAcknowledgements_UnderAPinnedHorizonLookTheirJobsUpByID(t *testing.T) {
 	}{
 		{"complete", func(q *db.Queries) error {
 			_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: ids, CompleteTokens: tokens, CompleteResults: []json.RawMessage{nil},
+				CompleteIDs: ids, CompleteTokens: tokens, CompleteResults: [][]byte{nil},
 				Queue: "default", LeaseMs: 30_000, WorkerID: "w",
 			})
 			return err

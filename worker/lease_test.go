@@ -919,7 +919,7 @@ func TestClaim_ScansItsIndexFromEachCursorAndSortsOnlyWhatItTakes(t *testing.T) 
 		t.Run(tc.name, func(t *testing.T) {
 			got := explain(t, b, func(q *db.Queries) error {
 				_, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-					CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+					CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 					CursorPriorities: tc.priorities, CursorSince: tc.since,
 					Queue: "default", ClaimTokens: leaseTokens(claim), LeaseMs: 30_000, WorkerID: "explain",
 				})

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -178,10 +177,10 @@ func (l leases) completeMany(ctx context.Context, r *round, done []outcome) erro
 
 // completions returns the ids, lease tokens and results of done, as the
 // completing statements take them.
-func completions(done []outcome) ([]int64, []pgtype.UUID, []json.RawMessage) {
+func completions(done []outcome) ([]int64, []pgtype.UUID, [][]byte) {
 	ids := make([]int64, len(done))
 	tokens := make([]pgtype.UUID, len(done))
-	results := make([]json.RawMessage, len(done))
+	results := make([][]byte, len(done))
 	for i, o := range done {
 		ids[i], tokens[i], results[i] = o.exec.job.ID, o.exec.token, o.result
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/jsonb"
 	"github.com/relayq/relay/worker"
 )
 
@@ -131,6 +132,36 @@ func TestWorker_AResultNestedDeeperThanAPayloadFailsItsJob(t *testing.T) {
 	want := fmt.Sprintf("permanent: result nests arrays and objects %d deep, more than the %d allowed", client.MaxPayloadDepth+1, client.MaxPayloadDepth)
 	if got.Attempt != 1 || !strings.HasPrefix(deref(got.LastError), want) {
 		t.Errorf("dead after attempt %d with %q, want after attempt 1 with %q...", got.Attempt, deref(got.LastError), want)
+	}
+}
+
+// TestWorker_APayloadNestedDeeperThanEncodingJSONReadsReachesItsHandler: a
+// payload nested deeper than encoding/json reads, which no client stores
+// but SQL can, and jsonb holds, is claimed with the job claimed beside it
+// and reaches its handler as PostgreSQL returns it.
+func TestWorker_APayloadNestedDeeperThanEncodingJSONReadsReachesItsHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	depth := jsonb.MaxDecodeDepth + 50
+	deep := strings.Repeat("[", depth) + strings.Repeat("]", depth)
+	deepJob := b.enqueue(t, "echo", `{}`, 1)
+	if _, err := b.pool.Exec(b.ctx, `UPDATE jobs SET payload = $2::text::jsonb WHERE id = $1`, deepJob.ID, deep); err != nil {
+		t.Fatalf("write the payload: %v", err)
+	}
+	beside := b.enqueue(t, "echo", `[]`, 1)
+	b.startWorker(t, worker.Config{Slots: 2}, func(w *worker.Worker) {
+		w.HandleFunc("echo", func(ctx context.Context, j *worker.Job) (any, error) {
+			return map[string]any{"bytes": len(j.Payload), "as_stored": string(j.Payload) == deep}, nil
+		})
+	})
+	for id, want := range map[int64]string{
+		deepJob.ID: fmt.Sprintf(`{"bytes": %d, "as_stored": true}`, len(deep)),
+		beside.ID:  `{"bytes": 2, "as_stored": false}`,
+	} {
+		got := b.waitForState(t, id, db.JobStateSucceeded, 10*time.Second)
+		if string(got.Result) != want {
+			t.Errorf("job %d: result %s, want %s", id, got.Result, want)
+		}
 	}
 }
 

@@ -166,7 +166,7 @@ func (b *bundle) complete(t *testing.T, id int64, token pgtype.UUID, result stri
 	t.Helper()
 	rows, err := b.q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
 		CompleteIDs: []int64{id}, CompleteTokens: []pgtype.UUID{token},
-		CompleteResults: []json.RawMessage{json.RawMessage(result)},
+		CompleteResults: [][]byte{json.RawMessage(result)},
 		Queue:           "default", WorkerID: "unused",
 	})
 	if err != nil {
@@ -181,7 +181,7 @@ func (b *bundle) complete(t *testing.T, id int64, token pgtype.UUID, result stri
 func (b *bundle) completeAlone(t *testing.T, id int64, token pgtype.UUID, result string) bool {
 	t.Helper()
 	ids, err := b.q.JobCompleteMany(b.ctx, db.JobCompleteManyParams{
-		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Results: []json.RawMessage{json.RawMessage(result)},
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Results: [][]byte{json.RawMessage(result)},
 	})
 	if err != nil {
 		t.Fatalf("complete without a claim: %v", err)

@@ -109,7 +109,7 @@ func probeStatements(ctx context.Context, d *harness.Database, n int, pace time.
 		return nil, fmt.Errorf("probe: insert jobs: %w", err)
 	}
 	cp := db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 		Queue: probeQueue, LeaseMs: 30000, WorkerID: "experiment-probe",
 	}
 	result := json.RawMessage(`{"worker":"experiment-probe","pid":0,"attempt":1,"fence":1}`)

@@ -63,7 +63,7 @@ func (h *history) enqueue(kind string, maxAttempts int32) int64 {
 func (h *history) insert(kind string, maxAttempts int32) int64 {
 	h.t.Helper()
 	ids, err := h.q.JobInsertMany(h.ctx, db.JobInsertManyParams{
-		Queues: []string{"default"}, Kinds: []string{kind}, Payloads: []json.RawMessage{json.RawMessage("{}")},
+		Queues: []string{"default"}, Kinds: []string{kind}, Payloads: [][]byte{json.RawMessage("{}")},
 		Priorities: []int16{0}, MaxAttempts: []int32{maxAttempts}, RunAts: []time.Time{{}}, DelaysMs: []int64{0},
 	})
 	if err != nil {
@@ -92,7 +92,7 @@ func (h *history) claim(worker string, lease time.Duration) claimed {
 func (h *history) claimUnder(worker string, session *int32, lease time.Duration) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 		Queue: "default", ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: lease.Milliseconds(), WorkerID: worker,
 		SessionKey: session,
 	})
@@ -114,7 +114,7 @@ func (h *history) complete(c claimed) bool {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
 		CompleteIDs: []int64{c.id}, CompleteTokens: []pgtype.UUID{c.token},
-		CompleteResults: []json.RawMessage{json.RawMessage(fmt.Sprintf(`{"fence": %d}`, c.fence))},
+		CompleteResults: [][]byte{json.RawMessage(fmt.Sprintf(`{"fence": %d}`, c.fence))},
 		Queue:           "default", LeaseMs: 1000, WorkerID: c.worker,
 	})
 	if err != nil {
@@ -473,7 +473,7 @@ func TestCheckHistory_CatchesPoisonDeadAfterOtherThanMaxAttempts(t *testing.T) {
 func (h *history) claimAhead(worker string) claimed {
 	h.t.Helper()
 	rows, err := h.q.JobCompleteAndClaim(h.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 		Queue: "default", ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: time.Minute.Milliseconds(), WorkerID: worker,
 	})
 	if err != nil || len(rows) != 1 || rows[0].ID == nil {

@@ -6,7 +6,6 @@ package labdb
 
 import (
 	"database/sql/driver"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -220,7 +219,7 @@ type ChaosTransition struct {
 	NewLeasedBy       *string
 	OldLeaseSession   *int32
 	NewRunAt          time.Time
-	Error             json.RawMessage
+	Error             []byte
 	ResultFence       *int64
 	TxAt              time.Time
 	At                time.Time
@@ -230,7 +229,7 @@ type Job struct {
 	ID                int64
 	Queue             string
 	Kind              string
-	Payload           json.RawMessage
+	Payload           []byte
 	Priority          int16
 	State             JobState
 	Attempt           int32
@@ -245,8 +244,8 @@ type Job struct {
 	StartedAt         *time.Time
 	FinishedAt        *time.Time
 	LastError         *string
-	Errors            json.RawMessage
-	Result            json.RawMessage
+	Errors            []byte
+	Result            []byte
 	IdempotencyKey    *string
 	LeaseSession      *int32
 	ErrorCount        int32
@@ -282,11 +281,11 @@ type RiverJob struct {
 	FinalizedAt  *time.Time
 	ScheduledAt  time.Time
 	Priority     int16
-	Args         json.RawMessage
+	Args         []byte
 	AttemptedBy  []string
-	Errors       []json.RawMessage
+	Errors       [][]byte
 	Kind         string
-	Metadata     json.RawMessage
+	Metadata     []byte
 	Queue        string
 	Tags         []string
 	UniqueKey    []byte

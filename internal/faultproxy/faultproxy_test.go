@@ -172,7 +172,7 @@ func TestProxy_CutAfterCommitLeavesTheClientUnsureAlthoughTheStatementCommitted(
 	// Two jobs, claimed through the proxy.
 	if _, err := d.JobInsertMany(ctx, db.JobInsertManyParams{
 		Queues: []string{"default", "default"}, Kinds: []string{"noop", "noop"},
-		Payloads: []json.RawMessage{json.RawMessage("{}"), json.RawMessage("{}")}, Priorities: []int16{0, 0},
+		Payloads: [][]byte{json.RawMessage("{}"), json.RawMessage("{}")}, Priorities: []int16{0, 0},
 		MaxAttempts: []int32{3, 3}, RunAts: []time.Time{{}, {}}, DelaysMs: []int64{0, 0},
 	}); err != nil {
 		t.Fatal(err)
@@ -188,7 +188,7 @@ func TestProxy_CutAfterCommitLeavesTheClientUnsureAlthoughTheStatementCommitted(
 			p.CompleteResults = append(p.CompleteResults, []byte(`{"ok":true}`))
 		}
 		if p.CompleteIDs == nil {
-			p.CompleteIDs, p.CompleteTokens, p.CompleteResults = []int64{}, []pgtype.UUID{}, []json.RawMessage{}
+			p.CompleteIDs, p.CompleteTokens, p.CompleteResults = []int64{}, []pgtype.UUID{}, [][]byte{}
 		}
 		return q.JobCompleteAndClaim(ctx, p)
 	}

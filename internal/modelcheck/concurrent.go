@@ -258,7 +258,7 @@ func (w *crowdWorker) work(ctx context.Context, q *db.Queries) error {
 		tokens[i] = newToken()
 	}
 	rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: lease.Milliseconds(), WorkerID: w.id,
 	})
 	if err != nil {
@@ -340,7 +340,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			}
 		case "complete":
 			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: []int64{a.ID}, CompleteTokens: []pgtype.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				CompleteIDs: []int64{a.ID}, CompleteTokens: []pgtype.UUID{a.Token}, CompleteResults: [][]byte{resultOf(a)},
 				Queue: QueueDefault, ClaimTokens: []pgtype.UUID{}, WorkerID: w.id,
 			})
 			if err != nil {
@@ -446,7 +446,7 @@ func (w *crowdWorker) crash(ctx context.Context) error {
 	// Its claims in flight still name the ended session: they must
 	// claim nothing.
 	rows, err := db.New(w.c.pool).JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 		SessionKey: &w.session, Queue: QueueDefault, ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: 1000, WorkerID: w.id,
 	})
 	if err != nil {
@@ -478,7 +478,7 @@ func (c *Concurrent) drain(ctx context.Context) error {
 			tokens[i] = newToken()
 		}
 		claimed, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-			CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+			CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 			Queue: QueueDefault, ClaimTokens: tokens, LeaseMs: time.Minute.Milliseconds(), WorkerID: "drain",
 		})
 		if err != nil {
@@ -487,7 +487,7 @@ func (c *Concurrent) drain(ctx context.Context) error {
 		acks := c.recordClaims(claimed)
 		for _, a := range acks {
 			rows, err := q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
-				CompleteIDs: []int64{a.ID}, CompleteTokens: []pgtype.UUID{a.Token}, CompleteResults: []json.RawMessage{resultOf(a)},
+				CompleteIDs: []int64{a.ID}, CompleteTokens: []pgtype.UUID{a.Token}, CompleteResults: [][]byte{resultOf(a)},
 				Queue: QueueDefault, ClaimTokens: []pgtype.UUID{}, WorkerID: "drain",
 			})
 			if err != nil {

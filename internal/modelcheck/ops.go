@@ -292,7 +292,7 @@ func (d *Driver) complete(ctx context.Context) error {
 	params := db.JobCompleteManyParams{
 		IDs:     make([]int64, len(done)),
 		Tokens:  make([]pgtype.UUID, len(done)),
-		Results: make([]json.RawMessage, len(done)),
+		Results: make([][]byte, len(done)),
 	}
 	results, err := d.results(w, done)
 	if err != nil {
@@ -372,7 +372,7 @@ func (d *Driver) completeAndClaim(ctx context.Context, w *simWorker, done []Ack,
 	params := db.JobCompleteAndClaimParams{
 		CompleteIDs:     make([]int64, len(done)),
 		CompleteTokens:  make([]pgtype.UUID, len(done)),
-		CompleteResults: make([]json.RawMessage, len(done)),
+		CompleteResults: make([][]byte, len(done)),
 		Queue:           w.queue,
 		ClaimTokens:     tokens,
 		LeaseMs:         lease.Milliseconds(),

@@ -333,7 +333,7 @@ func TestURL_RunsTheSqlcStatementsOfConcurrentClients(t *testing.T) {
 		t.Fatalf("JobInsertMany: %v", err)
 	}
 	claimed, err := q.JobCompleteAndClaim(b.ctx, db.JobCompleteAndClaimParams{
-		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: []json.RawMessage{},
+		CompleteIDs: []int64{}, CompleteTokens: []pgtype.UUID{}, CompleteResults: [][]byte{},
 		Queue: "claimed", ClaimTokens: []pgtype.UUID{newToken()}, LeaseMs: time.Hour.Milliseconds(), WorkerID: "w",
 	})
 	if err != nil || len(claimed) != 1 || claimed[0].ID == nil {
@@ -377,7 +377,7 @@ func insertParams(queue string) db.JobInsertManyParams {
 	return db.JobInsertManyParams{
 		Queues:      []string{queue, queue},
 		Kinds:       []string{"k", "k"},
-		Payloads:    []json.RawMessage{json.RawMessage(`{"n":1}`), json.RawMessage(`{"n":2}`)},
+		Payloads:    [][]byte{json.RawMessage(`{"n":1}`), json.RawMessage(`{"n":2}`)},
 		Priorities:  []int16{1, 2},
 		MaxAttempts: []int32{3, 3},
 		RunAts:      []time.Time{{}, {}},
