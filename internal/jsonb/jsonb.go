@@ -451,27 +451,11 @@ const MaxDecodeDepth = 10000
 // may be invalid, nest at their deepest, counting the brackets outside
 // strings.
 func Depth(b []byte) int {
-	deepest, d := 0, 0
-	inString, escaped := false, false
+	deepest := 0
+	var r reader
 	for _, c := range b {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{':
-			d++
-			deepest = max(deepest, d)
-		case c == ']' || c == '}':
-			d--
-		}
+		r.step(c)
+		deepest = max(deepest, r.depth)
 	}
 	return deepest
 }
@@ -486,28 +470,43 @@ func ArrayLen(b []byte) int {
 	if rest := bytes.TrimLeft(b[1:], " \t\r\n"); len(rest) > 0 && rest[0] == ']' {
 		return 0
 	}
-	commas, d := 0, 0
-	inString, escaped := false, false
+	commas := 0
+	var r reader
 	for _, c := range b {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{':
-			d++
-		case c == ']' || c == '}':
-			d--
-		case c == ',' && d == 1:
+		if r.step(c) && c == ',' && r.depth == 1 {
 			commas++
 		}
 	}
 	return commas + 1
+}
+
+// reader follows a JSON document byte by byte: whether the byte lies in
+// a string, and how deep in arrays and objects it lies.
+type reader struct {
+	inString, escaped bool
+	depth             int
+}
+
+// step reads c, the document's next byte, and reports whether it lies
+// outside the document's strings (a string's quotes lie in it). The
+// depth counts the brackets outside strings read so far.
+func (r *reader) step(c byte) bool {
+	switch {
+	case r.escaped:
+		r.escaped = false
+	case r.inString && c == '\\':
+		r.escaped = true
+	case c == '"':
+		r.inString = !r.inString
+	case r.inString:
+	case c == '[' || c == '{':
+		r.depth++
+		return true
+	case c == ']' || c == '}':
+		r.depth--
+		return true
+	default:
+		return true
+	}
+	return false
 }
