@@ -29,7 +29,7 @@ type errorBody struct {
 // json.Marshal would, where json.Marshal cannot: JobView, whose stored
 // documents may nest deeper than encoding/json writes.
 type jsonAppender interface {
-	appendJSON(b []byte) ([]byte, error)
+	AppendJSON(b []byte) ([]byte, error)
 }
 
 // writeJSON writes v as the JSON body of a response with the given status.
@@ -39,7 +39,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b []byte
 	var err error
 	if a, ok := v.(jsonAppender); ok {
-		b, err = a.appendJSON(nil)
+		b, err = a.AppendJSON(nil)
 	} else {
 		b, err = json.Marshal(v)
 	}
@@ -53,12 +53,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// appendJSON appends v as json.Marshal writes it: its summary's fields,
-// then its documents. A document, as PostgreSQL stored it, may nest
-// deeper than encoding/json writes, as a result stored before the worker
-// refused one, or a row written by SQL: each is written on its own, by
-// appendDocument, and not a level down in the view.
-func (v JobView) appendJSON(b []byte) ([]byte, error) {
+// AppendJSON appends v to b as json.Marshal writes it, whatever the depth
+// of its documents. A document, as PostgreSQL stored it, may nest deeper
+// than encoding/json writes (a result stored before the worker refused
+// one, a row written by SQL): the summary's fields are marshaled, and
+// each document is written on its own by appendDocument, not a level down
+// in the view.
+func (v JobView) AppendJSON(b []byte) ([]byte, error) {
 	summary, err := json.Marshal(v.JobSummary)
 	if err != nil {
 		return nil, err

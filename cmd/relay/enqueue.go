@@ -26,6 +26,11 @@ const maxPayloadBytes = 16 << 20
 // token), with its idempotency key.
 type jobJSON struct {
 	server.JobView
+	enqueued
+}
+
+// enqueued is what enqueue prints of a job beside its view.
+type enqueued struct {
 	IdempotencyKey *string `json:"idempotency_key,omitempty"`
 	// Existing is set when the idempotency key was taken already, and the
 	// job shown is the one that holds it.
@@ -33,7 +38,29 @@ type jobJSON struct {
 }
 
 func newJobJSON(j db.Job, existing bool) jobJSON {
-	return jobJSON{JobView: server.NewJobView(j), IdempotencyKey: j.IdempotencyKey, Existing: existing}
+	return jobJSON{JobView: server.NewJobView(j), enqueued: enqueued{IdempotencyKey: j.IdempotencyKey, Existing: existing}}
+}
+
+// encode returns j indented; or, for a job whose documents nest deeper
+// than encoding/json writes (a result stored by an earlier build, of the
+// job holding the idempotency key), on one line, as the API writes it.
+func (j jobJSON) encode() ([]byte, error) {
+	out, err := json.MarshalIndent(j, "", "  ")
+	if err == nil {
+		return out, nil
+	}
+	view, verr := j.JobView.AppendJSON(nil)
+	if verr != nil {
+		return nil, err
+	}
+	own, verr := json.Marshal(j.enqueued)
+	if verr != nil {
+		return nil, verr
+	}
+	if len(own) == len("{}") {
+		return view, nil
+	}
+	return append(append(view[:len(view)-1], ','), own[1:]...), nil
 }
 
 // enqueueFlags are the flags of relay enqueue.
@@ -151,7 +178,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
-	out, err := json.MarshalIndent(newJobJSON(stored, existing), "", "  ")
+	out, err := newJobJSON(stored, existing).encode()
 	if err != nil {
 		return fmt.Errorf("encode the job: %w", err)
 	}

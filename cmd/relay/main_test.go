@@ -653,6 +653,23 @@ func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
 			t.Errorf("the same key in another queue returned the first job")
 		}
 	})
+	t.Run("idempotency key of a job whose result nests deeper than encoding/json reads returns it", func(t *testing.T) {
+		first := enqueue(t, "", "noop", "--idempotency-key", "deep")
+		const depth = 10050 // jsonb holds it; encoding/json reads 10,000 levels
+		deep := strings.Repeat("[", depth) + strings.Repeat("]", depth)
+		if _, err := mustPool(t, dsn).Exec(ctx, `UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2::text::jsonb WHERE id = $1`,
+			int64(first["id"].(float64)), deep); err != nil {
+			t.Fatal(err)
+		}
+		r := runRelay(ctx, env, "", "enqueue", "noop", "--idempotency-key", "deep")
+		if r.err != nil {
+			t.Fatalf("relay enqueue: %v", r.err)
+		}
+		want := fmt.Sprintf(`"result":%s,"idempotency_key":"deep","existing":true}`+"\n", deep)
+		if !strings.HasPrefix(r.stdout, fmt.Sprintf(`{"id":%v,`, first["id"])) || !strings.HasSuffix(r.stdout, want) {
+			t.Errorf("printed %.100s...%.100s, want job %v, on one line, with its result as stored", r.stdout, r.stdout[max(len(r.stdout)-100, 0):], first["id"])
+		}
+	})
 	t.Run("idempotency key of a different job is refused as the API refuses it", func(t *testing.T) {
 		first := enqueue(t, "", "noop", "--idempotency-key", "twice", "--payload", `{"n":1}`)
 		r := runRelay(ctx, env, "", "enqueue", "noop", "--idempotency-key", "twice", "--payload", `{"n":2}`)
