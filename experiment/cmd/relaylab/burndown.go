@@ -41,6 +41,7 @@ It runs on a private PostgreSQL cluster that it starts with PostgreSQL's
 defaults (autovacuum on) and removes at the end, unless --database-url
 names a server ($DATABASE_URL is not used).`)
 	common.register(fs.FlagSet)
+	fs.Lookup("database-url").Usage = "PostgreSQL server to create the experiment's databases on (default: a private cluster; $DATABASE_URL is not used)"
 	fs.IntVar(&cfg.Jobs, "jobs", burndown.DefaultJobs, "jobs per configuration")
 	fs.StringVar(&configs, "configs", harness.FormatConfigs(burndown.DefaultConfigs), "configurations, PROCSxSLOTS separated by commas")
 	fs.StringVar(&systems, "systems", strings.Join(burndown.DefaultSystems, ","), "systems to run each configuration on, in order: relay, river or both, separated by commas")

@@ -31,3 +31,25 @@ func TestRunExperimentBurndown_RejectsAMistakenCommandLineAsUsage(t *testing.T) 
 		}
 	}
 }
+
+// TestRunExperiment_HelpOfThePrivateClusterExperimentsSaysDATABASE_URLIsNotUsed
+// checks that the burn-down's and the soak's -h describe --database-url as
+// they run: on a private cluster unless the flag names a server, never on
+// $DATABASE_URL, which the other experiments default to.
+func TestRunExperiment_HelpOfThePrivateClusterExperimentsSaysDATABASE_URLIsNotUsed(t *testing.T) {
+	for _, name := range []string{"burndown", "soak"} {
+		var stderr bytes.Buffer
+		if err := run(t.Context(), []string{"relaylab", name, "-h"}, func(string) string { return "" }, &bytes.Buffer{}, &stderr); err != nil {
+			t.Fatalf("relaylab %s -h: %v", name, err)
+		}
+		help := stderr.String()
+		_, usage, ok := strings.Cut(help, "  -database-url string\n")
+		if !ok {
+			t.Fatalf("relaylab %s -h lists no -database-url:\n%s", name, help)
+		}
+		usage, _, _ = strings.Cut(usage, "\n")
+		if strings.Contains(usage, "default $DATABASE_URL") || !strings.Contains(usage, "a private cluster") {
+			t.Errorf("relaylab %s -h says of -database-url %q, want that it defaults to a private cluster and $DATABASE_URL is not used", name, strings.TrimSpace(usage))
+		}
+	}
+}
