@@ -1,9 +1,9 @@
 // Command relaylab runs Relay's recorded experiments (crash, burst,
-// burndown, soak and chaos) and the chaos experiment's worker processes. It is the lab's
-// command, built apart from relay so that relay carries none of the lab;
-// `relay experiment NAME` runs `relaylab NAME`. The experiments drive the
-// relay binary beside it (or --relay-bin) as separate processes, as a user
-// runs it.
+// burndown, enqueue, soak and chaos) and the chaos experiment's worker
+// processes. It is the lab's command, built apart from relay so that relay
+// carries none of the lab; `relay experiment NAME` runs `relaylab NAME`.
+// The experiments drive the relay binary beside it (or --relay-bin) as
+// separate processes, as a user runs it.
 //
 //	relaylab crash|burst|burndown|enqueue|soak|chaos [flags]
 package main
