@@ -1,5 +1,5 @@
 // Package faultproxy is a TCP proxy that injects network faults between a
-// PostgreSQL client and its server, for the chaos experiments:
+// PostgreSQL client and its server, for tests and the chaos experiments:
 //
 //   - Cut closes every connection at once and refuses new ones until Heal:
 //     both ends see the connection drop, as when a process or a host dies
