@@ -56,6 +56,7 @@ const (
 // Migrator applies and inspects the embedded migrations on one database.
 type Migrator struct {
 	db       *sql.DB
+	pool     *pgxpool.Pool
 	queries  *db.Queries
 	provider *goose.Provider
 	// store reads and writes VersionTable for Inspect, which neither
@@ -74,7 +75,11 @@ type Migrator struct {
 // migration once and the others wait. Unlike an advisory lock held by a
 // session, it holds behind a transaction-mode pooler. A migrator that dies
 // holding it keeps the others waiting for its lease, 30 s; one waits for
-// the lock for up to lockWaitLimit, trying every lockTry.
+// the lock for up to lockWaitLimit, trying every lockTry. While it holds
+// the lock, a migrator renews that lease on a connection of its own,
+// opened with the pool's configuration beside the pool's connections, so
+// that a migration that runs long on a pool of one connection does not let
+// the lease run out (see lockDB).
 func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 	store, err := database.NewStore(database.DialectPostgres, VersionTable)
 	if err != nil {
@@ -93,7 +98,7 @@ func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 		sqlDB.Close()
 		return nil, fmt.Errorf("load migrations: %w", err)
 	}
-	return &Migrator{db: sqlDB, queries: db.New(pool), provider: provider, store: store, legacy: legacy}, nil
+	return &Migrator{db: sqlDB, pool: pool, queries: db.New(pool), provider: provider, store: store, legacy: legacy}, nil
 }
 
 // lockTry and lockWaitLimit are how often a Migrator tries to take the
@@ -450,15 +455,42 @@ func (m *Migrator) locked(ctx context.Context, f func() error) ([]int64, error) 
 	if err != nil {
 		return nil, fmt.Errorf("make the migration lock: %w", err)
 	}
-	if err := locker.Lock(ctx, m.db); err != nil {
+	lockDB, closeLockDB, err := m.lockDB()
+	if err != nil {
+		return nil, err
+	}
+	defer closeLockDB()
+	if err := locker.Lock(ctx, lockDB); err != nil {
 		return nil, fmt.Errorf("take the migration lock: %w", err)
 	}
-	defer locker.Unlock(context.WithoutCancel(ctx), m.db) //nolint:errcheck // the lock's lease ends on its own
+	defer locker.Unlock(context.WithoutCancel(ctx), lockDB) //nolint:errcheck // the lock's lease ends on its own
 	adopted, err := m.adopted(ctx)
 	if err != nil || f == nil {
 		return adopted, err
 	}
 	return adopted, f()
+}
+
+// lockDB returns the handle the migration lock is taken, renewed and
+// released through, on a pool of one connection of its own, made with
+// m.pool's configuration, and the function that closes it. goose's
+// Provider holds one of m.pool's connections for the whole of a run, and
+// the lock's heartbeat, which renews its lease every 5 s, would wait for
+// one of them: on a pool of one connection (pool_max_conns=1), for as long
+// as the run, and a migration that took longer than the lease, 30 s, would
+// let another migrator take the lock and apply it beside this one.
+func (m *Migrator) lockDB() (*sql.DB, func(), error) {
+	cfg := m.pool.Config()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open a connection for the migration lock: %w", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	return sqlDB, func() {
+		sqlDB.Close()
+		pool.Close()
+	}, nil
 }
 
 // adopted records in VersionTable what an earlier build recorded, as Adopt

@@ -3,12 +3,15 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/dbtest"
@@ -56,6 +59,98 @@ func TestMigrations_MigratorsOfOneDatabaseAtOnceApplyEachMigrationOnce(t *testin
 	}
 	if diff := cmp.Diff(want, times); diff != "" {
 		t.Errorf("times each migration was applied (-want +got):\n%s", diff)
+	}
+}
+
+// TestMigrations_AMigratorKeepsItsLockWhileAMigrationHoldsItsPoolsOnlyConnection
+// has a migrator on a pool of one connection, as a URL with
+// pool_max_conns=1 makes it, run a migration that waits: CREATE INDEX
+// CONCURRENTLY, behind a transaction whose snapshot is older. The
+// migration holds that connection throughout, and the lock's lease is
+// renewed all the same, at its heartbeat: had it run out, another
+// migrator would take the lock and run the same migration beside this
+// one.
+func TestMigrations_AMigratorKeepsItsLockWhileAMigrationHoldsItsPoolsOnlyConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dsn := dbtest.NewURL(t)
+	pool := dbtest.Connect(t, dsn)
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.DownTo(ctx, 9)
+	m.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Migration 10 builds its index concurrently, which waits for this
+	// transaction to end.
+	older, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Rollback(context.Background()) //nolint:errcheck // rolled back below
+	if _, err := older.Exec(ctx, `SELECT count(*) FROM jobs`); err != nil {
+		t.Fatal(err)
+	}
+
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("pool_max_conns", "1")
+	u.RawQuery = q.Encode()
+	lone, err := migrations.NewMigrator(dbtest.Connect(t, u.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lone.Close()
+	type result struct {
+		applied []int64
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		applied, err := lone.UpTo(ctx, 10)
+		done <- result{applied, err}
+	}()
+
+	lease := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := pool.QueryRow(ctx, `SELECT lease_expires_at FROM goose_lock WHERE locked`).Scan(&at); err != nil {
+			t.Fatalf("read the migration lock: %v", err)
+		}
+		return at
+	}
+	for waiting := false; !waiting; {
+		select {
+		case r := <-done:
+			t.Fatalf("migration 10 ended (%v, %v) while a transaction it waits for is open", r.applied, r.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'active' AND query LIKE 'CREATE INDEX CONCURRENTLY%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := lease()
+	// goose's heartbeat renews the lease every 5 s; 2 s more for a busy server.
+	time.Sleep(7 * time.Second)
+	if after := lease(); !after.After(before) {
+		t.Errorf("the lock's lease, to run out at %s, was not renewed in 7 s while the migration held the pool's only connection: "+
+			"another migrator could take the lock once it ran out", before.Format(time.RFC3339Nano))
+	}
+
+	if err := older.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || !slices.Equal(r.applied, []int64{10}) {
+		t.Errorf("up to 10 = %v, %v; want [10]", r.applied, r.err)
 	}
 }
 
