@@ -15,6 +15,7 @@ import (
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/cli"
+	"github.com/relayq/relay/internal/jsonb"
 	"github.com/relayq/relay/internal/rfc3339"
 	"github.com/relayq/relay/server"
 )
@@ -209,7 +210,8 @@ func readAll(ctx context.Context, r io.Reader) ([]byte, error) {
 
 // compactPayload returns the f.payload compacted, or a clear error if it is
 // not one valid JSON value; client.Validate checks that PostgreSQL can
-// store it as jsonb.
+// store it as jsonb, and refuses one nested too deep, which is returned
+// as it is.
 func compactPayload(raw []byte) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -217,6 +219,12 @@ func compactPayload(raw []byte) (json.RawMessage, error) {
 	}
 	if !utf8.Valid(raw) {
 		return nil, cli.Usagef("--payload is not valid UTF-8")
+	}
+	if jsonb.Depth(raw) > client.MaxPayloadDepth {
+		// Left to client.Validate, which says it is too deep, where
+		// json.Compact, which reads no deeper than 10,000 levels, would
+		// call it invalid JSON.
+		return raw, nil
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {

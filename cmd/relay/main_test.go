@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/cli"
 	"github.com/relayq/relay/internal/dbtest"
@@ -165,6 +166,10 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 		{"enqueue invalid JSON", db, []string{"enqueue", "hash", "--payload", "{iterations: 1}"}, "--payload is not valid JSON"},
 		{"enqueue two JSON values", db, []string{"enqueue", "hash", "--payload", "{} {}"}, "--payload is not valid JSON"},
 		{"enqueue empty payload", db, []string{"enqueue", "hash", "--payload", " "}, "--payload is empty"},
+		{"enqueue payload nested too deep", db, []string{"enqueue", "hash", "--payload", strings.Repeat("[", client.MaxPayloadDepth+1) + strings.Repeat("]", client.MaxPayloadDepth+1)},
+			fmt.Sprintf("--payload must not nest arrays and objects more than %d deep", client.MaxPayloadDepth)},
+		{"enqueue payload nested deeper than encoding/json reads", db, []string{"enqueue", "hash", "--payload", strings.Repeat("[", 10001) + strings.Repeat("]", 10001)},
+			fmt.Sprintf("--payload must not nest arrays and objects more than %d deep", client.MaxPayloadDepth)},
 		{"enqueue run-at beyond a year", db, []string{"enqueue", "hash", "--run-at", "2999-01-02T15:04:05Z"}, "--run-at must be at most 8760h0m0s from now"},
 		{"enqueue delay and run-at", db, []string{"enqueue", "hash", "--delay", "1s", "--run-at", "2030-01-02T15:04:05Z"}, "--delay must not be given together with --run-at"},
 		{"enqueue bad run-at", db, []string{"enqueue", "hash", "--run-at", "tomorrow"}, "--run-at must be an RFC 3339 time"},
