@@ -89,7 +89,7 @@ is enqueued: if the job holding the key is the same job, it is printed, with
 max attempts: a replay's --run-at or --delay is not compared, nor applied.`)
 	f.logs.Register(fs)
 	f.db.Register(fs)
-	fs.StringVar(&f.payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input")
+	fs.StringVar(&f.payload, "payload", "{}", "job payload, any JSON value; - reads it from standard input, 16 MiB at most")
 	fs.StringVar(&f.queue, "queue", client.DefaultQueue, "queue")
 	fs.IntVar(&f.priority, "priority", 0, "priority from -32768 to 32767; lower runs first")
 	fs.DurationVar(&f.delay, "delay", 0, "run no earlier than this long from now, e.g. 5s")
@@ -144,7 +144,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 			return fmt.Errorf("read the payload from standard input: %w", err)
 		}
 		if len(raw) > maxPayloadBytes {
-			return fmt.Errorf("payload from standard input is larger than %d bytes", maxPayloadBytes)
+			return cli.Usagef("--payload from standard input is larger than %d bytes", maxPayloadBytes)
 		}
 	}
 	if req.Payload, err = compactPayload(raw); err != nil {

@@ -214,6 +214,33 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 	}
 }
 
+// TestRun_EnqueueRefusesABadPayloadFromStandardInputAsAUsageError: a
+// payload that --payload - reads is refused as the same payload given on
+// the command line is, with a usage error (exit status 2) and before the
+// database is reached, whatever is wrong with it, its size included.
+func TestRun_EnqueueRefusesABadPayloadFromStandardInputAsAUsageError(t *testing.T) {
+	db := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}
+	for _, tt := range []struct {
+		name, stdin, wantInErr string
+	}{
+		{"nothing", "", "--payload is empty"},
+		{"not JSON", "{iterations: 1}\n", "--payload is not valid JSON"},
+		{"a key twice", `{"a":1,"a":2}`, `--payload contains the key "a" twice`},
+		{"beyond the limit", "[" + strings.Repeat(" ", maxPayloadBytes) + "]", fmt.Sprintf("larger than %d bytes", maxPayloadBytes)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runRelay(testContext(t, 10*time.Second), db, tt.stdin, "enqueue", "hash", "--payload", "-")
+			var u *cli.UsageError
+			if !errors.As(r.err, &u) {
+				t.Fatalf("error = %v (%T), want a usage error", r.err, r.err)
+			}
+			if !strings.Contains(r.err.Error(), tt.wantInErr) {
+				t.Errorf("error %q does not contain %q", r.err, tt.wantInErr)
+			}
+		})
+	}
+}
+
 func TestRun_WithoutCommandPrintsUsageAndFails(t *testing.T) {
 	r := runRelay(t.Context(), nil, "")
 	var u *cli.UsageError
