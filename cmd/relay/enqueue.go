@@ -179,12 +179,16 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
+	// The job is stored: an error from here on says so, lest it be
+	// enqueued again for the error.
 	out, err := newJobJSON(stored, existing).encode()
 	if err != nil {
-		return fmt.Errorf("encode the job: %w", err)
+		return fmt.Errorf("job %d was enqueued, but encoding it to print failed: %w", stored.ID, err)
 	}
-	_, err = fmt.Fprintf(env.stdout, "%s\n", out)
-	return err
+	if _, err := fmt.Fprintf(env.stdout, "%s\n", out); err != nil {
+		return fmt.Errorf("job %d was enqueued, but printing it failed: %w", stored.ID, err)
+	}
+	return nil
 }
 
 // readAll reads r to its end, or returns ctx's cause once ctx ends first,

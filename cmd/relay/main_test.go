@@ -898,6 +898,34 @@ func TestRun_EnqueueStopsWaitingForStandardInputWhenSignalled(t *testing.T) {
 	}
 }
 
+// failingWriter fails every write, as a standard output closed or on a
+// full disk does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// TestRun_EnqueueThatCannotPrintItsJobSaysTheJobWasEnqueued: relay
+// enqueue whose standard output fails once the job is stored fails, and
+// says that the job was enqueued, and which, so that no one enqueues it
+// again for the error.
+func TestRun_EnqueueThatCannotPrintItsJobSaysTheJobWasEnqueued(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := dbtest.NewURL(t)
+	var stderr syncBuffer
+	err := run(ctx, []string{"relay", "enqueue", "noop"}, func(k string) string { return map[string]string{"DATABASE_URL": dsn}[k] },
+		strings.NewReader(""), failingWriter{}, &stderr)
+	if err == nil {
+		t.Fatal("relay enqueue printed its job to a standard output that fails every write")
+	}
+	var id int64
+	if err := mustPool(t, dsn).QueryRow(ctx, `SELECT id FROM jobs`).Scan(&id); err != nil {
+		t.Fatalf("the job was not stored: %v", err)
+	}
+	if want := fmt.Sprintf("job %d was enqueued", id); !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "no space left on device") {
+		t.Errorf("error %q does not say %q, and why it was not printed", err, want)
+	}
+}
+
 // TestRun_StoppedWhileConnectingSaysSo stops relay enqueue while its
 // server accepts the connection and never answers: the error says the
 // connection was given up, not that the database cannot be reached.
