@@ -14,6 +14,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,7 +64,21 @@ type Migrator struct {
 	// creates it nor waits for the migration lock, as the provider would,
 	// and for Adopt; legacy reads legacyVersionTable.
 	store, legacy database.Store
+
+	// Logger, if not nil, is told when the Migrator has waited
+	// LockWaitNotice for the migration lock that another run holds, and
+	// again every LockWaitRepeat while it still waits, so that a run
+	// waiting up to 15 minutes for another says so.
+	Logger *slog.Logger
 }
+
+// LockWaitNotice is how long a Migrator waits for the migration lock
+// before it tells its Logger, and LockWaitRepeat how often it tells it
+// again.
+const (
+	LockWaitNotice = 2 * time.Second
+	LockWaitRepeat = 15 * time.Second
+)
 
 // NewMigrator returns a Migrator for the database behind pool. Close it when
 // done; it does not close the pool.
@@ -460,7 +475,16 @@ func (m *Migrator) locked(ctx context.Context, f func() error) ([]int64, error) 
 		return nil, err
 	}
 	defer closeLockDB()
-	if err := locker.Lock(ctx, lockDB); err != nil {
+	taken := make(chan struct{})
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		m.noticeLockWait(ctx, taken)
+	}()
+	err = locker.Lock(ctx, lockDB)
+	close(taken)
+	<-waited
+	if err != nil {
 		return nil, fmt.Errorf("take the migration lock: %w", err)
 	}
 	defer locker.Unlock(context.WithoutCancel(ctx), lockDB) //nolint:errcheck // the lock's lease ends on its own
@@ -469,6 +493,30 @@ func (m *Migrator) locked(ctx context.Context, f func() error) ([]int64, error) 
 		return adopted, err
 	}
 	return adopted, f()
+}
+
+// noticeLockWait tells m.Logger, after LockWaitNotice and then every
+// LockWaitRepeat until taken is closed or ctx ends, that the migrator is
+// still waiting for the lock.
+func (m *Migrator) noticeLockWait(ctx context.Context, taken <-chan struct{}) {
+	if m.Logger == nil {
+		return
+	}
+	start := time.Now()
+	timer := time.NewTimer(LockWaitNotice)
+	defer timer.Stop()
+	for {
+		select {
+		case <-taken:
+			return
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+			timer.Reset(LockWaitRepeat)
+			m.Logger.InfoContext(ctx, "waiting for the migration lock, which another run holds, or one that died until its lease runs out",
+				"waited", time.Since(start).Round(time.Second), "gives_up_after", lockWaitLimit)
+		}
+	}
 }
 
 // lockDB returns the handle the migration lock is taken, renewed and

@@ -1,9 +1,11 @@
 package migrations_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -479,4 +481,69 @@ func TestMigrations_LookForRelaysTablesBesideTheVersionTable(t *testing.T) {
 	if got := one(t, app, "SELECT (to_regclass('app.jobs') IS NOT NULL)::text"); got != "true" {
 		t.Errorf("app.jobs exists: %s, want true", got)
 	}
+}
+
+// TestMigrator_SaysSoWhileItWaitsForTheLockAnotherRunHolds holds the
+// migration lock as another run would while a migrator runs up with a
+// Logger: once it has waited LockWaitNotice it says so, and once the lock
+// is released it migrates.
+func TestMigrator_SaysSoWhileItWaitsForTheLockAnotherRunHolds(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	pool := emptySchema(t)
+	other, err := lock.NewPostgresTableLocker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	if err := other.Lock(ctx, sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var logs lockedBuffer
+	m.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Up(ctx)
+		done <- err
+	}()
+	const notice = `msg="waiting for the migration lock`
+	waitFor := migrations.LockWaitNotice + 5*time.Second
+	for deadline := time.Now().Add(waitFor); !strings.Contains(logs.String(), notice); {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for the lock and never said so; logs:\n%s", waitFor, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := other.Unlock(ctx, sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("up, once the lock was released: %v", err)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that a logger writes to from another
+// goroutine while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -64,6 +64,7 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer m.Close()
+	m.Logger = logger
 
 	if action != "status" {
 		adopted, err := m.Adopt(ctx)
