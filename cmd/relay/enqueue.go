@@ -132,7 +132,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 		}
 		req.RunAt = &t
 	}
-	if f.delay != 0 {
+	if given["delay"] {
 		req.Delay = &f.delay
 	}
 	if given["idempotency-key"] {

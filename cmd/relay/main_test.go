@@ -172,6 +172,7 @@ func TestRun_RejectsBadUsageWithOneLineAndNoOutput(t *testing.T) {
 			fmt.Sprintf("--payload must not nest arrays and objects more than %d deep", client.MaxPayloadDepth)},
 		{"enqueue run-at beyond a year", db, []string{"enqueue", "hash", "--run-at", "2999-01-02T15:04:05Z"}, "--run-at must be at most 8760h0m0s from now"},
 		{"enqueue delay and run-at", db, []string{"enqueue", "hash", "--delay", "1s", "--run-at", "2030-01-02T15:04:05Z"}, "--delay must not be given together with --run-at"},
+		{"enqueue a zero delay and run-at", db, []string{"enqueue", "hash", "--delay", "0s", "--run-at", "2026-01-02T15:04:05Z"}, "--delay must not be given together with --run-at"},
 		{"enqueue bad run-at", db, []string{"enqueue", "hash", "--run-at", "tomorrow"}, "--run-at must be an RFC 3339 time"},
 		{"enqueue negative delay", db, []string{"enqueue", "hash", "--delay", "-1s"}, "--delay must not be negative"},
 		{"enqueue priority out of range", db, []string{"enqueue", "hash", "--priority", "40000"}, "--priority must be an integer from -32768 to 32767"},
