@@ -506,19 +506,7 @@ func TestListJobs_EveryCombinationOfFiltersPagesThroughItsJobs(t *testing.T) {
 							want = append(want, j.id)
 						}
 					}
-					got := []int64{}
-					for page := 0; page <= len(jobs); page++ {
-						rec := e.do(t, "GET", "/v1/jobs?"+query.Encode(), "")
-						wantStatus(t, rec, http.StatusOK)
-						resp := decode[listResponse](t, rec)
-						for _, j := range resp.Jobs {
-							got = append(got, j.ID)
-						}
-						if resp.Next == nil {
-							break
-						}
-						query.Set("after", *resp.Next)
-					}
+					got := e.pageThrough(t, query, len(jobs)+1)
 					if diff := cmp.Diff(want, got); diff != "" {
 						t.Errorf("ids (-want +got):\n%s", diff)
 					}
@@ -526,6 +514,28 @@ func TestListJobs_EveryCombinationOfFiltersPagesThroughItsJobs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// pageThrough lists the jobs query matches, following each page's next
+// cursor, for at most pages pages, and returns their ids in the order
+// listed. query is left as it was given.
+func (e *testEnv) pageThrough(t *testing.T, query url.Values, pages int) []int64 {
+	t.Helper()
+	query = maps.Clone(query)
+	got := []int64{}
+	for range pages {
+		rec := e.do(t, "GET", "/v1/jobs?"+query.Encode(), "")
+		wantStatus(t, rec, http.StatusOK)
+		resp := decode[listResponse](t, rec)
+		for _, j := range resp.Jobs {
+			got = append(got, j.ID)
+		}
+		if resp.Next == nil {
+			break
+		}
+		query.Set("after", *resp.Next)
+	}
+	return got
 }
 
 func TestListJobs_RejectsBadParameters(t *testing.T) {

@@ -275,20 +275,7 @@ func checkListing(t *testing.T, e *testEnv, rng *rand.Rand, queues, kinds []stri
 		cond = "WHERE " + strings.Join(where, " AND ")
 	}
 	want := jobIDs(t, e, cond, args...)
-	got := []int64{}
-	for page := 0; page <= len(want); page++ {
-		rec := e.do(t, "GET", "/v1/jobs?"+query.Encode(), "")
-		wantStatus(t, rec, http.StatusOK)
-		resp := decode[listResponse](t, rec)
-		for _, j := range resp.Jobs {
-			got = append(got, j.ID)
-		}
-		if resp.Next == nil {
-			break
-		}
-		query.Set("after", *resp.Next)
-	}
-	query.Del("after")
+	got := e.pageThrough(t, query, len(want)+1)
 	if diff := cmp.Diff(emptyNil(want), emptyNil(got)); diff != "" {
 		t.Errorf("GET /v1/jobs?%s (-scan +got):\n%s", query.Encode(), diff)
 	}
