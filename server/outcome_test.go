@@ -34,12 +34,7 @@ func TestEnqueue_AnAnswerLostAtTheCommitIs504(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			proxy, through, err := faultproxy.StartFor(dbtest.NewURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { proxy.Close() })
-			e := setupWithPool(t, dbtest.Connect(t, through))
+			proxy, e := setupBehindFaultProxy(t)
 			post := func(key string) *httptest.ResponseRecorder {
 				if key == "" {
 					return e.do(t, "POST", tt.path, tt.body)
@@ -94,12 +89,7 @@ func TestTransitionJob_AnAnswerLostAtTheCommitIs504(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.verb, func(t *testing.T) {
 			t.Parallel()
-			proxy, through, err := faultproxy.StartFor(dbtest.NewURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { proxy.Close() })
-			e := setupWithPool(t, dbtest.Connect(t, through))
+			proxy, e := setupBehindFaultProxy(t)
 			transition := func(id int64) *httptest.ResponseRecorder {
 				return e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/%s", id, tt.verb), "")
 			}
@@ -169,4 +159,16 @@ func TestTransitionJob_NoConnectionInTimeIs503(t *testing.T) {
 	if job.State != db.JobStateAvailable {
 		t.Errorf("job is %s, want it still available", job.State)
 	}
+}
+
+// setupBehindFaultProxy returns the API on a fresh migrated database that
+// it reaches through a fault proxy, and the proxy.
+func setupBehindFaultProxy(t *testing.T) (*faultproxy.Proxy, *testEnv) {
+	t.Helper()
+	proxy, through, err := faultproxy.StartFor(dbtest.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	return proxy, setupWithPool(t, dbtest.Connect(t, through))
 }
