@@ -10,6 +10,22 @@ import (
 	"time"
 )
 
+const workerDrawSessionKey = `-- name: WorkerDrawSessionKey :one
+SELECT nextval('worker_session_key_seq')::integer AS session_key
+`
+
+// Draws a session key never drawn before, for a worker to register under
+// (WorkerRegister's session_key). Drawn in a statement of its own, so that
+// a worker that loses the answer of its registration, which may have
+// committed, knows the key of that session and can name it as its own
+// when it registers again (lost_session_keys).
+func (q *Queries) WorkerDrawSessionKey(ctx context.Context) (int32, error) {
+	row := q.db.QueryRow(ctx, workerDrawSessionKey)
+	var session_key int32
+	err := row.Scan(&session_key)
+	return session_key, err
+}
+
 const workerFleetCount = `-- name: WorkerFleetCount :one
 SELECT count(*)::integer AS live,
        count(*) FILTER (WHERE s.queue = $1::text)::integer AS live_in_queue
@@ -171,7 +187,7 @@ func (q *Queries) WorkerListen(ctx context.Context, queue string) (WorkerListenR
 
 const workerRegister = `-- name: WorkerRegister :one
 WITH fresh AS (
-    SELECT nextval('worker_session_key_seq')::integer AS session_key
+    SELECT COALESCE($1::integer, nextval('worker_session_key_seq')::integer) AS session_key
 ),
 locked AS (
     SELECT f.session_key
@@ -180,7 +196,7 @@ locked AS (
 ),
 holder AS (
     INSERT INTO workers (id, session_key, queue, pid, host)
-    SELECT $1, l.session_key, $2, $3, $4
+    SELECT $2, l.session_key, $3, $4, $5
     FROM locked AS l
     ON CONFLICT (id) DO UPDATE
     SET session_key = EXCLUDED.session_key,
@@ -188,13 +204,14 @@ holder AS (
         pid         = EXCLUDED.pid,
         host        = EXCLUDED.host,
         started_at  = now()
-    WHERE workers.session_key = $5::integer
+    WHERE workers.session_key = $6::integer
+       OR workers.session_key = ANY ($7::integer[])
        OR NOT worker_session_alive(workers.session_key)
     RETURNING workers.session_key
 ),
 session AS (
     INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
-    SELECT h.session_key, $1, $2, $3, $4
+    SELECT h.session_key, $2, $3, $4, $5
     FROM holder AS h
     RETURNING worker_sessions.session_key
 )
@@ -203,11 +220,13 @@ FROM session AS s
 `
 
 type WorkerRegisterParams struct {
+	SessionKey         *int32
 	ID                 string
 	Queue              string
 	PID                int32
 	Host               string
 	PreviousSessionKey *int32
+	LostSessionKeys    []int32
 }
 
 type WorkerRegisterRow struct {
@@ -215,17 +234,22 @@ type WorkerRegisterRow struct {
 	BackendPID int32
 }
 
-// Registers a new session of a worker: draws a fresh session key, takes
-// the advisory lock on it in the calling session, records the session in
+// Registers a new session of a worker under session_key (one
+// WorkerDrawSessionKey drew; null draws one here), takes the advisory
+// lock on it in the calling session, records the session in
 // worker_sessions and makes it the holder of the worker id in workers, all
 // in one statement, so that no reclaim can see the session without its
 // lock. The lock lasts as long as the session: the caller keeps this
 // connection open for the life of the worker.
 //
 // A worker id belongs to one live session at a time. It passes to the new
-// session only when the session holding it has ended, or is the caller's
-// own previous session (previous_session_key: a worker registering again
-// after losing its connection, which the server may not have noticed yet).
+// session only when the session holding it has ended, or is one of the
+// caller's own: its previous session (previous_session_key: a worker
+// registering again after losing its connection, which the server may not
+// have noticed yet), or a session it registered without learning so
+// (lost_session_keys: registrations whose answers were lost, whose
+// connections the server may not have seen end either). A key is drawn
+// once, so a key the caller drew names no other process's session.
 // Two registrations of one id at once are ordered by the id's row, and
 // the second sees the first's session alive. Returns no row when the id is
 // held by another live session (see WorkerHolder) or the lock could not be
@@ -234,11 +258,13 @@ type WorkerRegisterRow struct {
 // server process of the calling session.
 func (q *Queries) WorkerRegister(ctx context.Context, arg WorkerRegisterParams) (WorkerRegisterRow, error) {
 	row := q.db.QueryRow(ctx, workerRegister,
+		arg.SessionKey,
 		arg.ID,
 		arg.Queue,
 		arg.PID,
 		arg.Host,
 		arg.PreviousSessionKey,
+		arg.LostSessionKeys,
 	)
 	var i WorkerRegisterRow
 	err := row.Scan(&i.SessionKey, &i.BackendPID)

@@ -1,15 +1,28 @@
+-- name: WorkerDrawSessionKey :one
+-- Draws a session key never drawn before, for a worker to register under
+-- (WorkerRegister's session_key). Drawn in a statement of its own, so that
+-- a worker that loses the answer of its registration, which may have
+-- committed, knows the key of that session and can name it as its own
+-- when it registers again (lost_session_keys).
+SELECT nextval('worker_session_key_seq')::integer AS session_key;
+
 -- name: WorkerRegister :one
--- Registers a new session of a worker: draws a fresh session key, takes
--- the advisory lock on it in the calling session, records the session in
+-- Registers a new session of a worker under session_key (one
+-- WorkerDrawSessionKey drew; null draws one here), takes the advisory
+-- lock on it in the calling session, records the session in
 -- worker_sessions and makes it the holder of the worker id in workers, all
 -- in one statement, so that no reclaim can see the session without its
 -- lock. The lock lasts as long as the session: the caller keeps this
 -- connection open for the life of the worker.
 --
 -- A worker id belongs to one live session at a time. It passes to the new
--- session only when the session holding it has ended, or is the caller's
--- own previous session (previous_session_key: a worker registering again
--- after losing its connection, which the server may not have noticed yet).
+-- session only when the session holding it has ended, or is one of the
+-- caller's own: its previous session (previous_session_key: a worker
+-- registering again after losing its connection, which the server may not
+-- have noticed yet), or a session it registered without learning so
+-- (lost_session_keys: registrations whose answers were lost, whose
+-- connections the server may not have seen end either). A key is drawn
+-- once, so a key the caller drew names no other process's session.
 -- Two registrations of one id at once are ordered by the id's row, and
 -- the second sees the first's session alive. Returns no row when the id is
 -- held by another live session (see WorkerHolder) or the lock could not be
@@ -17,7 +30,7 @@
 -- which the caller releases by closing the connection. backend_pid is the
 -- server process of the calling session.
 WITH fresh AS (
-    SELECT nextval('worker_session_key_seq')::integer AS session_key
+    SELECT COALESCE(sqlc.narg(session_key)::integer, nextval('worker_session_key_seq')::integer) AS session_key
 ),
 locked AS (
     SELECT f.session_key
@@ -35,6 +48,7 @@ holder AS (
         host        = EXCLUDED.host,
         started_at  = now()
     WHERE workers.session_key = sqlc.narg(previous_session_key)::integer
+       OR workers.session_key = ANY (sqlc.narg(lost_session_keys)::integer[])
        OR NOT worker_session_alive(workers.session_key)
     RETURNING workers.session_key
 ),

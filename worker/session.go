@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgerr"
 )
 
 // IDInUseError is returned by Run when another live session holds the
@@ -65,6 +66,15 @@ func (s *session) claimSession() (*int32, bool) {
 	return &key, true
 }
 
+// ownSessions are the sessions a worker registered that it may replace
+// when it registers again, though the server may not have seen their
+// connections end: the last it knows it registered, and those whose
+// registrations' answers it lost, which may have committed.
+type ownSessions struct {
+	last int32
+	lost []int32
+}
+
 // sessionLossRecheck is how many reclaim intervals after losing its session
 // a worker renews its leases again, to learn which of its jobs were taken
 // back.
@@ -82,10 +92,10 @@ const sessionLossRecheck = 3
 func (s *session) run(ctx context.Context, first chan<- error, stop func(error)) {
 	w := s.w
 	delay := minRetryDelay
-	var previous int32
+	var own ownSessions
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		var registered time.Time
-		err := s.hold(ctx, &previous, func(err error) {
+		err := s.hold(ctx, &own, func(err error) {
 			if attempt == 0 {
 				first <- err
 			}
@@ -127,10 +137,11 @@ func (s *session) run(ctx context.Context, first chan<- error, stop func(error))
 }
 
 // hold registers a new session of the worker on a new connection and
-// serves notifications until the connection fails or ctx is cancelled. previous is the key of the worker's previous session, which
-// it replaces. registered is called once the registration is done, with
-// nil or the error that ended it.
-func (s *session) hold(ctx context.Context, previous *int32, registered func(error)) (err error) {
+// serves notifications until the connection fails or ctx is cancelled.
+// own are the worker's sessions registered before, which it replaces, and
+// which hold keeps up to date. registered is called once the registration
+// is done, with nil or the error that ended it.
+func (s *session) hold(ctx context.Context, own *ownSessions, registered func(error)) (err error) {
 	w := s.w
 	done := false
 	defer func() {
@@ -148,12 +159,12 @@ func (s *session) hold(ctx context.Context, previous *int32, registered func(err
 	defer conn.Close(context.Background())
 	q := db.New(conn)
 
-	key, err := s.register(connectCtx, conn, q, *previous)
+	key, err := s.register(connectCtx, conn, q, own)
 	if err != nil {
 		return err
 	}
 	if key != 0 {
-		*previous = key
+		*own = ownSessions{last: key}
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
@@ -275,10 +286,14 @@ func (s *session) listen(ctx context.Context, q *db.Queries, key int32) (bool, d
 	return true, channels, nil
 }
 
-// register registers a new session on conn and returns its key, or 0 when
-// conn goes through a connection pooler that cannot hold a session: the
-// worker then runs on leases alone, which it says once.
-func (s *session) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, previous int32) (int32, error) {
+// register registers a new session on conn, replacing the worker's own
+// sessions, and returns its key, or 0 when conn goes through a connection
+// pooler that cannot hold a session: the worker then runs on leases
+// alone, which it says once. A registration whose answer is lost is noted
+// in own.lost: it may have committed, and its session, if the server has
+// not seen the connection end, holds the worker's id, which the next
+// registration takes over.
+func (s *session) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, own *ownSessions) (int32, error) {
 	w := s.w
 	backend, err := q.BackendPID(ctx)
 	if err != nil {
@@ -294,18 +309,29 @@ func (s *session) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, p
 		return 0, nil
 	}
 	w.session.leaseOnly.Store(false)
-	params := db.WorkerRegisterParams{
-		ID:    w.cfg.ID,
-		Queue: w.cfg.Queue,
-		PID:   int32(os.Getpid()),
-		Host:  hostname(),
+	// Drawn first, so that the key of a registration whose answer is lost
+	// is known.
+	key, err := q.WorkerDrawSessionKey(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("draw a session key: %w", err)
 	}
-	if previous != 0 {
-		params.PreviousSessionKey = &previous
+	params := db.WorkerRegisterParams{
+		SessionKey:      &key,
+		ID:              w.cfg.ID,
+		Queue:           w.cfg.Queue,
+		PID:             int32(os.Getpid()),
+		Host:            hostname(),
+		LostSessionKeys: own.lost,
+	}
+	if own.last != 0 {
+		params.PreviousSessionKey = &own.last
 	}
 	reg, err := q.WorkerRegister(ctx, params)
 	if err == nil {
 		return reg.SessionKey, nil
+	}
+	if pgerr.AnswerLost(err) {
+		own.lost = append(own.lost, key)
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("register worker: %w", err)

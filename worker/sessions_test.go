@@ -15,6 +15,7 @@ import (
 
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
+	"github.com/relayq/relay/internal/faultproxy"
 	"github.com/relayq/relay/internal/modelcheck"
 	"github.com/relayq/relay/internal/pgplan"
 	"github.com/relayq/relay/worker"
@@ -669,4 +670,36 @@ func TestSession_ReconnectsAtOnceAfterEachLossOfASessionItHeld(t *testing.T) {
 			t.Errorf("loss %d: a new session after %s, want at most 1s", loss, took.Round(time.Millisecond))
 		}
 	}
+}
+
+// TestSession_ARegistrationWhoseAnswerWasLostLeavesTheWorkerItsID loses
+// the answer of a worker's registration after it committed, on a session
+// connection whose end the server never sees: the session it registered
+// lives on, holding the worker's id. The worker registers again, takes
+// its id over from that session of its own, and works, rather than take
+// the session for another process's and stop with IDInUseError.
+func TestSession_ARegistrationWhoseAnswerWasLostLeavesTheWorkerItsID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, through := b.proxied(t)
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: WorkerRegister :one", KeepServer: true})
+	job := b.enqueue(t, "task", `{}`, 3)
+	w, run := b.runWorker(t, b.pool, worker.Config{ID: "unanswered", Slots: 1, SessionDatabaseURL: through}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(context.Context, *worker.Job) (any, error) { return "done", nil })
+	})
+	for deadline := time.Now().Add(10 * time.Second); !w.Told(); time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-run.done:
+			run.once.Do(func() { run.err = err })
+			t.Fatalf("the worker stopped after its registration's answer was lost: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker holds no session 10s after its registration's answer was lost")
+		}
+	}
+	if cuts := proxy.Stats().CommitCuts; cuts != 1 {
+		t.Fatalf("the proxy lost %d registrations' answers, want 1", cuts)
+	}
+	b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
 }

@@ -10,7 +10,9 @@
 //     delivered at Heal, late, as a network that recovers would.
 //   - CutAfterCommit closes a connection just after the server committed a
 //     statement of interest and before the client reads the answer: the
-//     client cannot know whether its statement took effect.
+//     client cannot know whether its statement took effect. It may close
+//     the client's end alone (CommitCut.KeepServer), so that the server,
+//     which sees nothing, keeps the session open until Cut or Close.
 //   - Slow holds what clients send for a while before forwarding it: a
 //     server that answers late, as an overloaded one or one far away does,
 //     while every connection stays open.
@@ -51,6 +53,10 @@ type Proxy struct {
 	commitCut  *CommitCut
 	closed     bool
 	delay      time.Duration // set by Slow
+	// orphans are the server ends of connections CutAfterCommit closed on
+	// the client's side alone (CommitCut.KeepServer), kept open until Cut
+	// or Close.
+	orphans []net.Conn
 
 	wg sync.WaitGroup
 
@@ -145,9 +151,14 @@ func (p *Proxy) Cut() int {
 	for l := range p.links {
 		links = append(links, l)
 	}
+	orphans := p.orphans
+	p.orphans = nil
 	p.mu.Unlock()
 	for _, l := range links {
 		l.close()
+	}
+	for _, c := range orphans {
+		c.Close()
 	}
 	p.cuts.Add(int64(len(links)))
 	return len(links)
@@ -210,10 +221,15 @@ func (p *Proxy) Close() error {
 	for l := range p.links {
 		links = append(links, l)
 	}
+	orphans := p.orphans
+	p.orphans = nil
 	p.mu.Unlock()
 	err := p.ln.Close()
 	for _, l := range links {
 		l.close()
+	}
+	for _, c := range orphans {
+		c.Close()
 	}
 	p.wg.Wait()
 	return err
@@ -231,6 +247,11 @@ type CommitCut struct {
 	// parameter is a non-empty array (the ids a JobCompleteAndClaim
 	// completes): executions with nothing to commit are left alone.
 	NonEmptyFirstArray bool
+	// KeepServer, if set, closes the client's end of the connection
+	// alone: the server's stays open, and silent, until Cut or Close, as
+	// when the client's host vanished without the server noticing. The
+	// server's session, and the locks it holds, live on meanwhile.
+	KeepServer bool
 	// Times is how many connections to cut; the proxy disarms itself
 	// after the last one.
 	Times int
@@ -396,6 +417,25 @@ func (l *link) close() {
 	}
 }
 
+// orphan detaches the server's end of l, so that closing l leaves it
+// open, and hands it to the proxy, which closes it at Cut or Close.
+func (l *link) orphan() {
+	l.mu.Lock()
+	server := l.server
+	l.server = nil
+	l.mu.Unlock()
+	if server == nil {
+		return
+	}
+	l.p.mu.Lock()
+	defer l.p.mu.Unlock()
+	if l.p.closed {
+		server.Close()
+		return
+	}
+	l.p.orphans = append(l.p.orphans, server)
+}
+
 func (l *link) setAwaiting(v bool) {
 	l.mu.Lock()
 	l.awaiting = v
@@ -527,6 +567,9 @@ func (l *link) pumpServer(server net.Conn, be *backendParser) {
 					} else if c, ok := l.p.takeCommitCut(); ok {
 						l.p.commitCuts.Add(1)
 						ev := CutEvent{At: time.Now(), Conn: l.id, Statement: c.Statement, DroppedBytes: len(held)}
+						if c.KeepServer {
+							l.orphan()
+						}
 						l.close()
 						if c.OnCut != nil {
 							go c.OnCut(ev)
