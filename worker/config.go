@@ -133,8 +133,10 @@ type Config struct {
 	// come back at once when it dies) and listens for new jobs. It must
 	// reach PostgreSQL itself or a session-mode pool, not a
 	// transaction-mode pooler such as PgBouncer's, which hands each
-	// transaction to another server session. Default: the settings of the
-	// pool given to New. A session connection found to go through a pooler
+	// transaction to another server session, and it must reach the pool's
+	// database: a session the pool cannot see is given up, with an error
+	// in the log, and the worker claims nothing. Default: the settings of
+	// the pool given to New. A session connection found to go through a pooler
 	// is not used for the lock: the worker then runs on its leases alone,
 	// and says so when it starts. A URL that sets no application_name
 	// takes the pool's, so that the session shows in pg_stat_activity

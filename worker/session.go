@@ -29,6 +29,13 @@ func (e *IDInUseError) Error() string {
 	return fmt.Sprintf("worker id %q is in use by a live session (pid %d on host %s)", e.ID, e.PID, e.Host)
 }
 
+// errSessionElsewhere is why a session the pool does not see alive is
+// given up: its connection reaches another database, or another server,
+// than the pool's.
+var errSessionElsewhere = errors.New("the pool does not see the session's lock: the session connection " +
+	"(Config.SessionDatabaseURL, relay --session-database-url) reaches another database than the worker's pool, " +
+	"whose claims would take the session for ended and claim nothing under it")
+
 // session keeps the worker's PostgreSQL session (see run), and tells the
 // rest of the worker whether, and under which session, it may claim.
 type session struct {
@@ -116,7 +123,11 @@ func (s *session) run(ctx context.Context, first chan<- error, stop func(error))
 			stop(err)
 			return
 		}
-		w.log.Warn("worker session lost; reconnecting", "err", err, "retry_in", delay)
+		if errors.Is(err, errSessionElsewhere) {
+			w.log.Error("worker session registered where its pool cannot see it; claiming nothing until it can", "err", err, "retry_in", delay)
+		} else {
+			w.log.Warn("worker session lost; reconnecting", "err", err, "retry_in", delay)
+		}
 		// Other workers take back the jobs claimed under that session as
 		// soon as they see it ended: find out now, and again once they
 		// surely have, rather than at the next scheduled heartbeat, so that
@@ -181,6 +192,16 @@ func (s *session) hold(ctx context.Context, own *ownSessions, registered func(er
 				w.log.Debug("unregister worker failed", "err", err)
 			}
 		}()
+		// Claims and reclaims read the session's lock through the pool.
+		// One that cannot see it takes the session for ended: the worker
+		// would claim nothing, and not know why.
+		alive, err := w.q.WorkerSessionAlive(connectCtx, key)
+		if err != nil {
+			return fmt.Errorf("ask through the pool whether the session is alive: %w", err)
+		}
+		if !alive {
+			return errSessionElsewhere
+		}
 	}
 	defer s.listening.Store(false)
 	listening, channels, err := s.listen(connectCtx, q, key)

@@ -703,3 +703,23 @@ func TestSession_ARegistrationWhoseAnswerWasLostLeavesTheWorkerItsID(t *testing.
 	}
 	b.waitForState(t, job.ID, db.JobStateSucceeded, 5*time.Second)
 }
+
+// TestWorker_WhoseSessionReachesAnotherDatabaseSaysSoAndClaimsNothing
+// points a worker's session at another Relay database than its pool's.
+// There its lock shows nothing to the pool's database, whose claims take
+// the session for ended: the worker can claim nothing, and says so, as an
+// error, rather than wait silently.
+func TestWorker_WhoseSessionReachesAnotherDatabaseSaysSoAndClaimsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	elsewhere := dbtest.NewURL(t)
+	job := b.enqueue(t, "task", `{}`, 3)
+	var logs syncBuffer
+	b.runWorker(t, b.pool, worker.Config{ID: "astray", Slots: 1, SessionDatabaseURL: elsewhere, Logger: logs.logger()}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(context.Context, *worker.Job) (any, error) { return "done", nil })
+	})
+	logs.waitForLog(t, 5*time.Second, "level=ERROR", "the pool does not see the session")
+	if got := b.get(t, job.ID); got.State != db.JobStateAvailable || got.Attempt != 0 {
+		t.Errorf("job: %s at attempt %d, want available and never claimed", got.State, got.Attempt)
+	}
+}
