@@ -168,6 +168,12 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	want := claimTold
 	poll := time.NewTimer(w.cfg.PollInterval)
 	defer poll.Stop()
+	// pollDue is when poll fires, and told whether the worker was told of
+	// new jobs when it was set: a worker told of them waits longer between
+	// polls in a large fleet (pollEvery), and one that stops being told,
+	// its session lost and its seat taken by another, does not wait out
+	// that longer wait, since its polls are now how it finds new jobs.
+	pollDue, told := time.Now().Add(w.cfg.PollInterval), w.session.told()
 	hold := time.NewTimer(time.Hour)
 	defer hold.Stop()
 	linger := time.NewTimer(time.Hour)
@@ -186,6 +192,13 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	var recheck <-chan time.Time
 
 	for {
+		if now := w.session.told(); now != told {
+			told = now
+			if every := jitter(w.pollEvery()); !told && time.Until(pollDue) > every {
+				poll.Reset(every)
+				pollDue = time.Now().Add(every)
+			}
+		}
 		held, waiting, oldest := w.holding()
 		// A job whose release is set aside is held on its way out: it
 		// takes no slot and is not waiting for one.
@@ -281,7 +294,9 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			want = claimTold
 		case <-poll.C:
 			want = max(want, claimPolled)
-			poll.Reset(jitter(w.pollEvery()))
+			every := jitter(w.pollEvery())
+			poll.Reset(every)
+			pollDue, told = time.Now().Add(every), w.session.told()
 		case <-recheck:
 			recheck = nil
 			want = claimTold

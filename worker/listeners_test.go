@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/faultproxy"
 	"github.com/relayq/relay/worker"
@@ -194,5 +196,93 @@ func TestWorker_TakesAListenerSeatAtOnceHoweverManySeatsTheQueueHas(t *testing.T
 		cfg.ID = id
 		w, _ := b.startWorker(t, cfg, func(*worker.Worker) {})
 		waitTold(t, w, true)
+	}
+}
+
+// TestWorker_ThatLosesItsSeatPollsAtThePollIntervalAtOnce seats a worker
+// in a fleet of 64 on its queue, where the seated poll every four poll
+// intervals, and then ends its session while another takes its seat. The
+// worker, back without a seat, learns of new jobs only by its polls, so it
+// polls at the interval from then on, not once the long wait it began
+// while seated has run out: a job that becomes ready with time, which no
+// notification announces, starts within a poll interval.
+func TestWorker_ThatLosesItsSeatPollsAtThePollIntervalAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// 63 live sessions of the queue, held by one connection.
+	crowd, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { crowd.Close(context.Background()) })
+	var n int
+	if err := crowd.QueryRow(b.ctx, `
+		WITH s AS (
+			INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
+			SELECT nextval('worker_session_key_seq')::integer, 'crowd-' || g, 'default', 1, 'test'
+			FROM generate_series(1, 63) AS g
+			RETURNING session_key)
+		SELECT count(pg_advisory_lock(1380273241, s.session_key)) FROM s`).Scan(&n); err != nil || n != 63 {
+		t.Fatalf("hold the crowd's sessions: %d, %v", n, err)
+	}
+	const poll = 2 * time.Second
+	started := make(chan int64, 1)
+	begun := time.Now()
+	w, _ := b.startWorker(t, worker.Config{ID: "seated", Slots: 1, QueueListeners: 1, PollInterval: poll}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(_ context.Context, j *worker.Job) (any, error) {
+			started <- j.ID
+			return nil, nil
+		})
+	})
+	waitTold(t, w, true)
+	waitFleet(t, w, 64, 64, 5*time.Second)
+	// The first poll, at one interval, waits four until the next.
+	time.Sleep(time.Until(begun.Add(poll + 500*time.Millisecond)))
+
+	seated := make(chan error, 1)
+	go func() {
+		_, err := crowd.Exec(b.ctx, `SELECT pg_advisory_lock(1380273243, hashtext('default/0'))`)
+		seated <- err
+	}()
+	old := b.holderOf(t, "seated").SessionKey
+	if _, err := b.pool.Exec(b.ctx, `
+		SELECT pg_terminate_backend(l.pid)
+		FROM pg_locks AS l
+		WHERE l.locktype = 'advisory' AND l.classid = 1380273241 AND l.objsubid = 2 AND l.objid::integer = $1
+		  AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())`, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-seated; err != nil {
+		t.Fatalf("take the worker's seat: %v", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var renewed bool
+		if err := b.pool.QueryRow(b.ctx, `
+			SELECT EXISTS (SELECT FROM worker_sessions AS s JOIN worker_sessions_live AS l USING (session_key)
+			               WHERE s.worker_id = 'seated' AND s.session_key <> $1)`, old).Scan(&renewed); err != nil {
+			t.Fatal(err)
+		}
+		if renewed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker holds no new session 5s after it lost its own")
+		}
+	}
+	if w.Told() {
+		t.Fatal("the worker is told of new jobs without a seat")
+	}
+
+	runAt := time.Now().Add(500 * time.Millisecond)
+	job, err := b.q.JobInsert(b.ctx, db.JobInsertParams{Queue: "default", Kind: "task", Payload: []byte(`{}`), MaxAttempts: 1, RunAt: &runAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within := poll + poll/5 + 500*time.Millisecond
+	select {
+	case <-started:
+	case <-time.After(time.Until(runAt.Add(within))):
+		t.Fatalf("job %d, ready at %s, not started %s later: the worker without a seat did not poll at its interval",
+			job.ID, runAt.Format("15:04:05.000"), within)
 	}
 }
