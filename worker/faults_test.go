@@ -728,6 +728,61 @@ func TestWorker_KeepsItsLeaseThroughHeartbeatsSlowerThanTheirInterval(t *testing
 	b.wantRanOnce(t, job, 30*time.Second, fmt.Sprintf("with every answer %s late", late))
 }
 
+// TestWorker_CutOffFromTheDatabaseStopsItsHandlerOnceItsLeaseHasRunOut
+// cuts a worker's statements off from the database just after its handler
+// starts, every renewal failing at once, as when the database or a pooler
+// in front of it refuses connections, while its session, reached
+// directly, lives on. The lease then runs out by the worker's clock at the
+// latest a lease after the claim was sent, before the handler started, and
+// the handler is stopped then, not at the first heartbeat after it, up to
+// an interval later, while another worker may run the job again. The job
+// is claimed as the worker starts, just after its first heartbeat was due,
+// so that the heartbeats come as late after the lease as they can.
+func TestWorker_CutOffFromTheDatabaseStopsItsHandlerOnceItsLeaseHasRunOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const (
+		lease     = 3 * time.Second
+		heartbeat = time.Second
+		// How late the handler may stop, for a loaded machine: less than
+		// the half interval the heartbeats would come after the lease.
+		late = 400 * time.Millisecond
+	)
+	b.enqueue(t, "task", `{}`, 3)
+	proxy, through := b.proxied(t)
+	started, stopped := make(chan time.Time, 1), make(chan time.Time, 1)
+	causes := make(chan error, 1)
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, ShutdownGrace: -1, SessionDatabaseURL: b.url,
+	}, func(w *worker.Worker) {
+		w.HandleFunc("task", func(ctx context.Context, j *worker.Job) (any, error) {
+			started <- time.Now()
+			<-ctx.Done()
+			stopped <- time.Now()
+			causes <- context.Cause(ctx)
+			return nil, context.Cause(ctx)
+		})
+	})
+	var begun time.Time
+	select {
+	case begun = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	proxy.Cut()
+	select {
+	case at := <-stopped:
+		if ran := at.Sub(begun); ran > lease+late {
+			t.Errorf("the handler was stopped %s after it started, more than %s after its lease ran out", ran, late)
+		}
+		if cause := <-causes; !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Errorf("the handler stopped with %v, want %v", cause, worker.ErrLeaseLost)
+		}
+	case <-time.After(lease + 5*time.Second):
+		t.Fatalf("the handler still runs %s after its lease ran out", 5*time.Second)
+	}
+}
+
 func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

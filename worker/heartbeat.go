@@ -13,26 +13,39 @@ type heartbeater struct {
 
 // run renews every held lease together, every HeartbeatInterval, and
 // cancels the handlers whose lease was lost or whose job was cancelled.
+// It also renews them the moment the soonest lease runs out by this
+// process's clock, if no heartbeat has renewed it by then: one that failed
+// at once (the database refusing connections), or left the job because
+// another transaction held its row, renewed nothing, and the next one may
+// come up to an interval after the lease ran out, while another worker
+// runs the job. Then the database refuses the renewal, or it fails again
+// and the job is lost by the same clock (loseIfRanOut).
 func (h heartbeater) run(ctx context.Context) {
 	w := h.w
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
 	defer t.Stop()
+	runOut := time.NewTimer(time.Hour)
+	defer runOut.Stop()
 	for {
+		runOut.Reset(h.untilRunOut())
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-w.heartbeatNow:
+		case <-runOut.C:
 		}
 		h.heartbeat(ctx)
 	}
 }
 
-func (h heartbeater) heartbeat(ctx context.Context) {
+// held returns the executions whose leases the worker holds and has not
+// lost, and the time the oldest of their leases was last renewed.
+func (h heartbeater) held() (held []*execution, oldest time.Time) {
 	w := h.w
 	w.mu.Lock()
-	held := make([]*execution, 0, len(w.held))
-	var oldest time.Time
+	defer w.mu.Unlock()
+	held = make([]*execution, 0, len(w.held))
 	for _, e := range w.held {
 		if !e.lost {
 			held = append(held, e)
@@ -41,7 +54,34 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 			}
 		}
 	}
-	w.mu.Unlock()
+	return held, oldest
+}
+
+// untilRunOut returns how long until the soonest lease held runs out by
+// this process's clock, unless renewed before; an hour when none is held,
+// as a job claimed meanwhile is renewed, or lost, by a heartbeat before its
+// lease runs out. A job claimed ahead whose release is under way does not
+// count: its release's answer, not its lease, tells what became of it (see
+// lose).
+func (h heartbeater) untilRunOut() time.Duration {
+	w := h.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var oldest time.Time
+	for _, e := range w.held {
+		if !e.lost && !e.releasing && (oldest.IsZero() || e.renewedAt.Before(oldest)) {
+			oldest = e.renewedAt
+		}
+	}
+	if oldest.IsZero() {
+		return time.Hour
+	}
+	return max(time.Until(oldest.Add(w.cfg.Lease)), 0)
+}
+
+func (h heartbeater) heartbeat(ctx context.Context) {
+	w := h.w
+	held, oldest := h.held()
 	if len(held) == 0 {
 		return
 	}
