@@ -540,9 +540,11 @@ func listParams(r *http.Request) (listFilter, int, error) {
 }
 
 // handleCancelJob serves POST /v1/jobs/{id}/cancel: an available job is
-// cancelled at once; a running one is marked, and its worker cancels it at
-// its next heartbeat (the job stays running until then, with
-// cancel_requested_at set). 409 for a job that has already finished.
+// cancelled at once; a running one is marked (cancel_requested_at), its
+// worker cancels its handler's context at its next heartbeat, and the job
+// stays running until the handler returns: cancelled if it returns an
+// error, succeeded if it returns success all the same. 409 for a job that
+// has already finished.
 func handleCancelJob(logger *slog.Logger, pool *pgxpool.Pool) http.Handler {
 	return handleTransition(logger, pool, "cancel",
 		"GET the job to see its state; sending the cancel again is safe, and answers 409 if the job is already cancelled or finished",
