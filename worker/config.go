@@ -148,7 +148,8 @@ type Config struct {
 	// one statement. It must be shorter than Lease, and at least
 	// MinInterval. Default: Lease/3. A renewal whose answer takes longer
 	// than the interval is waited for while the leases it renews last,
-	// and the next follows when it ends.
+	// and the next follows when it ends. One that fails is tried again
+	// sooner, backing off from 50 ms up to a quarter of the interval.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker checks for ready jobs when no
 	// notification woke it. While notifications tell it of new jobs, a

@@ -783,6 +783,50 @@ func TestWorker_CutOffFromTheDatabaseStopsItsHandlerOnceItsLeaseHasRunOut(t *tes
 	}
 }
 
+// TestWorker_RenewsItsLeaseSoonAfterTheDatabaseComesBack cuts a worker's
+// statements off from the database, every renewal failing at once, for
+// less than a lease, while its session, reached directly, lives on: a
+// pooler restarting, say. The database comes back half a second before
+// the lease runs out, and after the last heartbeat due before then: a
+// renewal that fails is tried again soon, so the job keeps its lease and
+// runs once, rather than waiting for the next heartbeat due, after the
+// lease ran out.
+func TestWorker_RenewsItsLeaseSoonAfterTheDatabaseComesBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Heartbeats come 1.2 s, 2.4 s and 3.6 s after a renewal, the last
+	// after the lease ran out, at 3 s. The outage runs from 0.5 s after a
+	// renewal to 2.5 s.
+	const (
+		lease     = 3 * time.Second
+		heartbeat = 1200 * time.Millisecond
+		after     = 500 * time.Millisecond
+		outage    = 2 * time.Second
+	)
+	job := b.enqueue(t, "steady", `{}`, 5)
+	proxy, through := b.proxied(t)
+	started, finish := make(chan int64, 1), make(chan struct{})
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, ShutdownGrace: -1, SessionDatabaseURL: b.url,
+	}, func(w *worker.Worker) {
+		w.HandleFunc("steady", finishWhenTold(started, finish))
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	claimed := b.get(t, job.ID)
+	b.waitForRenewal(t, job.ID, *claimed.LeaseExpiresAt)
+	time.Sleep(after)
+	proxy.Cut()
+	time.Sleep(outage)
+	proxy.Heal()
+	time.Sleep(lease - outage)
+	close(finish)
+	b.wantRanOnce(t, job, 15*time.Second, fmt.Sprintf("after its statements failed for %s, from %s after a renewal", outage, after))
+}
+
 func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -19,13 +19,19 @@ type heartbeater struct {
 // another transaction held its row, renewed nothing, and the next one may
 // come up to an interval after the lease ran out, while another worker
 // runs the job. Then the database refuses the renewal, or it fails again
-// and the job is lost by the same clock (loseIfRanOut).
+// and the job is lost by the same clock (loseIfRanOut). A renewal that
+// fails is tried again soon, backing off up to a quarter of the interval,
+// so that a database back before the leases run out renews them, though
+// the next heartbeat due would come too late.
 func (h heartbeater) run(ctx context.Context) {
 	w := h.w
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
 	defer t.Stop()
 	runOut := time.NewTimer(time.Hour)
 	defer runOut.Stop()
+	maxDelay := max(w.cfg.HeartbeatInterval/4, MinInterval)
+	delay := min(minRetryDelay, maxDelay)
+	var retry <-chan time.Time
 	for {
 		runOut.Reset(h.untilRunOut())
 		select {
@@ -34,8 +40,15 @@ func (h heartbeater) run(ctx context.Context) {
 		case <-t.C:
 		case <-w.heartbeatNow:
 		case <-runOut.C:
+		case <-retry:
 		}
-		h.heartbeat(ctx)
+		retry = nil
+		if h.heartbeat(ctx) {
+			delay = min(minRetryDelay, maxDelay)
+			continue
+		}
+		retry = time.After(delay)
+		delay = min(2*delay, maxDelay)
 	}
 }
 
@@ -79,11 +92,13 @@ func (h heartbeater) untilRunOut() time.Duration {
 	return max(time.Until(oldest.Add(w.cfg.Lease)), 0)
 }
 
-func (h heartbeater) heartbeat(ctx context.Context) {
+// heartbeat renews the leases held, and reports false if its statement
+// failed, to be tried again.
+func (h heartbeater) heartbeat(ctx context.Context) (ok bool) {
 	w := h.w
 	held, oldest := h.held()
 	if len(held) == 0 {
-		return
+		return true
 	}
 	sentAt := time.Now()
 	// A renewal is worth waiting for as long as the leases it renews
@@ -100,13 +115,13 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 	renewed, cancelled, busy, err := w.leases.heartbeatMany(ctx, held, until)
 	if err != nil {
 		if ctx.Err() != nil {
-			return
+			return true
 		}
 		w.log.Warn("heartbeat failed", "err", err, "jobs", len(held))
 		for _, e := range held {
 			h.loseIfRanOut(e, "lease ran out while the database was unreachable")
 		}
-		return
+		return false
 	}
 	for _, e := range held {
 		switch {
@@ -129,6 +144,7 @@ func (h heartbeater) heartbeat(ctx context.Context) {
 			w.mu.Unlock()
 		}
 	}
+	return true
 }
 
 // loseIfRanOut loses e, for the reason why, if no heartbeat has renewed its
