@@ -86,7 +86,7 @@ func (v JobView) AppendJSON(b []byte) ([]byte, error) {
 // json.Marshal writes a json.RawMessage: compact, with <, >, &, U+2028 and
 // U+2029 escaped, and null when empty. json.Marshal writes it where it
 // can; one nested deeper than encoding/json reads (jsonb.MaxDecodeDepth),
-// which jsonb holds, is written by appendCompact.
+// which jsonb holds, is written by jsonb.AppendCompact.
 func appendDocument(b, doc []byte) ([]byte, error) {
 	out, err := json.Marshal(json.RawMessage(doc))
 	if err == nil {
@@ -95,39 +95,7 @@ func appendDocument(b, doc []byte) ([]byte, error) {
 	if jsonb.Depth(doc) <= jsonb.MaxDecodeDepth {
 		return nil, err
 	}
-	return appendCompact(b, doc), nil
-}
-
-// appendCompact appends doc, valid JSON, as json.Marshal writes a
-// json.RawMessage, at any depth: without the white space outside its
-// strings, and with <, >, &, U+2028 and U+2029 escaped as \u003c, \u003e,
-// \u0026, \u2028 and \u2029.
-func appendCompact(b, doc []byte) []byte {
-	const hex = "0123456789abcdef"
-	inString, escaped := false, false
-	for i := 0; i < len(doc); i++ {
-		c := doc[i]
-		switch {
-		case inString && escaped:
-			escaped = false
-		case inString && c == '\\':
-			escaped = true
-		case c == '"':
-			inString = !inString
-		case !inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
-			continue
-		}
-		switch {
-		case c == '<' || c == '>' || c == '&':
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
-		case c == 0xE2 && i+2 < len(doc) && doc[i+1] == 0x80 && doc[i+2]&^1 == 0xA8:
-			b = append(b, '\\', 'u', '2', '0', '2', hex[doc[i+2]&0xF])
-			i += 2
-		default:
-			b = append(b, c)
-		}
-	}
-	return b
+	return jsonb.AppendCompact(b, doc), nil
 }
 
 // readBody reads a JSON request body of at most limit bytes and checks what

@@ -480,6 +480,34 @@ func ArrayLen(b []byte) int {
 	return commas + 1
 }
 
+// AppendCompact appends b, a valid JSON document, to dst as json.Marshal
+// writes a json.RawMessage, at any depth: without the white space outside
+// its strings, and with <, >, &, U+2028 and U+2029 escaped as \u003c,
+// \u003e, \u0026, \u2028 and \u2029. encoding/json refuses a document
+// nested deeper than MaxDecodeDepth, which jsonb holds.
+func AppendCompact(dst, b []byte) []byte {
+	const hex = "0123456789abcdef"
+	var r reader
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if r.step(c) && (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+			continue
+		}
+		switch {
+		case c == '<' || c == '>' || c == '&':
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+		case c == 0xE2 && i+2 < len(b) && b[i+1] == 0x80 && b[i+2]&^1 == 0xA8:
+			// U+2028 or U+2029, whose continuation bytes change nothing
+			// the reader follows.
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[b[i+2]&0xF])
+			i += 2
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}
+
 // reader follows a JSON document byte by byte: whether the byte lies in
 // a string, and how deep in arrays and objects it lies.
 type reader struct {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/relayq/relay/internal/dbtest"
 )
@@ -282,4 +283,29 @@ func TestArrayLen_CountsAsEncodingJSONDoesAtAnyDepth(t *testing.T) {
 			t.Errorf("ArrayLen(%s) = %d, want 0", doc, got)
 		}
 	}
+}
+
+// FuzzAppendCompact: AppendCompact writes any valid JSON document in UTF-8,
+// as PostgreSQL renders them all, as json.Marshal writes it as a
+// json.RawMessage.
+func FuzzAppendCompact(f *testing.F) {
+	for _, doc := range []string{
+		`null`, `[]`, `{}`, `[1, 2.50, -0.0, 1e3]`, `{"a": {"b": [true, false, null]}, "c": ""}`,
+		`"<script>&amp;</script>"`, "\"\u2028\u2029 \u2027 \u202a\"", `"\"\\\/\b\f\n\r\t\u0001\u00e9\ud83d\ude00"`,
+		" \t\r\n{ \"k\" :\t[ 1 ,\n2 ] } \n", `{"a": "x", "a": "y"}`, `"é € 😀"`, `["\\", "\\\"", "\"<\""]`,
+	} {
+		f.Add([]byte(doc))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		if !json.Valid(doc) || !utf8.Valid(doc) {
+			return
+		}
+		want, err := json.Marshal(json.RawMessage(doc))
+		if err != nil {
+			t.Fatalf("json.Marshal(%q): %v", doc, err)
+		}
+		if got := AppendCompact(nil, doc); string(got) != string(want) {
+			t.Errorf("AppendCompact(%q) = %q, json.Marshal writes %q", doc, got, want)
+		}
+	})
 }
