@@ -513,13 +513,12 @@ func (d *dispatcher) releaseStale() {
 	}
 	stale := w.ahead[:n:n]
 	w.ahead = append([]*execution(nil), w.ahead[n:]...)
-	w.markReleasing(stale)
 	w.mu.Unlock()
 	if n == 0 {
 		return
 	}
 	w.log.Info("jobs claimed ahead waited too long for a slot; releasing them", "jobs", n, "wait", w.cfg.PrefetchWait)
-	d.p.toRelease = append(d.p.toRelease, stale...)
+	d.release(stale)
 	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
 }
 
@@ -615,9 +614,7 @@ func (d *dispatcher) finish(r *round) {
 	}
 	stopping := w.stopping
 	spawn := 0
-	if stopping {
-		w.markReleasing(claimed)
-	} else {
+	if !stopping {
 		w.ahead = append(w.ahead, claimed...)
 		// Free slots start the new jobs; slots that are busy take them as
 		// their handlers return.
@@ -627,7 +624,7 @@ func (d *dispatcher) finish(r *round) {
 	w.mu.Unlock()
 	if stopping {
 		// Claimed as the worker began to stop: released unstarted.
-		d.p.toRelease = append(d.p.toRelease, claimed...)
+		d.release(claimed)
 	}
 	for _, old := range superseded {
 		w.log.Warn("lease lost; cancelling handler", "job", old.job.ID, "attempt", old.job.Attempt, "why", "the job was claimed again")
@@ -636,6 +633,20 @@ func (d *dispatcher) finish(r *round) {
 	for range spawn {
 		go slot{w: w}.run()
 	}
+}
+
+// release adds execs, jobs claimed ahead and never started, to the
+// releases the next round sends, marked releasing first (see
+// execution.releasing): a heartbeat, or a newer claim of one of them,
+// that finds its lease gone may come after its release landed.
+func (d *dispatcher) release(execs []*execution) {
+	w := d.w
+	w.mu.Lock()
+	for _, e := range execs {
+		e.releasing = true
+	}
+	w.mu.Unlock()
+	d.p.toRelease = append(d.p.toRelease, execs...)
 }
 
 // releasedAhead logs what became of the release of e, a job claimed ahead
@@ -695,10 +706,10 @@ func (d *dispatcher) logRefused(what string, o outcome) {
 func (d *dispatcher) drain(ctx context.Context) {
 	w := d.w
 	w.mu.Lock()
-	w.markReleasing(w.ahead)
-	d.p.toRelease = append(d.p.toRelease, w.ahead...)
+	ahead := w.ahead
 	w.ahead = nil
 	w.mu.Unlock()
+	d.release(ahead)
 	graceEnd := d.graceEnd
 	d.acknowledgeAtShutdown(ctx, graceEnd, false)
 	grace := time.NewTimer(time.Until(graceEnd))

@@ -255,15 +255,6 @@ func (w *Worker) unhold(e *execution) {
 	}
 }
 
-// markReleasing marks execs, jobs claimed ahead and never started that
-// the dispatcher takes to be released, as releasing (see
-// execution.releasing). w.mu must be held.
-func (w *Worker) markReleasing(execs []*execution) {
-	for _, e := range execs {
-		e.releasing = true
-	}
-}
-
 // stillHolding counts the executions of execs the worker still holds: not
 // superseded by a newer claim of the same job.
 func (w *Worker) stillHolding(execs []*execution) int {
