@@ -129,33 +129,38 @@ func (fs *FlagSet) Parse(args []string, stderr io.Writer) ([]string, error) {
 // reason a duration flag's value was refused where the flag package says
 // only "parse error": a unit missing ("10") or unknown ("7d").
 func (fs *FlagSet) explain(err error) error {
-	msg := err.Error()
-	explained := err
-	fs.VisitAll(func(f *flag.Flag) {
-		getter, ok := f.Value.(flag.Getter)
-		if !ok {
-			return
-		}
-		if _, ok := getter.Get().(time.Duration); !ok {
-			return
-		}
-		quoted, ok := strings.CutPrefix(msg, "invalid value ")
-		if !ok {
-			return
-		}
-		quoted, ok = strings.CutSuffix(quoted, " for flag -"+f.Name+": parse error")
-		if !ok {
-			return
-		}
-		value, uerr := strconv.Unquote(quoted)
-		if uerr != nil {
-			return
-		}
-		if _, perr := time.ParseDuration(value); perr != nil {
-			explained = fmt.Errorf("invalid value %q for flag -%s: %v: durations take units h, m, s, ms, us or ns, as in 168h (7 days) or 1m30s", value, f.Name, perr)
-		}
-	})
-	return explained
+	msg, ok := strings.CutSuffix(err.Error(), ": parse error")
+	if !ok {
+		return err
+	}
+	// "invalid value %q for flag -%s": the value, quoted, may hold the
+	// words between them; the flag's name cannot.
+	i := strings.LastIndex(msg, " for flag -")
+	if i < 0 {
+		return err
+	}
+	quoted, ok := strings.CutPrefix(msg[:i], "invalid value ")
+	name := msg[i+len(" for flag -"):]
+	f := fs.Lookup(name)
+	if !ok || f == nil {
+		return err
+	}
+	getter, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err
+	}
+	if _, ok := getter.Get().(time.Duration); !ok {
+		return err
+	}
+	value, uerr := strconv.Unquote(quoted)
+	if uerr != nil {
+		return err
+	}
+	_, perr := time.ParseDuration(value)
+	if perr == nil {
+		return err
+	}
+	return fmt.Errorf("invalid value %q for flag -%s: %v: durations take units h, m, s, ms, us or ns, as in 168h (7 days) or 1m30s", value, name, perr)
 }
 
 // LogFlags are the logging flags every command has.
