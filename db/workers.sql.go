@@ -283,6 +283,43 @@ func (q *Queries) WorkerSessionAlive(ctx context.Context, sessionKey int32) (boo
 	return alive, err
 }
 
+const workerSessionEndWhenSilent = `-- name: WorkerSessionEndWhenSilent :exec
+SELECT set_config('tcp_keepalives_idle', COALESCE($1::integer::text, current_setting('tcp_keepalives_idle')), false) AS idle,
+    set_config('tcp_keepalives_interval', COALESCE($2::integer::text, current_setting('tcp_keepalives_interval')), false) AS interval,
+    set_config('tcp_keepalives_count', COALESCE($3::integer::text, current_setting('tcp_keepalives_count')), false) AS count,
+    set_config('tcp_user_timeout', COALESCE($4::integer::text, current_setting('tcp_user_timeout')), false) AS user_timeout
+`
+
+type WorkerSessionEndWhenSilentParams struct {
+	IdleSeconds     *int32
+	IntervalSeconds *int32
+	Count           *int32
+	UserTimeoutMs   *int32
+}
+
+// Has the server end the calling session once its connection has been
+// silent for about a lease, as the worker does on its side: TCP keepalive
+// probes after idle_seconds without a word from the worker, then every
+// interval_seconds, up to count of them, and tcp_user_timeout, how many
+// milliseconds a probe or a notification may go unacknowledged. Without
+// them the server keeps the session of a worker whose host vanished
+// without a word (power lost, a network cut that sends no reset) until
+// its own TCP keepalive gives up, two hours and more by default, and with
+// the session its lock, its listener seat and its worker id: a worker
+// started again under that id is refused for as long. A null leaves that
+// setting as the session's connection string set it. Over a Unix-domain
+// socket the settings do nothing, and none is needed: the kernel tells the
+// server when the other end is gone.
+func (q *Queries) WorkerSessionEndWhenSilent(ctx context.Context, arg WorkerSessionEndWhenSilentParams) error {
+	_, err := q.db.Exec(ctx, workerSessionEndWhenSilent,
+		arg.IdleSeconds,
+		arg.IntervalSeconds,
+		arg.Count,
+		arg.UserTimeoutMs,
+	)
+	return err
+}
+
 const workerSessionKeys = `-- name: WorkerSessionKeys :many
 SELECT s.session_key FROM worker_sessions AS s ORDER BY s.session_key
 `

@@ -6,6 +6,25 @@
 -- when it registers again (lost_session_keys).
 SELECT nextval('worker_session_key_seq')::integer AS session_key;
 
+-- name: WorkerSessionEndWhenSilent :exec
+-- Has the server end the calling session once its connection has been
+-- silent for about a lease, as the worker does on its side: TCP keepalive
+-- probes after idle_seconds without a word from the worker, then every
+-- interval_seconds, up to count of them, and tcp_user_timeout, how many
+-- milliseconds a probe or a notification may go unacknowledged. Without
+-- them the server keeps the session of a worker whose host vanished
+-- without a word (power lost, a network cut that sends no reset) until
+-- its own TCP keepalive gives up, two hours and more by default, and with
+-- the session its lock, its listener seat and its worker id: a worker
+-- started again under that id is refused for as long. A null leaves that
+-- setting as the session's connection string set it. Over a Unix-domain
+-- socket the settings do nothing, and none is needed: the kernel tells the
+-- server when the other end is gone.
+SELECT set_config('tcp_keepalives_idle', COALESCE(sqlc.narg(idle_seconds)::integer::text, current_setting('tcp_keepalives_idle')), false) AS idle,
+    set_config('tcp_keepalives_interval', COALESCE(sqlc.narg(interval_seconds)::integer::text, current_setting('tcp_keepalives_interval')), false) AS interval,
+    set_config('tcp_keepalives_count', COALESCE(sqlc.narg(count)::integer::text, current_setting('tcp_keepalives_count')), false) AS count,
+    set_config('tcp_user_timeout', COALESCE(sqlc.narg(user_timeout_ms)::integer::text, current_setting('tcp_user_timeout')), false) AS user_timeout;
+
 -- name: WorkerRegister :one
 -- Registers a new session of a worker under session_key (one
 -- WorkerDrawSessionKey drew; null draws one here), takes the advisory

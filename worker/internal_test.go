@@ -115,6 +115,49 @@ func TestLockWait_AQuarterOfTheLeaseAndTwoSecondsAtMost(t *testing.T) {
 	}
 }
 
+// TestEndWhenSilent_ALeaseOfSilenceInWholeSecondsUnlessTheURLSetsIt: the
+// server is asked to probe a silent session after a third of the lease,
+// every sixth of it, four times, and to give up on unacknowledged data
+// after a lease, in whole seconds of at least one for the probes and
+// within an int32 of milliseconds; a setting the session's connection
+// string makes, as a parameter or among its options, is left to it.
+func TestEndWhenSilent_ALeaseOfSilenceInWholeSecondsUnlessTheURLSetsIt(t *testing.T) {
+	const unset = -1
+	for _, tc := range []struct {
+		lease                          time.Duration
+		params                         map[string]string
+		idle, interval, count, timeout int32
+	}{
+		{DefaultLease, nil, 10, 5, 4, 30000},
+		{5 * time.Second, nil, 2, 1, 4, 5000},
+		{100 * time.Millisecond, nil, 1, 1, 4, 100},
+		{1000 * time.Hour, nil, 1200000, 600000, 4, math.MaxInt32},
+		{DefaultLease, map[string]string{"tcp_keepalives_idle": "60"}, unset, 5, 4, 30000},
+		{DefaultLease, map[string]string{"options": "-c tcp_user_timeout=9000 -c tcp_keepalives_count=9"}, 10, 5, unset, unset},
+	} {
+		got := endWhenSilent(tc.lease, tc.params)
+		for _, s := range []struct {
+			name string
+			got  *int32
+			want int32
+		}{
+			{"tcp_keepalives_idle", got.IdleSeconds, tc.idle},
+			{"tcp_keepalives_interval", got.IntervalSeconds, tc.interval},
+			{"tcp_keepalives_count", got.Count, tc.count},
+			{"tcp_user_timeout", got.UserTimeoutMs, tc.timeout},
+		} {
+			switch {
+			case s.want == unset && s.got != nil:
+				t.Errorf("lease %s, params %v: %s = %d, want it left to the URL", tc.lease, tc.params, s.name, *s.got)
+			case s.want != unset && s.got == nil:
+				t.Errorf("lease %s, params %v: %s left to the URL, want %d", tc.lease, tc.params, s.name, s.want)
+			case s.want != unset && *s.got != s.want:
+				t.Errorf("lease %s, params %v: %s = %d, want %d", tc.lease, tc.params, s.name, *s.got, s.want)
+			}
+		}
+	}
+}
+
 // TestAheadLimit_WhatTheSlotsStartWithinHalfThePrefetchWait: a worker
 // claims ahead only once a handler has returned and while its handlers
 // take less than half of PrefetchWait, and no more than its slots start
