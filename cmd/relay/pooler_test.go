@@ -102,15 +102,7 @@ func TestWork_RefusesAnIDALiveWorkerHolds(t *testing.T) {
 	// The first holds the id once its session is registered, which it
 	// logs at debug level; "worker starting" comes before that.
 	first := startProc(t, ctx, "first", "work", "--database-url", dsn, "--id", "pod-0", "--log-format", "json", "--log-level", "debug")
-	for !strings.Contains(first.stderr.String(), "worker session registered") {
-		select {
-		case <-first.done:
-			t.Fatalf("the first worker exited: %v", first.err)
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	waitRegistered(t, ctx, first)
 	_, stderr, code := runBinary(t, ctx, "work", "--database-url", dsn, "--id", "pod-0", "--log-format", "json")
 	want := fmt.Sprintf(`relay: worker id "pod-0" is in use by a live session (pid %d on host `, first.cmd.Process.Pid)
 	if code != 1 || !strings.Contains(stderr, want) {
