@@ -267,7 +267,9 @@ type Ack struct {
 	// the shutdown gave up sending it again. The job's row tells which for
 	// a completion: it landed if the job succeeded at this attempt.
 	InDoubt bool
-	// Err is the handler's error, for failures.
+	// Err is the handler's error, for failures and leases lost (for a
+	// lease lost with the handler still running at shutdown, why the lease
+	// was lost); for a release, why it was released (see OutcomeReleased).
 	Err error
 }
 
@@ -281,7 +283,12 @@ const (
 	// OutcomeLeaseLost is an execution whose lease was lost before it
 	// finished: its outcome is dropped, never written.
 	OutcomeLeaseLost Outcome = "lease_lost"
-	// OutcomeReleased is an execution released at shutdown.
+	// OutcomeReleased is a job given back to the queue for another
+	// attempt to run: a handler still running when the shutdown's grace
+	// period ended, or a job claimed ahead and never started, released as
+	// the worker stopped (Err is ErrShutdown for both) or after it waited
+	// Config.PrefetchWait for a slot (Err is nil). Accepted is false when
+	// the lease was no longer the worker's, or the release went unsent.
 	OutcomeReleased Outcome = "released"
 )
 

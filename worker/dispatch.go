@@ -518,7 +518,7 @@ func (d *dispatcher) releaseStale() {
 		return
 	}
 	w.log.Info("jobs claimed ahead waited too long for a slot; releasing them", "jobs", n, "wait", w.cfg.PrefetchWait)
-	d.release(stale)
+	d.release(stale, nil)
 	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
 }
 
@@ -540,6 +540,7 @@ func (d *dispatcher) finish(r *round) {
 		for i, e := range r.batch.toRelease {
 			e.cancel(nil)
 			d.releasedAhead(e, r.released[e.job.ID], r.releaseRefused[e.job.ID] || warned[i])
+			w.report(outcome{exec: e, err: e.releaseCause}, OutcomeReleased, r.released[e.job.ID])
 		}
 	} else {
 		retry.toRelease = r.batch.toRelease
@@ -624,7 +625,7 @@ func (d *dispatcher) finish(r *round) {
 	w.mu.Unlock()
 	if stopping {
 		// Claimed as the worker began to stop: released unstarted.
-		d.release(claimed)
+		d.release(claimed, ErrShutdown)
 	}
 	for _, old := range superseded {
 		w.log.Warn("lease lost; cancelling handler", "job", old.job.ID, "attempt", old.job.Attempt, "why", "the job was claimed again")
@@ -638,12 +639,14 @@ func (d *dispatcher) finish(r *round) {
 // release adds execs, jobs claimed ahead and never started, to the
 // releases the next round sends, marked releasing first (see
 // execution.releasing): a heartbeat, or a newer claim of one of them,
-// that finds its lease gone may come after its release landed.
-func (d *dispatcher) release(execs []*execution) {
+// that finds its lease gone may come after its release landed. cause is
+// why, which OnAck reports with each release.
+func (d *dispatcher) release(execs []*execution, cause error) {
 	w := d.w
 	w.mu.Lock()
 	for _, e := range execs {
 		e.releasing = true
+		e.releaseCause = cause
 	}
 	w.mu.Unlock()
 	d.p.toRelease = append(d.p.toRelease, execs...)
@@ -709,7 +712,7 @@ func (d *dispatcher) drain(ctx context.Context) {
 	ahead := w.ahead
 	w.ahead = nil
 	w.mu.Unlock()
-	d.release(ahead)
+	d.release(ahead, ErrShutdown)
 	graceEnd := d.graceEnd
 	d.acknowledgeAtShutdown(ctx, graceEnd, false)
 	grace := time.NewTimer(time.Until(graceEnd))
@@ -735,6 +738,7 @@ func (d *dispatcher) drain(ctx context.Context) {
 	for _, e := range append(d.p.toRelease, d.heldReleases...) {
 		w.log.Warn("release left unsent at shutdown: the job claimed ahead is taken back once this worker's session ends",
 			"job", e.job.ID)
+		w.report(outcome{exec: e, err: e.releaseCause}, OutcomeReleased, false)
 	}
 	if len(d.lostClaims) > 0 {
 		w.log.Warn("claim whose answer was lost left unfound at shutdown: the jobs it may hold are taken back once this worker's session ends or their leases run out",

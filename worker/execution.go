@@ -31,6 +31,10 @@ type execution struct {
 	// the release's answer, not a heartbeat nor a newer claim of the job,
 	// tells whether the worker gave the lease back or had lost it.
 	releasing bool
+	// releaseCause is why the job, claimed ahead, is released, set with
+	// releasing: ErrShutdown when the worker stops, nil when it waited
+	// too long for a slot. OnAck reports it as the release's Err.
+	releaseCause error
 	// returned is set, under Worker.mu, once the handler has returned: its
 	// outcome is on its way to the dispatcher, and the job is no longer
 	// one a shutdown may release.

@@ -32,6 +32,8 @@ type aheadRelease struct {
 	e    *execution
 	pool *pgxpool.Pool
 	logs *bytes.Buffer
+	// acks is what the worker reported to OnAck, in order.
+	acks *[]Ack
 }
 
 // newAheadRelease makes an aheadRelease on pool, whose worker logs from
@@ -41,8 +43,11 @@ func newAheadRelease(t *testing.T, pool *pgxpool.Pool) *aheadRelease {
 	t.Helper()
 	logs := &bytes.Buffer{}
 	queue := "ahead-" + uuid.NewString()
+	// The test's steps run one after another: OnAck needs no lock.
+	acks := &[]Ack{}
 	w, err := New(pool, Config{ID: "w", Queue: queue, Slots: 1,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		OnAck:  func(a Ack) { *acks = append(*acks, a) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +58,7 @@ func newAheadRelease(t *testing.T, pool *pgxpool.Pool) *aheadRelease {
 	w.ahead = append(w.ahead, e)
 	w.slotsBusy = 1 // the handler that keeps the slot busy
 	w.mu.Unlock()
-	return &aheadRelease{w: w, d: &dispatcher{w: w}, e: e, pool: pool, logs: logs}
+	return &aheadRelease{w: w, d: &dispatcher{w: w}, e: e, pool: pool, logs: logs, acks: acks}
 }
 
 // releaseStale has the dispatcher find the job waited too long, as its
@@ -263,5 +268,83 @@ func TestLeaseLost_WarnedOfOnceWhenAnotherWorkerTookTheJob(t *testing.T) {
 		if got := a.warnings(); len(got) == 1 && !strings.Contains(got[0], "lease lost; cancelling handler") {
 			t.Errorf("warned %q, want that the lease was lost and the handler cancelled", got[0])
 		}
+	})
+}
+
+// wantReported fails the test unless OnAck was told of job id, and of
+// nothing else, once, as released, accepted or not, in doubt or not, for
+// cause.
+func (a *aheadRelease) wantReported(t *testing.T, id int64, accepted, inDoubt bool, cause error) {
+	t.Helper()
+	want := fmt.Sprintf("job %d released accepted=%t in_doubt=%t err=%v", id, accepted, inDoubt, cause)
+	var got []string
+	for _, ack := range *a.acks {
+		got = append(got, fmt.Sprintf("job %d %s accepted=%t in_doubt=%t err=%v", ack.Job.ID, ack.Outcome, ack.Accepted, ack.InDoubt, ack.Err))
+	}
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("reported to OnAck:\n%s\nwant %s", strings.Join(got, "\n"), want)
+	}
+}
+
+func TestOnAck_ToldOfEachReleaseOfAJobClaimedAhead(t *testing.T) {
+	t.Parallel()
+	t.Run("released after it waited too long for a slot", func(t *testing.T) {
+		t.Parallel()
+		a := newAheadRelease(t, dbtest.New(t))
+		a.releaseStale(t)
+		a.d.finish(a.answeredRound(t, 0))
+		a.wantReported(t, a.e.job.ID, true, false, nil)
+	})
+
+	t.Run("taken back by another worker before its release", func(t *testing.T) {
+		t.Parallel()
+		a := newAheadRelease(t, dbtest.New(t))
+		a.takeBack(t)
+		a.releaseStale(t)
+		a.d.finish(a.answeredRound(t, 0))
+		a.wantReported(t, a.e.job.ID, false, false, nil)
+	})
+
+	t.Run("released once its first release's answer was lost", func(t *testing.T) {
+		t.Parallel()
+		url := dbtest.NewURL(t)
+		p, through, err := faultproxy.StartFor(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		a := newAheadRelease(t, dbtest.Connect(t, through))
+		a.releaseStale(t)
+		p.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobReleaseMany"})
+		lost := a.round(0)
+		if lost.err == nil || p.Armed() != 0 {
+			t.Fatalf("release: %v, %d cuts still armed; want its answer lost", lost.err, p.Armed())
+		}
+		a.d.finish(lost)
+		if len(*a.acks) > 0 {
+			t.Errorf("reported before the release was answered: %v", *a.acks)
+		}
+		a.d.finish(a.answeredRound(t, 0))
+		a.wantReported(t, a.e.job.ID, false, true, nil)
+	})
+
+	t.Run("claimed as the worker began to stop", func(t *testing.T) {
+		t.Parallel()
+		a := newAheadRelease(t, dbtest.New(t))
+		job, err := db.New(a.pool).JobInsert(context.Background(), db.JobInsertParams{Queue: a.w.cfg.Queue, Kind: "noop", Payload: []byte(`{}`), MaxAttempts: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.w.session.leaseOnly.Store(true)
+		a.w.mu.Lock()
+		a.w.stopping = true
+		a.w.mu.Unlock()
+		claimed := a.answeredRound(t, 1)
+		if len(claimed.claimed) != 1 || *claimed.claimed[0].ID != job.ID {
+			t.Fatalf("claim as the worker stops: %d jobs, want the job inserted", len(claimed.claimed))
+		}
+		a.d.finish(claimed)
+		a.d.finish(a.answeredRound(t, 0))
+		a.wantReported(t, job.ID, true, false, ErrShutdown)
 	})
 }
