@@ -141,13 +141,17 @@ func (p pruner) warnWithoutAutovacuum(ctx context.Context) {
 
 // pruneParams turns the retentions of cfg into JobPrune's, a null
 // retention keeping a state forever, and reports whether any state is
-// pruned at all.
+// pruned at all. JobPrune counts whole milliseconds: a retention that is
+// not one is rounded up, so that no job is deleted before it has passed.
 func pruneParams(cfg Config) (db.JobPruneParams, bool) {
 	ms := func(d time.Duration) *int64 {
 		if d < 0 {
 			return nil
 		}
 		v := d.Milliseconds()
+		if d%time.Millisecond != 0 {
+			v++
+		}
 		return &v
 	}
 	params := db.JobPruneParams{
