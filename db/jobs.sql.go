@@ -292,10 +292,11 @@ type JobIDIssuedRow struct {
 
 // Whether a job id has been handed out by the jobs' identity sequence: a
 // job that is not found although its id was issued has been deleted after
-// its retention (or its enqueue was rolled back). known is false for a
-// role that may not read the sequence, for which pg_sequence_last_value
-// raises an error or, in some PostgreSQL releases, returns null, as it
-// does for a sequence never used: issued is then false and means nothing.
+// its retention (or its enqueue was rolled back, or has not committed
+// yet). known is false for a role that may not read the sequence, for
+// which pg_sequence_last_value raises an error or, in some PostgreSQL
+// releases, returns null, as it does for a sequence never used: issued is
+// then false and means nothing.
 func (q *Queries) JobIDIssued(ctx context.Context, id int64) (JobIDIssuedRow, error) {
 	row := q.db.QueryRow(ctx, jobIDIssued, id)
 	var i JobIDIssuedRow

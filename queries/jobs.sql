@@ -578,10 +578,11 @@ FROM pruned;
 -- name: JobIDIssued :one
 -- Whether a job id has been handed out by the jobs' identity sequence: a
 -- job that is not found although its id was issued has been deleted after
--- its retention (or its enqueue was rolled back). known is false for a
--- role that may not read the sequence, for which pg_sequence_last_value
--- raises an error or, in some PostgreSQL releases, returns null, as it
--- does for a sequence never used: issued is then false and means nothing.
+-- its retention (or its enqueue was rolled back, or has not committed
+-- yet). known is false for a role that may not read the sequence, for
+-- which pg_sequence_last_value raises an error or, in some PostgreSQL
+-- releases, returns null, as it does for a sequence never used: issued is
+-- then false and means nothing.
 SELECT p.known::boolean AS known,
        COALESCE(CASE WHEN p.known THEN @id::bigint <= pg_sequence_last_value('jobs_id_seq'::regclass) END,
                 false)::boolean AS issued

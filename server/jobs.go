@@ -321,7 +321,9 @@ func jobID(r *http.Request) (int64, error) {
 // jobNotFound is the 404 for an id that names no job, which says whether
 // the id was ever issued: a job that finished is deleted once its
 // retention passes, and its id then names nothing, as does one never
-// enqueued. A role that may not read the jobs' id sequence, which
+// enqueued. An id issued also names nothing yet while the transaction that
+// stores its job is open, as a client.Tx whose caller hands the id on
+// before it commits. A role that may not read the jobs' id sequence, which
 // JobIDIssued reads, still gets its 404, saying that this is unknown.
 func jobNotFound(ctx context.Context, queries *db.Queries, id int64) error {
 	seq, err := queries.JobIDIssued(ctx, id)
@@ -334,8 +336,8 @@ func jobNotFound(ctx context.Context, queries *db.Queries, id int64) error {
 			"(this role may not read the jobs' id sequence)", id))
 	case seq.Issued:
 		return notFound(fmt.Sprintf("job %d not found: it finished and was deleted once its retention passed "+
-			"(the workers' --retain-succeeded, --retain-dead and --retain-cancelled), or no job took this id "+
-			"(its enqueue was rolled back, or was an idempotent replay)", id))
+			"(the workers' --retain-succeeded, --retain-dead and --retain-cancelled), its enqueue has not committed yet, "+
+			"or no job took this id (its enqueue was rolled back, or was an idempotent replay)", id))
 	}
 	return notFound(fmt.Sprintf("job %d not found: no job with this id was ever enqueued", id))
 }

@@ -204,6 +204,36 @@ func TestGetJob_MissingIs404SayingWhetherItWasDeletedAfterItsRetention(t *testin
 	}
 }
 
+// TestGetJob_MissingIs404SayingItsEnqueueMayNotHaveCommittedYet stores a
+// job in a transaction still open, as client.Tx does, whose caller may
+// hand the id on before it commits: until then the job is a 404 whose
+// message says that its enqueue may not have committed yet, not only that
+// it was deleted or never stored, and once it has committed the job is
+// there.
+func TestGetJob_MissingIs404SayingItsEnqueueMayNotHaveCommittedYet(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	job, err := db.New(tx).JobInsert(ctx, db.JobInsertParams{Queue: "default", Kind: "a", Payload: json.RawMessage(`{}`), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := fmt.Sprintf("/v1/jobs/%d", job.ID)
+	got := wantError(t, e.do(t, "GET", path, ""), http.StatusNotFound, "")
+	if want := "its enqueue has not committed yet"; !strings.Contains(got.Error, want) {
+		t.Errorf("GET %s while its enqueue is open: error %q, want it to say %q", path, got.Error, want)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, e.do(t, "GET", path, ""), http.StatusOK)
+}
+
 // TestGetJob_MissingIs404WhenTheRoleCannotReadTheIDSequence runs the API
 // as a role that may read and change jobs but not read the jobs' id
 // sequence, which telling a deleted job from one never enqueued needs: a
