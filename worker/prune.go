@@ -107,12 +107,13 @@ func newPruneWindow() *sinceLastComplete {
 	return &sinceLastComplete{margin: pruneWindowMargin}
 }
 
-// prune runs one JobPrune.
+// prune runs one JobPrune, for a Lease at most. A failure is logged,
+// one that ran out of that time too, unless the worker is stopping.
 func (p pruner) prune(ctx context.Context, params db.JobPruneParams) (db.JobPruneRow, error) {
 	w := p.w
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	pctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	n, err := w.q.JobPrune(ctx, params)
+	n, err := w.q.JobPrune(pctx, params)
 	if err != nil && ctx.Err() == nil {
 		w.log.Warn("prune finished jobs failed", "err", err)
 	}
