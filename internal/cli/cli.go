@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -127,7 +129,8 @@ func (fs *FlagSet) Parse(args []string, stderr io.Writer) ([]string, error) {
 
 // explain returns err, an error of the flag package's Parse, with the
 // reason a duration flag's value was refused where the flag package says
-// only "parse error": a unit missing ("10") or unknown ("7d").
+// only "parse error": a unit missing ("10") or unknown ("7d"), or a length
+// no duration holds ("3000000h").
 func (fs *FlagSet) explain(err error) error {
 	msg, ok := strings.CutSuffix(err.Error(), ": parse error")
 	if !ok {
@@ -160,8 +163,18 @@ func (fs *FlagSet) explain(err error) error {
 	if perr == nil {
 		return err
 	}
+	if durationSyntax.MatchString(value) {
+		// Written as a duration is, so refused for its length alone.
+		return fmt.Errorf("invalid value %q for flag -%s: longer than the longest duration, %s (about 292 years)",
+			value, name, time.Duration(math.MaxInt64))
+	}
 	return fmt.Errorf("invalid value %q for flag -%s: %v: durations take units h, m, s, ms, us or ns, as in 168h (7 days) or 1m30s", value, name, perr)
 }
+
+// durationSyntax matches what time.ParseDuration reads, whatever its
+// length: a sign, then numbers, each with a unit. A value it matches that
+// ParseDuration refuses is longer than a time.Duration holds.
+var durationSyntax = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
 
 // LogFlags are the logging flags every command has.
 type LogFlags struct {

@@ -36,6 +36,24 @@ func TestParse_MixesFlagsAndArgumentsAndStopsAtDoubleDash(t *testing.T) {
 	}
 }
 
+// TestParse_ADurationTooLongSaysHowLongADurationMayBe gives --retain-dead
+// values written with units as they should be, but longer than a
+// time.Duration holds (about 292 years), as one who means to keep dead
+// jobs for good might: the error says how long a duration may be, not
+// that durations take units, which these have.
+func TestParse_ADurationTooLongSaysHowLongADurationMayBe(t *testing.T) {
+	for _, value := range []string{"3000000h", "2562047h47m16.854775808s", "99999999999999999999ns"} {
+		fs := NewFlagSet("work", "relay work [flags]", "")
+		var w WorkerFlags
+		w.Register(fs, 1, "")
+		_, err := fs.Parse([]string{"--retain-dead", value}, io.Discard)
+		want := fmt.Sprintf(`invalid value %q for flag -retain-dead: longer than the longest duration, 2562047h47m16.854775807s (about 292 years)`, value)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "durations take units") || ExitCode(err) != 2 {
+			t.Errorf("--retain-dead %q: %v (exit %d), want a usage error with %q, exit 2", value, err, ExitCode(err), want)
+		}
+	}
+}
+
 func TestParse_ABadDurationSaysWhyAndWhatADurationIs(t *testing.T) {
 	tests := []struct{ value, why string }{
 		{"7d", `time: unknown unit "d" in duration "7d"`},
