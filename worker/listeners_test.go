@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/faultproxy"
 	"github.com/relayq/relay/worker"
@@ -210,21 +208,7 @@ func TestWorker_ThatLosesItsSeatPollsAtThePollIntervalAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// 63 live sessions of the queue, held by one connection.
-	crowd, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { crowd.Close(context.Background()) })
-	var n int
-	if err := crowd.QueryRow(b.ctx, `
-		WITH s AS (
-			INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
-			SELECT nextval('worker_session_key_seq')::integer, 'crowd-' || g, 'default', 1, 'test'
-			FROM generate_series(1, 63) AS g
-			RETURNING session_key)
-		SELECT count(pg_advisory_lock(1380273241, s.session_key)) FROM s`).Scan(&n); err != nil || n != 63 {
-		t.Fatalf("hold the crowd's sessions: %d, %v", n, err)
-	}
+	crowd := b.crowd(t, 63)
 	const poll = 2 * time.Second
 	started := make(chan int64, 1)
 	begun := time.Now()

@@ -105,6 +105,30 @@ type session struct {
 	conn *pgx.Conn
 }
 
+// crowd holds n live worker sessions on the default queue, of the worker
+// ids crowd-1 to crowd-n, on one connection of their own, which it
+// returns: closing it ends them all at once. They end when the test does
+// at the latest.
+func (b *bundle) crowd(t *testing.T, n int) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	var held int
+	if err := conn.QueryRow(b.ctx, `
+		WITH s AS (
+			INSERT INTO worker_sessions (session_key, worker_id, queue, pid, host)
+			SELECT nextval('worker_session_key_seq')::integer, 'crowd-' || g, 'default', 1, 'test'
+			FROM generate_series(1, $1::integer) AS g
+			RETURNING session_key)
+		SELECT count(pg_advisory_lock(1380273241, s.session_key)) FROM s`, n).Scan(&held); err != nil || held != n {
+		t.Fatalf("hold the crowd's sessions: %d, %v", held, err)
+	}
+	return conn
+}
+
 // register registers a session of the worker id, replacing previous (0:
 // none), and fails the test if the registration is refused. The session
 // ends when the test does, or at end.
