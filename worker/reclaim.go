@@ -21,7 +21,8 @@ type reclaimer struct {
 // run takes back the jobs of dead workers and expired leases every
 // ReclaimInterval (longer in a large fleet, see fleetInterval), now and
 // then forgets the sessions that ended (forgetEnded), and counts the
-// live workers at start and every fleetCountEvery.
+// live workers at start, every fleetCountEvery, and soon after a round
+// that suggests the fleet shrank (see recountDue).
 func (r reclaimer) run(ctx context.Context) {
 	w := r.w
 	window := newReclaimWindow()
@@ -39,8 +40,12 @@ func (r reclaimer) run(ctx context.Context) {
 		if round%fullReclaimEvery == 0 {
 			window.forget()
 		}
+		// shrank: this round took back jobs, or forgot sessions, of
+		// workers that may have ended.
+		shrank := false
 		for {
 			n, stillLeft, ran, err := w.leases.reclaim(ctx, window.since(), left)
+			shrank = shrank || n > 0
 			// A list of the jobs left as long as a batch may have been cut
 			// short: then the next reclaim reads everything.
 			window.record(ran, err == nil && n < DefaultReclaimBatch && len(stillLeft) < DefaultReclaimBatch)
@@ -53,19 +58,22 @@ func (r reclaimer) run(ctx context.Context) {
 		}
 		if round%forgetEndedEvery == 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			if _, err := forgetEnded(rctx, w.pool); err != nil && ctx.Err() == nil {
+			forgot, err := forgetEnded(rctx, w.pool)
+			if err != nil && ctx.Err() == nil {
 				w.log.Warn("forget ended worker sessions failed", "err", err)
 			}
+			shrank = shrank || forgot > 0
 			cancel()
 		}
 		// Counted by time, not by rounds: a worker that started early in a
 		// fleet that starts one process after another counted few, and
 		// would otherwise keep the short interval of a small fleet for
 		// forgetEndedEvery of its rounds.
-		if counted.IsZero() || time.Since(counted) >= fleetCountEvery {
+		if counted.IsZero() || time.Since(counted) >= fleetCountEvery ||
+			shrank && r.recountDue(counted) {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			// A failed count keeps the last one, and is tried again
-			// next round.
+			// A failed count keeps the last one; one due by time is tried
+			// again next round.
 			if n, err := w.q.WorkerFleetCount(rctx, w.cfg.Queue); err == nil {
 				w.fleet.Store(n.Live)
 				w.queueFleet.Store(n.LiveInQueue)
@@ -82,6 +90,22 @@ func (r reclaimer) run(ctx context.Context) {
 // share the duties every worker would otherwise run at a fixed rate
 // (fleetInterval).
 var fleetCountEvery = 10 * time.Second
+
+// recountDue reports whether a worker whose round took back jobs, or
+// forgot ended sessions, counts the live workers again now rather than at
+// fleetCountEvery: when most of a large fleet dies at once, a survivor
+// would otherwise keep the long interval of the fleet it last counted, and
+// take back the dead workers' jobs that much more slowly, until its next
+// count. Any job taken back counts, whatever reason the reclaim gives: a
+// dead worker's job whose lease ran out before a reclaim saw its session
+// end is reported as an expired lease. Only a count above fleetShare
+// lengthens an interval, so a smaller fleet never counts early; and a
+// worker counts at most once per ReclaimInterval, so that reclaims that
+// keep taking jobs back, as they do from live workers whose leases
+// expire, cost at most one count per reclaim round.
+func (r reclaimer) recountDue(counted time.Time) bool {
+	return r.w.fleet.Load() > fleetShare && time.Since(counted) >= r.w.cfg.ReclaimInterval
+}
 
 // fullReclaimEvery is how many reclaim rounds pass between two that read
 // every expired lease rather than a window of them (see newReclaimWindow).

@@ -508,6 +508,59 @@ func TestReclaim_CountsTheFleetAgainSoonAfterItGrows(t *testing.T) {
 	waitFleet(t, first, 3, 2, 3*time.Second)
 }
 
+// TestReclaim_CountsTheFleetAgainSoonAfterMostOfItEnds counts a fleet of
+// 160 live workers, 159 of them sessions held by one connection, and then
+// ends those 159 at once. The survivor counts the fleet again as soon as
+// a round of its own shows workers gone, not at its next count by time
+// (an hour away here): when its reclaim takes back their jobs, or, if
+// they held none, when it forgets their sessions. It then waits the
+// interval of a fleet of one, where it would otherwise keep the interval
+// of a fleet of 160, ten times as long, while the jobs of the workers
+// that died come back.
+func TestReclaim_CountsTheFleetAgainSoonAfterMostOfItEnds(t *testing.T) {
+	worker.SetFleetCountEvery(t, time.Hour)
+	for _, tc := range []struct {
+		name string
+		jobs bool
+		// every is the survivor's ReclaimInterval: a round takes
+		// every/16*160 in the fleet of 160, and the forget of ended
+		// sessions comes every 40 rounds, 20 s or 2 s.
+		every time.Duration
+	}{
+		{"a running job each: its reclaim takes them back", true, 50 * time.Millisecond},
+		{"no job: it forgets their sessions", false, 5 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			crowd := b.crowd(t, 159)
+			if tc.jobs {
+				if _, err := b.pool.Exec(b.ctx, `
+					INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+					SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', s.worker_id, s.session_key, now()
+					FROM worker_sessions AS s`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, _ := b.startWorker(t, worker.Config{ID: "survivor", Slots: 1, ReclaimInterval: tc.every},
+				func(*worker.Worker) {})
+			waitFleet(t, w, 160, 160, 5*time.Second)
+
+			if err := crowd.Close(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			waitFleet(t, w, 1, 1, 5*time.Second)
+			var running int
+			if err := b.pool.QueryRow(b.ctx,
+				`SELECT count(*) FROM jobs WHERE state = 'running' AND leased_by LIKE 'crowd-%'`).Scan(&running); err != nil {
+				t.Fatal(err)
+			}
+			if running != 0 {
+				t.Errorf("%d of the crowd's jobs still running after the survivor counted the fleet again, want none", running)
+			}
+		})
+	}
+}
+
 // TestReclaim_LogsACountOfTheFleetThatFailed breaks the statement that
 // counts the live workers under a running worker, and checks that the
 // worker says so, with the error: the count spaces the fleet's shared
