@@ -452,11 +452,13 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 // database's clock.
 func (l leases) reclaim(ctx context.Context, since *time.Time, recheck []int64) (taken int, left []int64, ran time.Time, err error) {
 	w := l.w
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
 	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch, ExpiredSince: since, RecheckIDs: recheck}
-	rows, err := l.q.JobReclaim(ctx, params)
+	rows, err := l.q.JobReclaim(rctx, params)
 	if err != nil {
+		// One that ran out of time is logged too; one cut short by the
+		// worker's stop is not.
 		if ctx.Err() == nil {
 			w.log.Warn("reclaim failed", "err", err)
 		}

@@ -125,9 +125,9 @@ func (p pruner) prune(ctx context.Context, params db.JobPruneParams) (db.JobPrun
 // and that of the row versions every transition leaves, usable again.
 func (p pruner) warnWithoutAutovacuum(ctx context.Context) {
 	w := p.w
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	actx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	on, err := w.q.ServerAutovacuum(ctx)
+	on, err := w.q.ServerAutovacuum(actx)
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {

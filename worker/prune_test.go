@@ -418,27 +418,37 @@ func TestPrune_KeepsADeadJobRetriedWhileItRuns(t *testing.T) {
 	}
 }
 
-// TestPrune_APruneThatRunsOutOfTimeSaysSo holds a lock on the jobs table
-// that lets no row be deleted, as a migration or a VACUUM FULL holds one,
-// while a worker prunes: each of its prunes waits until the lease it is
-// given runs out, and the worker logs that the prune failed, and why, as
-// it logs any other failure of a prune. Only a prune cut short by the
-// worker's own stop goes unsaid.
-func TestPrune_APruneThatRunsOutOfTimeSaysSo(t *testing.T) {
-	b := setup(t)
-	tx, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
+// TestMaintenance_AStatementThatRunsOutOfTimeSaysSo holds a lock on the
+// jobs table that lets no row be changed, as a migration or a VACUUM FULL
+// holds one, while a worker prunes and reclaims: each of its prunes and
+// reclaims waits until the lease it is given runs out, and the worker
+// logs that it failed, and why, as it logs any other failure. Only one
+// cut short by the worker's own stop goes unsaid.
+func TestMaintenance_AStatementThatRunsOutOfTimeSaysSo(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  worker.Config
+		want string
+	}{
+		{"a prune", worker.Config{PruneInterval: 50 * time.Millisecond}, "prune finished jobs failed"},
+		{"a reclaim", worker.Config{ReclaimInterval: 50 * time.Millisecond}, "reclaim failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			tx, err := b.pool.Begin(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(b.ctx) //nolint:errcheck // the lock is all it holds
+			if _, err := tx.Exec(b.ctx, `LOCK TABLE jobs IN SHARE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			var logs syncBuffer
+			tc.cfg.Lease = 200 * time.Millisecond
+			tc.cfg.Logger = logs.logger()
+			b.startWorker(t, tc.cfg, func(*worker.Worker) {})
+			logs.waitForLog(t, 5*time.Second, tc.want, "context deadline exceeded")
+		})
 	}
-	defer tx.Rollback(b.ctx) //nolint:errcheck // the lock is all it holds
-	if _, err := tx.Exec(b.ctx, `LOCK TABLE jobs IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	b.startWorker(t, worker.Config{
-		Lease:         200 * time.Millisecond,
-		PruneInterval: 50 * time.Millisecond,
-		Logger:        logs.logger(),
-	}, func(*worker.Worker) {})
-	logs.waitForLog(t, 5*time.Second, "prune finished jobs failed", "context deadline exceeded")
 }
