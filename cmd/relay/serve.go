@@ -85,6 +85,11 @@ func (s *serveFlags) resolve(ctx context.Context, getenv func(string) string) er
 	if _, err := s.worker.Config(nil); err != nil {
 		return err
 	}
+	// Nor one given right that would do nothing.
+	if given := s.worker.GivenBesidesSlots(); s.worker.Slots == 0 && len(given) > 0 {
+		return cli.Usagef("%s: worker flags, which do nothing without worker slots: "+
+			"give --slots N to run slots here, or give the flags to relay work", strings.Join(given, ", "))
+	}
 	if s.shutdownTimeout <= 0 {
 		return cli.Usagef("--shutdown-timeout must be positive, got %s", s.shutdownTimeout)
 	}

@@ -248,12 +248,24 @@ type WorkerFlags struct {
 	// fs is the flag set Register added the flags to, which tells
 	// whether --prefetch was given.
 	fs *FlagSet
+	// names are the flags Register added.
+	names map[string]bool
 }
 
 // Register adds the worker's flags to fs, --slots with the default and
 // help given.
 func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) {
 	w.fs = fs
+	before := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
+	defer func() {
+		w.names = map[string]bool{}
+		fs.VisitAll(func(f *flag.Flag) {
+			if !before[f.Name] {
+				w.names[f.Name] = true
+			}
+		})
+	}()
 	fs.StringVar(&w.SessionURL, "session-database-url", "", "PostgreSQL URL of the worker's session, which shows it alive: PostgreSQL itself or a session-mode pool, never a transaction-mode pooler (default $RELAY_SESSION_DATABASE_URL, else the database URL)")
 	fs.StringVar(&w.Queue, "queue", worker.DefaultQueue, "queue to work on")
 	fs.IntVar(&w.Slots, "slots", defaultSlots, slotsHelp)
@@ -279,6 +291,22 @@ func (w *WorkerFlags) ResolveEnv(getenv func(string) string) {
 	if w.SessionURL == "" {
 		w.SessionURL = getenv("RELAY_SESSION_DATABASE_URL")
 	}
+}
+
+// GivenBesidesSlots returns the worker's flags, other than --slots, given
+// on the command line Register's flag set parsed, as "--name", in
+// lexical order: they configure worker slots, and mean nothing to a
+// command that runs none.
+func (w *WorkerFlags) GivenBesidesSlots() []string {
+	var given []string
+	if w.fs != nil {
+		w.fs.Visit(func(f *flag.Flag) {
+			if w.names[f.Name] && f.Name != "slots" {
+				given = append(given, "--"+f.Name)
+			}
+		})
+	}
+	return given
 }
 
 // given reports whether the flag named name was given on the command line
