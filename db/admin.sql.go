@@ -159,6 +159,34 @@ func (q *Queries) JobStatisticsDue(ctx context.Context) (JobStatisticsDueRow, er
 	return i, err
 }
 
+const jobsAutovacuumOff = `-- name: JobsAutovacuumOff :one
+SELECT (CASE
+    WHEN EXISTS (SELECT FROM pg_catalog.pg_options_to_table(c.reloptions) AS o
+                 WHERE o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean)
+        THEN 'autovacuum is off for the jobs table (its storage parameter autovacuum_enabled)'
+    WHEN NOT current_setting('track_counts')::boolean
+        THEN 'track_counts is off, so autovacuum never learns that the jobs table needs it'
+    WHEN NOT current_setting('autovacuum')::boolean
+        THEN 'autovacuum is off on the database server'
+    ELSE ''
+END)::text AS why
+FROM pg_catalog.pg_class AS c
+WHERE c.oid = 'jobs'::regclass
+`
+
+// Why autovacuum will not vacuum the jobs table, or ” if it will: vacuum
+// alone reuses the space of the jobs that pruning deletes and of the
+// versions every transition leaves behind. The table's own setting first,
+// then what the server's settings leave autovacuum: to notice that a table
+// needs it, autovacuum reads the counts of its changes that track_counts
+// keeps.
+func (q *Queries) JobsAutovacuumOff(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, jobsAutovacuumOff)
+	var why string
+	err := row.Scan(&why)
+	return why, err
+}
+
 const relayTablesFound = `-- name: RelayTablesFound :one
 SELECT
     (to_regclass(quote_ident(current_schema()) || '.jobs') IS NOT NULL)::boolean AS jobs,
@@ -193,17 +221,4 @@ func (q *Queries) RelayTablesFound(ctx context.Context) (RelayTablesFoundRow, er
 		&i.JobSummaries,
 	)
 	return i, err
-}
-
-const serverAutovacuum = `-- name: ServerAutovacuum :one
-SELECT current_setting('autovacuum')::boolean AS autovacuum
-`
-
-// Whether the server runs autovacuum, which reuses the space of the jobs
-// that pruning deletes and of the versions every transition leaves behind.
-func (q *Queries) ServerAutovacuum(ctx context.Context) (bool, error) {
-	row := q.db.QueryRow(ctx, serverAutovacuum)
-	var autovacuum bool
-	err := row.Scan(&autovacuum)
-	return autovacuum, err
 }

@@ -15,10 +15,25 @@ SELECT pg_backend_pid()::integer AS backend_pid;
 -- every fence in a statement of that transaction compares with.
 SELECT now()::timestamptz AS now;
 
--- name: ServerAutovacuum :one
--- Whether the server runs autovacuum, which reuses the space of the jobs
--- that pruning deletes and of the versions every transition leaves behind.
-SELECT current_setting('autovacuum')::boolean AS autovacuum;
+-- name: JobsAutovacuumOff :one
+-- Why autovacuum will not vacuum the jobs table, or '' if it will: vacuum
+-- alone reuses the space of the jobs that pruning deletes and of the
+-- versions every transition leaves behind. The table's own setting first,
+-- then what the server's settings leave autovacuum: to notice that a table
+-- needs it, autovacuum reads the counts of its changes that track_counts
+-- keeps.
+SELECT (CASE
+    WHEN EXISTS (SELECT FROM pg_catalog.pg_options_to_table(c.reloptions) AS o
+                 WHERE o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean)
+        THEN 'autovacuum is off for the jobs table (its storage parameter autovacuum_enabled)'
+    WHEN NOT current_setting('track_counts')::boolean
+        THEN 'track_counts is off, so autovacuum never learns that the jobs table needs it'
+    WHEN NOT current_setting('autovacuum')::boolean
+        THEN 'autovacuum is off on the database server'
+    ELSE ''
+END)::text AS why
+FROM pg_catalog.pg_class AS c
+WHERE c.oid = 'jobs'::regclass;
 
 -- name: JobCount :one
 -- How many jobs the database holds, in every state, for the tests'

@@ -120,21 +120,22 @@ func (p pruner) prune(ctx context.Context, params db.JobPruneParams) (db.JobPrun
 	return n, err
 }
 
-// warnWithoutAutovacuum logs a warning when the server does not run
-// autovacuum: pruning deletes rows, and only a vacuum makes their space,
-// and that of the row versions every transition leaves, usable again.
+// warnWithoutAutovacuum logs a warning when autovacuum will not vacuum
+// the jobs table, and why: pruning deletes rows, and only a vacuum makes
+// their space, and that of the row versions every transition leaves,
+// usable again.
 func (p pruner) warnWithoutAutovacuum(ctx context.Context) {
 	w := p.w
 	actx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	on, err := w.q.ServerAutovacuum(actx)
+	why, err := w.q.JobsAutovacuumOff(actx)
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			w.log.Warn("read the server's autovacuum setting failed", "err", err)
+			w.log.Warn("read whether autovacuum vacuums the jobs table failed", "err", err)
 		}
-	case !on:
-		w.log.Warn("autovacuum is off on the database server: the space of finished jobs the workers prune, " +
+	case why != "":
+		w.log.Warn(why + ": the space of finished jobs the workers prune, " +
 			"and of the row versions every transition leaves, is not reused until VACUUM runs; " +
 			"turn autovacuum on, or run VACUUM jobs regularly")
 	}

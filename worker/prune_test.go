@@ -452,3 +452,43 @@ func TestMaintenance_AStatementThatRunsOutOfTimeSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// TestPrune_WarnsAtStartWhenAutovacuumWillNotVacuumTheJobsTable: a worker
+// says so, and why, when autovacuum is off for the jobs table, when the
+// server keeps no counts of the table's changes (track_counts), without
+// which autovacuum never learns that it needs a vacuum, and when the
+// server runs no autovacuum at all.
+func TestPrune_WarnsAtStartWhenAutovacuumWillNotVacuumTheJobsTable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sql  string
+		want string
+	}{
+		{"off for the table", `ALTER TABLE jobs SET (autovacuum_enabled = false)`,
+			"autovacuum is off for the jobs table (its storage parameter autovacuum_enabled)"},
+		{"the server keeps no counts", `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_counts = off', current_database()); END $$`,
+			"track_counts is off, so autovacuum never learns that the jobs table needs it"},
+		{"off on the server", ``, "autovacuum is off on the database server"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			if tc.sql == "" {
+				var on bool
+				if err := b.pool.QueryRow(b.ctx, `SELECT current_setting('autovacuum')::boolean`).Scan(&on); err != nil {
+					t.Fatal(err)
+				}
+				if on {
+					t.Skip("skipped: the test server runs autovacuum, which a test cannot turn off")
+				}
+			} else if _, err := b.pool.Exec(b.ctx, tc.sql); err != nil {
+				t.Fatal(err)
+			}
+			// Connections opened from now on take the database's settings.
+			b.pool.Reset()
+			var logs syncBuffer
+			b.startWorker(t, worker.Config{Logger: logs.logger()}, func(*worker.Worker) {})
+			logs.waitForLog(t, 5*time.Second, "level=WARN msg=\""+tc.want+": the space of finished jobs the workers prune")
+		})
+	}
+}
