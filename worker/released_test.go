@@ -179,24 +179,33 @@ func TestLeaseLost_NeverWarnedOfForAJobClaimedAheadTheWorkerReleasedItself(t *te
 
 	t.Run("a heartbeat after a release whose answer was lost, before it is sent again", func(t *testing.T) {
 		t.Parallel()
-		url := dbtest.NewURL(t)
-		p, through, err := faultproxy.StartFor(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		a := newAheadRelease(t, dbtest.Connect(t, through))
-		a.releaseStale(t)
-		p.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobReleaseMany"})
-		lost := a.round(0)
-		if lost.err == nil || p.Armed() != 0 {
-			t.Fatalf("release: %v, %d cuts still armed; want its answer lost", lost.err, p.Armed())
-		}
-		a.d.finish(lost)
+		a := releasedWithItsAnswerLost(t)
 		a.heartbeat()
 		a.d.finish(a.answeredRound(t, 0))
 		a.wantReleasedQuietly(t)
 	})
+}
+
+// releasedWithItsAnswerLost makes an aheadRelease whose worker reaches the
+// database through a proxy, releases the job in a round whose answer the
+// proxy cuts once the release has committed, and lets the dispatcher
+// find the round unanswered.
+func releasedWithItsAnswerLost(t *testing.T) *aheadRelease {
+	t.Helper()
+	p, through, err := faultproxy.StartFor(dbtest.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	a := newAheadRelease(t, dbtest.Connect(t, through))
+	a.releaseStale(t)
+	p.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobReleaseMany"})
+	lost := a.round(0)
+	if lost.err == nil || p.Armed() != 0 {
+		t.Fatalf("release: %v, %d cuts still armed; want its answer lost", lost.err, p.Armed())
+	}
+	a.d.finish(lost)
+	return a
 }
 
 // takeBack has the job's lease run out and a reclaim take the job back,
@@ -307,20 +316,7 @@ func TestOnAck_ToldOfEachReleaseOfAJobClaimedAhead(t *testing.T) {
 
 	t.Run("released once its first release's answer was lost", func(t *testing.T) {
 		t.Parallel()
-		url := dbtest.NewURL(t)
-		p, through, err := faultproxy.StartFor(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		a := newAheadRelease(t, dbtest.Connect(t, through))
-		a.releaseStale(t)
-		p.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobReleaseMany"})
-		lost := a.round(0)
-		if lost.err == nil || p.Armed() != 0 {
-			t.Fatalf("release: %v, %d cuts still armed; want its answer lost", lost.err, p.Armed())
-		}
-		a.d.finish(lost)
+		a := releasedWithItsAnswerLost(t)
 		if len(*a.acks) > 0 {
 			t.Errorf("reported before the release was answered: %v", *a.acks)
 		}
