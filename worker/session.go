@@ -372,46 +372,6 @@ func (s *session) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, o
 	return 0, &IDInUseError{ID: w.cfg.ID, PID: holder.PID, Host: holder.Host}
 }
 
-// silentProbes is how many TCP keepalive probes the server sends to a
-// silent session before it ends it (see endWhenSilent).
-const silentProbes = 4
-
-// endWhenSilent returns the TCP settings under which the server ends a
-// worker's session once its connection has been silent for about a lease
-// (WorkerSessionEndWhenSilent): keepalive probes after a third of the
-// lease without a word, then every sixth of it, silentProbes of them, and
-// a user timeout of a lease, which on Linux ends the connection a lease
-// after its last word from the worker, whether the server was probing or
-// sending a notification. The worker, for its part, gives its session up
-// once a lease has passed without an answer to its ping. Each is left out
-// (nil) where params, the session connection's settings, set it, as a
-// parameter or among its options.
-func endWhenSilent(lease time.Duration, params map[string]string) db.WorkerSessionEndWhenSilentParams {
-	seconds := func(d time.Duration) *int32 {
-		s := int32(min(max((d+time.Second-1)/time.Second, 1), math.MaxInt32))
-		return &s
-	}
-	count := int32(silentProbes)
-	timeout := int32(min(lease.Milliseconds(), math.MaxInt32))
-	settings := db.WorkerSessionEndWhenSilentParams{
-		IdleSeconds:     seconds(lease / 3),
-		IntervalSeconds: seconds(lease / 6),
-		Count:           &count,
-		UserTimeoutMs:   &timeout,
-	}
-	for name, setting := range map[string]**int32{
-		"tcp_keepalives_idle":     &settings.IdleSeconds,
-		"tcp_keepalives_interval": &settings.IntervalSeconds,
-		"tcp_keepalives_count":    &settings.Count,
-		"tcp_user_timeout":        &settings.UserTimeoutMs,
-	} {
-		if _, set := params[name]; set || strings.Contains(params["options"], name) {
-			*setting = nil
-		}
-	}
-	return settings
-}
-
 // osHostname is os.Hostname; tests replace it.
 var osHostname = os.Hostname
 

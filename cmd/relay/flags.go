@@ -53,19 +53,29 @@ func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
 
 // connect opens a pool on dsn, configured by poolConfig, and checks that
 // the database answers. Behind a connection pooler, it runs statements as
-// a transaction-mode pooler needs them (see adaptToPooler).
+// a transaction-mode pooler needs them (see adaptToPooler). Elsewhere the
+// server ends each of its connections once it has been silent for
+// worker.DefaultLease (worker.EndSilentConnections), so that a host that
+// vanishes without a word does not hold them for hours.
 func connect(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
-	return open(ctx, logger, dsn, appName, minConns, nil)
+	return open(ctx, logger, dsn, appName, minConns, func(cfg *pgxpool.Config) {
+		worker.EndSilentConnections(cfg, worker.DefaultLease)
+	})
 }
 
-// connectWorker is connect for the pool of a worker, whose connections
-// keep a generic plan for each statement (worker.KeepGenericPlans).
-func connectWorker(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
-	return open(ctx, logger, dsn, appName, minConns, worker.KeepGenericPlans)
+// connectWorker is connect for the pool of a worker of lease (its
+// Config.Lease), whose connections keep a generic plan for each statement
+// (worker.KeepGenericPlans) and end once silent for a lease.
+func connectWorker(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32, lease time.Duration) (*pgxpool.Pool, error) {
+	return open(ctx, logger, dsn, appName, minConns, func(cfg *pgxpool.Config) {
+		worker.KeepGenericPlans(cfg)
+		worker.EndSilentConnections(cfg, lease)
+	})
 }
 
-// open opens a pool as connect says, with adjust, if not nil, applied to
-// its configuration once it is known whether a pooler stands between.
+// open opens a pool as poolConfig and adaptToPooler say, with adjust
+// applied to its configuration once it is known whether a pooler stands
+// between.
 func open(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32, adjust func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := poolConfig(dsn, appName, minConns)
 	if err != nil {
@@ -77,9 +87,7 @@ func open(ctx context.Context, logger *slog.Logger, dsn, appName string, minConn
 		}
 		return nil, &connectError{dsn: pgurl.Redact(dsn), err: err}
 	}
-	if adjust != nil {
-		adjust(cfg)
-	}
+	adjust(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open database pool: %w", err)

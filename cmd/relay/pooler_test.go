@@ -147,13 +147,15 @@ func waitLeasedBy(t *testing.T, ctx context.Context, base, token string, id int6
 	}
 }
 
-// TestConnectWorker_KeepsGenericPlansWherePlansAreKept: a worker's pool
-// asks PostgreSQL to keep a generic plan for each statement and to compile
-// none, where its statements are prepared; other pools leave PostgreSQL's
-// defaults; and behind a transaction-mode pooler, which refuses unknown
-// startup settings and where nothing is prepared, a worker's pool asks
-// for neither and still connects.
-func TestConnectWorker_KeepsGenericPlansWherePlansAreKept(t *testing.T) {
+// TestConnect_KeepsGenericPlansAndEndsSilentConnectionsWherePlansAreKept:
+// a worker's pool asks PostgreSQL to keep a generic plan for each
+// statement and to compile none, where its statements are prepared, and
+// every pool asks it to end a connection silent for a lease (the worker's,
+// or worker.DefaultLease for other pools), each unless the URL sets it;
+// behind a transaction-mode pooler, which refuses unknown startup settings
+// and where nothing is prepared, a pool asks for none of them and still
+// connects.
+func TestConnect_KeepsGenericPlansAndEndsSilentConnectionsWherePlansAreKept(t *testing.T) {
 	ctx := testContext(t, 60*time.Second)
 	dsn := emptyDatabaseURL(t)
 	pooled := transactionPoolerURL(t, dsn)
@@ -163,16 +165,19 @@ func TestConnectWorker_KeepsGenericPlansWherePlansAreKept(t *testing.T) {
 	}
 	q := u.Query()
 	q.Set("plan_cache_mode", "auto")
+	q.Set("tcp_user_timeout", "9000")
 	u.RawQuery = q.Encode()
 	setInURL := u.String()
 
-	// settings reads plan_cache_mode and jit on one of pool's connections.
+	// settings reads plan_cache_mode, jit, tcp_keepalives_idle and
+	// tcp_user_timeout on one of pool's connections.
 	settings := func(t *testing.T, pool interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
-	}) [2]string {
+	}) [4]string {
 		t.Helper()
-		var got [2]string
-		if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode'), current_setting('jit')`).Scan(&got[0], &got[1]); err != nil {
+		var got [4]string
+		if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode'), current_setting('jit'),
+			current_setting('tcp_keepalives_idle'), current_setting('tcp_user_timeout')`).Scan(&got[0], &got[1], &got[2], &got[3]); err != nil {
 			t.Fatal(err)
 		}
 		return got
@@ -185,17 +190,22 @@ func TestConnectWorker_KeepsGenericPlansWherePlansAreKept(t *testing.T) {
 	plain.Close(ctx)
 
 	type connectFunc func(context.Context, *slog.Logger, string, string, int32) (*pgxpool.Pool, error)
+	workerOf := func(lease time.Duration) connectFunc {
+		return func(ctx context.Context, logger *slog.Logger, dsn, appName string, minConns int32) (*pgxpool.Pool, error) {
+			return connectWorker(ctx, logger, dsn, appName, minConns, lease)
+		}
+	}
 	tests := []struct {
 		name    string
 		connect connectFunc
 		dsn     string
-		// want are plan_cache_mode and jit.
-		want [2]string
+		want    [4]string
 	}{
-		{"a worker's pool", connectWorker, dsn, [2]string{"force_generic_plan", "off"}},
-		{"another pool", connect, dsn, defaults},
-		{"a worker's pool set otherwise in the URL", connectWorker, setInURL, [2]string{"auto", "off"}},
-		{"a worker's pool behind PgBouncer", connectWorker, pooled, defaults},
+		{"a worker's pool", workerOf(6 * time.Second), dsn, [4]string{"force_generic_plan", "off", "2", "6000"}},
+		{"another pool", connect, dsn, [4]string{defaults[0], defaults[1], "10", "30000"}},
+		{"a worker's pool set otherwise in the URL", workerOf(6 * time.Second), setInURL, [4]string{"auto", "off", "2", "9000"}},
+		{"a worker's pool behind PgBouncer", workerOf(6 * time.Second), pooled, defaults},
+		{"another pool behind PgBouncer", connect, pooled, defaults},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -205,7 +215,7 @@ func TestConnectWorker_KeepsGenericPlansWherePlansAreKept(t *testing.T) {
 			}
 			defer pool.Close()
 			if got := settings(t, pool); got != tt.want {
-				t.Errorf("plan_cache_mode, jit = %q; want %q", got, tt.want)
+				t.Errorf("plan_cache_mode, jit, tcp_keepalives_idle, tcp_user_timeout = %q; want %q", got, tt.want)
 			}
 		})
 	}

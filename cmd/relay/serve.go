@@ -233,7 +233,7 @@ func serve(ctx context.Context, logger *slog.Logger, dsn string, opts *serveFlag
 		}
 		// The worker gets a pool of its own, so that a burst of API
 		// requests can never starve its heartbeats.
-		workerPool, err := connectWorker(ctx, logger, dsn, "relay serve worker", servingMinConns)
+		workerPool, err := connectWorker(ctx, logger, dsn, "relay serve worker", servingMinConns, cfg.Lease)
 		if err != nil {
 			return err
 		}

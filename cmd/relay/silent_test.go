@@ -15,16 +15,18 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// TestWork_TheIDOfAWorkerWhoseHostWentSilentIsFreedWithinALease: a worker
-// whose host vanishes without a word (power lost, a network cut that
-// sends no reset) leaves a session the server cannot see end. The server
-// ends it once its connection has been silent for about a lease, and a
-// worker started again under the same id, as an orchestrator restarts one
-// elsewhere, registers; before, it was refused for the two hours and more
-// of the server's TCP keepalive. The silence is made by dropping, with
-// iptables, every packet between the session's connection and the
-// server, then killing the worker, whose connections' ends never arrive.
-func TestWork_TheIDOfAWorkerWhoseHostWentSilentIsFreedWithinALease(t *testing.T) {
+// TestWork_AWorkerWhoseHostWentSilentLeavesItsIDAndConnectionsWithinALease:
+// a worker whose host vanishes without a word (power lost, a network cut
+// that sends no reset) leaves connections the server cannot see end. The
+// server ends them once they have been silent for about a lease: the
+// session, whose lock holds the worker's id, so that a worker started
+// again under that id, as an orchestrator restarts one elsewhere,
+// registers; and the pool's, each of which held one of the server's
+// max_connections. Before, both stayed for the two hours and more of the
+// server's TCP keepalive. The silence is made by dropping, with iptables,
+// every packet between the worker's connections and the server, then
+// killing the worker, whose connections' ends never arrive.
+func TestWork_AWorkerWhoseHostWentSilentLeavesItsIDAndConnectionsWithinALease(t *testing.T) {
 	iptables := needPacketFilter(t)
 	ctx := testContext(t, 90*time.Second)
 	dsn := emptyDatabaseURL(t)
@@ -42,38 +44,42 @@ func TestWork_TheIDOfAWorkerWhoseHostWentSilentIsFreedWithinALease(t *testing.T)
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	// The session is the connection that holds its key's advisory lock.
-	var backend, clientPort int
-	err = conn.QueryRow(ctx, `
-		SELECT a.pid, a.client_port
-		FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
-		JOIN workers AS w ON w.session_key = l.objid::integer
-		WHERE l.locktype = 'advisory' AND l.classid = 1380273241 AND l.granted
-			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND w.id = 'pod-0'`).Scan(&backend, &clientPort)
+	// Every other connection to the test's database is the worker's.
+	rows, err := conn.Query(ctx, `
+		SELECT ARRAY[pid, client_port] FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
 	if err != nil {
-		t.Fatalf("find the session's server process: %v", err)
+		t.Fatal(err)
 	}
-	if clientPort <= 0 {
-		t.Fatalf("the session's client port is %d: it does not reach the server over TCP", clientPort)
+	backends, err := pgx.CollectRows(rows, pgx.RowTo[[2]int32])
+	if err != nil {
+		t.Fatal(err)
 	}
-
-	dropBetween(t, iptables, clientPort, server.Port)
+	if len(backends) < 2 {
+		t.Fatalf("the worker holds %d connections, want its session and its pool's", len(backends))
+	}
+	for _, b := range backends {
+		if b[1] <= 0 {
+			t.Fatalf("the worker's connection to server pid %d has client port %d: it does not reach the server over TCP", b[0], b[1])
+		}
+		dropBetween(t, iptables, int(b[1]), server.Port)
+	}
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-first.done
 	killed := time.Now()
-	if !backendAlive(t, ctx, conn, backend) {
-		t.Fatal("the session ended as its worker was killed: the dropped packets did not silence its connection")
+	if n := liveBackends(t, ctx, conn, backends); n != len(backends) {
+		t.Fatalf("%d of the worker's %d connections ended as it was killed: the dropped packets did not silence them", len(backends)-n, len(backends))
 	}
-	for backendAlive(t, ctx, conn, backend) {
+	for n := len(backends); n > 0; n = liveBackends(t, ctx, conn, backends) {
 		if time.Since(killed) > 10*lease {
-			t.Fatalf("the silent session (server pid %d) still lives %s after its worker was killed, ten leases of %s", backend, time.Since(killed).Round(time.Millisecond), lease)
+			t.Fatalf("%d of the silent worker's %d connections still live %s after it was killed, ten leases of %s",
+				n, len(backends), time.Since(killed).Round(time.Millisecond), lease)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("the silent session ended %s after its worker was killed (lease %s)", time.Since(killed).Round(time.Millisecond), lease)
+	t.Logf("the silent worker's %d connections ended %s after it was killed (lease %s)", len(backends), time.Since(killed).Round(time.Millisecond), lease)
 
 	second := startProc(t, ctx, "second", args...)
 	waitRegistered(t, ctx, second)
@@ -147,15 +153,19 @@ func dropBetween(t *testing.T, iptables string, a, b int) {
 	}
 }
 
-// backendAlive reports whether the server process pid still serves a
-// session.
-func backendAlive(t *testing.T, ctx context.Context, conn *pgx.Conn, pid int) bool {
+// liveBackends returns how many of backends, pairs of a server process
+// and a client port, still serve a session.
+func liveBackends(t *testing.T, ctx context.Context, conn *pgx.Conn, backends [][2]int32) int {
 	t.Helper()
-	var alive bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive); err != nil {
+	pids := make([]int32, len(backends))
+	for i, b := range backends {
+		pids[i] = b[0]
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", pids).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	return alive
+	return n
 }
 
 // waitRegistered waits until the worker p has registered its session,

@@ -55,7 +55,7 @@ func runWork(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, err := connectWorker(ctx, logger, dsn, "relay work", servingMinConns)
+	pool, err := connectWorker(ctx, logger, dsn, "relay work", servingMinConns, cfg.Lease)
 	if err != nil {
 		return err
 	}
