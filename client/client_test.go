@@ -619,3 +619,100 @@ func TestInsertAll_ReturnsTheJobsWholeInTheOrderGiven(t *testing.T) {
 		}
 	}
 }
+
+// TestInsertManyAndAll_FailWhereATriggerDropsJobs stores three jobs, the
+// second of which a BEFORE INSERT trigger of the user's drops, through
+// each kind of DBTX, and jobs ready now as well as delayed ones (whose
+// statement goes without an announcement behind it): neither insert
+// answers ids or jobs that no longer line up with those given. Each fails
+// with a JobsDroppedError that says that two of three were stored, and
+// committed where the statement committed on its own; in the caller's
+// transaction they are not, and its rollback leaves none.
+func TestInsertManyAndAll_FailWhereATriggerDropsJobs(t *testing.T) {
+	pool := dbtest.New(t)
+	dbtest.DropJobsOfKind(t, pool)
+	ctx := t.Context()
+	inserts := map[string]func(db.DBTX, []client.Job) (int, error){
+		"InsertMany": func(dbtx db.DBTX, jobs []client.Job) (int, error) {
+			ids, err := client.InsertMany(ctx, dbtx, jobs)
+			return len(ids), err
+		},
+		"InsertAll": func(dbtx db.DBTX, jobs []client.Job) (int, error) {
+			stored, err := client.InsertAll(ctx, dbtx, jobs)
+			return len(stored), err
+		},
+	}
+	// Each opens what the jobs are inserted through, and returns it with
+	// the rollback that ends it: nil where the statement commits on its
+	// own.
+	dbtxs := map[string]func(t *testing.T) (db.DBTX, func(context.Context) error){
+		"pool": func(*testing.T) (db.DBTX, func(context.Context) error) { return pool, nil },
+		"connection": func(t *testing.T) (db.DBTX, func(context.Context) error) {
+			return connect(t, pool), nil
+		},
+		"pgx.Tx": func(t *testing.T) (db.DBTX, func(context.Context) error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			return tx, tx.Rollback
+		},
+		"client.Tx": func(t *testing.T) (db.DBTX, func(context.Context) error) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			return tx, tx.Rollback
+		},
+	}
+	n := 0
+	for insertName, insert := range inserts {
+		for dbtxName, open := range dbtxs {
+			for _, delay := range []time.Duration{0, time.Hour} {
+				n++
+				queue := fmt.Sprintf("q%d", n)
+				t.Run(fmt.Sprintf("%s/%s/delay %s", insertName, dbtxName, delay), func(t *testing.T) {
+					var jobs []client.Job
+					for _, kind := range []string{"first", dbtest.DroppedKind, "third"} {
+						jobs = append(jobs, newJob(t, client.Request{Kind: kind, Queue: ptr(queue), Delay: ptr(delay)}))
+					}
+					dbtx, end := open(t)
+					got, err := insert(dbtx, jobs)
+					var dropped *client.JobsDroppedError
+					if !errors.As(err, &dropped) || !errors.Is(err, client.ErrJobsDropped) {
+						t.Fatalf("%d returned for %d jobs, error %v; want a JobsDroppedError", got, len(jobs), err)
+					}
+					if got != 0 {
+						t.Errorf("%d returned with the error, want none", got)
+					}
+					committed := end == nil
+					if want := (client.JobsDroppedError{Stored: 2, Sent: 3, Committed: committed}); *dropped != want {
+						t.Errorf("error %+v, want %+v", *dropped, want)
+					}
+					if end != nil {
+						if err := end(ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					var kinds []string
+					rows, err := db.New(pool).JobListByQueue(ctx, db.JobListByQueueParams{Queue: queue, MaxJobs: 10})
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, r := range rows {
+						kinds = append(kinds, r.Kind)
+					}
+					want := []string{"first", "third"}
+					if !committed {
+						want = nil
+					}
+					if !cmp.Equal(kinds, want) {
+						t.Errorf("jobs stored: %v, want %v", kinds, want)
+					}
+				})
+			}
+		}
+	}
+}

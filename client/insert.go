@@ -201,12 +201,47 @@ func sameJob(j db.Job, job Job) bool {
 		jsonb.Equal(j.Payload, job.Payload)
 }
 
+// ErrJobsDropped is wrapped by the error of an insert that the database
+// answered with fewer jobs than it was sent (see JobsDroppedError), as when
+// a BEFORE INSERT trigger on the jobs table returns NULL for some rows, or
+// a rule rewrites the insert.
+var ErrJobsDropped = errors.New("a trigger or rule on the jobs table dropped rows")
+
+// JobsDroppedError is the error of an insert that the database answered
+// with fewer jobs than it was sent. Which of the jobs given were stored is
+// not known, since the rows it returns no longer line up with them, so the
+// insert answers none. Committed says whether those stored are committed:
+// the statement committed on its own, through a pool or a connection with
+// no transaction open. Otherwise they are in the caller's transaction,
+// which the caller should roll back.
+type JobsDroppedError struct {
+	Stored, Sent int
+	Committed    bool
+}
+
+func (e *JobsDroppedError) Error() string {
+	msg := fmt.Sprintf("the database stored %d of %d jobs: %v", e.Stored, e.Sent, ErrJobsDropped)
+	switch {
+	case e.Stored == 0:
+		return msg
+	case e.Committed:
+		return msg + "; those stored are committed"
+	}
+	return msg + "; the transaction holds those stored: roll it back"
+}
+
+// Unwrap returns ErrJobsDropped.
+func (e *JobsDroppedError) Unwrap() error { return ErrJobsDropped }
+
 // ErrNoIdempotencyInBatch is returned by InsertMany for a job with an
 // idempotency key, which only Insert honours.
 var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempotency key")
 
 // InsertMany stores jobs in one statement (JobInsertMany), all or none, and
-// returns their ids in the order given. It takes from 1 to MaxBatchJobs
+// returns their ids in the order given; where the database stores fewer
+// than it was sent (a trigger or rule on the jobs table dropped rows),
+// their ids no longer line up with the jobs, and InsertMany fails with a
+// JobsDroppedError. It takes from 1 to MaxBatchJobs
 // jobs, none with an idempotency key. dbtx may be a transaction of the
 // caller's. The jobs are announced to their queues' workers as Insert's
 // are: when the caller's transaction commits, or, in a Tx or when the
@@ -224,7 +259,9 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // Its errors say what Insert's do: through a pool, or a connection with no
 // transaction open, one that wraps ErrOutcomeUnknown says that the jobs
 // may have been stored, and inserting them again may store them twice;
-// any other, that none was.
+// one that wraps ErrJobsDropped (a JobsDroppedError) says how many were
+// stored, and whether they are committed or wait in the caller's
+// transaction, which it should then roll back; any other, that none was.
 func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) {
 	params, err := manyParams(jobs)
 	if err != nil {
@@ -243,6 +280,9 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 			ids, err = db.New(d).JobInsertMany(ctx, params)
 			return outcome(err)
 		}); handled {
+			if err == nil && len(ids) != len(jobs) {
+				err = &JobsDroppedError{Stored: len(ids), Sent: len(jobs), Committed: true}
+			}
 			if err != nil {
 				return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 			}
@@ -257,6 +297,9 @@ func InsertMany(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]int64, error) 
 		}
 		return err
 	})
+	if err == nil && len(ids) != len(jobs) {
+		err = &JobsDroppedError{Stored: len(ids), Sent: len(jobs), Committed: ownCommit}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
 	}
@@ -300,7 +343,8 @@ func addDue(due *dueQueues, job Job) {
 // (docs/experiments.md, "The API's groups, announced after their
 // commit"). In a Tx they are announced once it has committed. A statement
 // found stale is sent again as Insert's. Its errors say what InsertMany's
-// do.
+// do, and it fails as InsertMany does where the database stores fewer of
+// the jobs than it was sent (JobsDroppedError).
 func InsertAll(ctx context.Context, dbtx db.DBTX, jobs []Job) ([]db.Job, error) {
 	return insertAll(ctx, dbtx, jobs, true)
 }
@@ -327,11 +371,11 @@ func insertAll(ctx context.Context, dbtx db.DBTX, jobs []Job, announced bool) ([
 		}
 		return err
 	})
+	if err == nil && len(stored) != len(jobs) {
+		err = &JobsDroppedError{Stored: len(stored), Sent: len(jobs), Committed: ownCommit}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("insert %d jobs: %w", len(jobs), err)
-	}
-	if len(stored) != len(jobs) {
-		return nil, fmt.Errorf("insert %d jobs: the database returned %d", len(jobs), len(stored))
 	}
 	if inTx && announced {
 		for _, j := range stored {
