@@ -182,12 +182,16 @@ func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
 // a pooler answered in the server's place. The job may have been stored,
 // and inserting it again may store it twice: a job that must be stored
 // once whatever happens is inserted, from its first attempt, with an
-// idempotency key, through the package's Insert. Any other error says
-// that nothing was stored: ctx's, a context error of StoreTimeout passing
-// before the statement was sent (while it waited for a connection), one
-// for which RefusedAValue reports true, a job left unsent behind another
-// of its group, or another error PostgreSQL answered with, which rolled
-// the statement back.
+// idempotency key, through the package's Insert. One that wraps
+// ErrJobsDropped (a JobsDroppedError) says that the database stored fewer
+// of the group's jobs than it was sent, as when a trigger or rule on the
+// jobs table drops rows: those it stored are committed, and since which
+// they are is not known, the job may be one of them unless it stored
+// none. Any other error says that nothing was stored: ctx's, a context
+// error of StoreTimeout passing before the statement was sent (while it
+// waited for a connection), one for which RefusedAValue reports true, a
+// job left unsent behind another of its group, or another error
+// PostgreSQL answered with, which rolled the statement back.
 func (e *Enqueuer) Insert(ctx context.Context, job Job) (db.Job, error) {
 	if job.IdempotencyKey != nil {
 		return db.Job{}, fmt.Errorf("insert job: %w", ErrNoIdempotencyInBatch)

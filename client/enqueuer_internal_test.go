@@ -468,3 +468,58 @@ func TestInsertAll_UnannouncedIsHeardOnlyOnceItsQueuesAreAnnounced(t *testing.T)
 	}
 	heard("once announced", map[string]int{"a": 1, "b": 1, "later": 0})
 }
+
+// TestEnqueuer_AGroupATriggerThinnedAnswersNoCallerWithAJob stores a group
+// of three callers' jobs, the second of which a BEFORE INSERT trigger of
+// the user's drops: the two others are stored, but which callers they
+// belong to is not known, so none is answered with a job, and each is
+// told how many of the group were stored and that they are committed. A
+// job that arrives alone and is dropped is told that it was not stored.
+func TestEnqueuer_AGroupATriggerThinnedAnswersNoCallerWithAJob(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	dbtest.DropJobsOfKind(t, pool)
+	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1})
+	pending := func(kinds ...string) []*pendingJob {
+		var group []*pendingJob
+		for _, kind := range kinds {
+			j, err := Validate(Request{Kind: kind}, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := &pendingJob{job: j, done: make(chan stored, 1)}
+			p.state.Store(jobTaken)
+			group = append(group, p)
+		}
+		return group
+	}
+	for _, tt := range []struct {
+		kinds []string
+		want  JobsDroppedError
+	}{
+		{[]string{"first", dbtest.DroppedKind, "third"}, JobsDroppedError{Stored: 2, Sent: 3, Committed: true}},
+		{[]string{dbtest.DroppedKind}, JobsDroppedError{Stored: 0, Sent: 1, Committed: true}},
+	} {
+		group := pending(tt.kinds...)
+		if err := enq.store(group); !errors.Is(err, ErrJobsDropped) {
+			t.Errorf("%v: the group's statement failed with %v, want ErrJobsDropped", tt.kinds, err)
+		}
+		for i, p := range group {
+			s := <-p.done
+			var dropped *JobsDroppedError
+			if !errors.As(s.err, &dropped) || *dropped != tt.want {
+				t.Errorf("%v: caller %d answered %v; want %+v", tt.kinds, i, s.err, tt.want)
+			}
+			if s.job.ID != 0 {
+				t.Errorf("%v: caller %d answered with job %d, with its error", tt.kinds, i, s.job.ID)
+			}
+		}
+	}
+	var kinds string
+	if err := pool.QueryRow(t.Context(), `SELECT string_agg(kind, ',' ORDER BY id) FROM jobs`).Scan(&kinds); err != nil {
+		t.Fatal(err)
+	}
+	if kinds != "first,third" {
+		t.Errorf("jobs stored: %s, want first,third", kinds)
+	}
+}
