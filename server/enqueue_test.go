@@ -730,6 +730,32 @@ func TestEnqueue_ConstraintViolationFromDatabaseIs400(t *testing.T) {
 	}
 }
 
+// TestEnqueue_AJobATriggerDropsIsNotAnsweredAsStored installs a BEFORE
+// INSERT trigger of the user's that drops the jobs of one kind: a one-job
+// request of that kind is a 500 that says that its job was not stored,
+// and a batch that holds one a 500, with no ids, that says how many of
+// its jobs were stored; neither gives away the database's text.
+func TestEnqueue_AJobATriggerDropsIsNotAnsweredAsStored(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	dbtest.DropJobsOfKind(t, e.pool)
+	got := wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"`+dbtest.DroppedKind+`"}`), http.StatusInternalServerError, "")
+	if want := "the job was not stored: a trigger or rule on the jobs table dropped it"; got.Error != want {
+		t.Errorf("one job: error %q, want %q", got.Error, want)
+	}
+	rec := e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"first"},{"kind":"`+dbtest.DroppedKind+`"},{"kind":"third"}]}`)
+	got = wantError(t, rec, http.StatusInternalServerError, "")
+	if want := "the database stored 2 of the 3 jobs, and a trigger or rule on the jobs table dropped the others"; !strings.HasPrefix(got.Error, want) {
+		t.Errorf("batch: error %q, want it to begin %q", got.Error, want)
+	}
+	if strings.Contains(rec.Body.String(), `"ids"`) {
+		t.Errorf("batch answered with ids: %s", rec.Body)
+	}
+	if n := dbtest.CountJobs(t, e.pool); n != 2 {
+		t.Errorf("%d jobs stored, want the batch's 2", n)
+	}
+}
+
 func TestEnqueueBatch_InsertsAllInRequestOrder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -57,6 +57,15 @@ func outcomeUnknown(msg string, err error) *apiError {
 	return &apiError{status: http.StatusGatewayTimeout, msg: "the database's answer was lost: " + msg, cause: err}
 }
 
+// jobsDropped answers with a 500 an enqueue that the database stored
+// fewer jobs of than it was sent (client.JobsDroppedError), as when a
+// trigger or rule on the jobs table drops rows: no job is answered as
+// stored, since which were is not known, and msg says what became of
+// them.
+func jobsDropped(msg string, err error) *apiError {
+	return &apiError{status: http.StatusInternalServerError, msg: msg, cause: err}
+}
+
 // respondError writes err as a JSON error. An *apiError is shown as is;
 // any other error is classified (see classify) and shown only as a generic
 // message, while the real error is logged.

@@ -154,6 +154,9 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 // e, together with those of requests that arrive meanwhile. An insert
 // whose answer was lost (client.ErrOutcomeUnknown) is a 504: the job may
 // have been stored, and only a request with a key is safe to send again.
+// One whose statement the database stored fewer jobs of than it was sent,
+// as when a trigger or rule on the jobs table drops rows, is a 500 that
+// says whether the job may have been stored, and answers with no job.
 func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		key, err := idempotencyKey(r)
@@ -176,6 +179,7 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBod
 		ctx, cancel := dbContext(r)
 		defer cancel()
 		var job db.Job
+		var dropped *client.JobsDroppedError
 		replayed := false
 		if spec.IdempotencyKey == nil {
 			job, err = e.Insert(ctx, spec)
@@ -189,6 +193,11 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBod
 			return outcomeUnknown("the job may have been stored; a retry with the same Idempotency-Key answers with it if it was", err)
 		case errors.Is(err, client.ErrOutcomeUnknown):
 			return outcomeUnknown("the job may have been stored, and a retry stores it again (a request with an Idempotency-Key can be retried safely)", err)
+		case errors.As(err, &dropped):
+			if dropped.Stored == 0 {
+				return jobsDropped("the job was not stored: a trigger or rule on the jobs table dropped it", err)
+			}
+			return jobsDropped("the job may have been stored: a trigger or rule on the jobs table dropped some of the jobs stored in one statement with it, and which is not known", err)
 		case errors.Is(err, client.ErrIdempotencyRace):
 			return &apiError{
 				status: http.StatusServiceUnavailable,
@@ -236,7 +245,10 @@ type batchResponse struct {
 // answers 201 with their ids in request order. If any job is invalid the
 // whole batch is rejected, naming the first bad one (field "jobs[3].kind").
 // Batches take no Idempotency-Key. An insert whose answer was lost is a
-// 504, as in handleEnqueue: the jobs may have been stored.
+// 504, as in handleEnqueue: the jobs may have been stored. One that the
+// database stored fewer jobs of than it was sent, as when a trigger or
+// rule on the jobs table drops rows, is a 500 that says how many it
+// stored, without their ids, which no longer line up with the request.
 func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		if _, ok := r.Header["Idempotency-Key"]; ok {
@@ -272,6 +284,12 @@ func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.H
 		ids, err := client.InsertMany(ctx, dbtx, jobs)
 		if errors.Is(err, client.ErrOutcomeUnknown) {
 			return outcomeUnknown("the jobs may have been stored, and a retry may store them again", err)
+		}
+		if dropped := (*client.JobsDroppedError)(nil); errors.As(err, &dropped) {
+			if dropped.Stored == 0 {
+				return jobsDropped("no job was stored: a trigger or rule on the jobs table dropped them", err)
+			}
+			return jobsDropped(fmt.Sprintf("the database stored %d of the %d jobs, and a trigger or rule on the jobs table dropped the others: those stored are committed, and which they are is not known", dropped.Stored, dropped.Sent), err)
 		}
 		if err != nil {
 			return err
