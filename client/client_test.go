@@ -716,3 +716,34 @@ func TestInsertManyAndAll_FailWhereATriggerDropsJobs(t *testing.T) {
 		}
 	}
 }
+
+// TestInsert_AJobATriggerDropsFailsWithAJobsDroppedError inserts a job
+// without an idempotency key that a BEFORE INSERT trigger of the user's
+// drops, ready now (its announcement sent behind the insert) and delayed,
+// through a pool and in a transaction: each insert fails with a
+// JobsDroppedError that says that none was stored.
+func TestInsert_AJobATriggerDropsFailsWithAJobsDroppedError(t *testing.T) {
+	pool := dbtest.New(t)
+	dbtest.DropJobsOfKind(t, pool)
+	ctx := t.Context()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	for _, tt := range []struct {
+		name      string
+		dbtx      db.DBTX
+		committed bool
+	}{{"pool", pool, true}, {"pgx.Tx", tx, false}} {
+		for _, delay := range []time.Duration{0, time.Hour} {
+			job := newJob(t, client.Request{Kind: dbtest.DroppedKind, Delay: ptr(delay)})
+			stored, _, err := client.Insert(ctx, tt.dbtx, job)
+			var dropped *client.JobsDroppedError
+			want := client.JobsDroppedError{Stored: 0, Sent: 1, Committed: tt.committed}
+			if !errors.As(err, &dropped) || *dropped != want || stored.ID != 0 {
+				t.Errorf("%s, delay %s: job %d, error %v; want %+v", tt.name, delay, stored.ID, err, want)
+			}
+		}
+	}
+}

@@ -66,11 +66,12 @@ const idempotencyAttempts = 3
 // stored (docs/failure-semantics.md, "An enqueue's answer is lost"). Any
 // other error, ctx's included, says that this call stored nothing: the
 // insert was not sent (ctx had ended, or no connection could be had),
-// PostgreSQL answered it with an error, which rolled it back, or it found
+// PostgreSQL answered it with an error, which rolled it back, it found
 // the idempotency key taken (ErrIdempotencyConflict, ErrIdempotencyRace,
-// or the job holding the key could not be read). In a transaction, nothing
-// is stored before that transaction commits, and an error is returned as
-// it came.
+// or the job holding the key could not be read), or a trigger or rule on
+// the jobs table dropped a job without a key (a JobsDroppedError). In a
+// transaction, nothing is stored before that transaction commits, and an
+// error is returned as it came.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
 	tx, inTx := dbtx.(*Tx)
 	ownCommit := commitsOnItsOwn(dbtx)
@@ -97,6 +98,9 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 			stored, err = db.New(d).JobInsert(ctx, params)
 			return outcome(err)
 		}); handled {
+			if errors.Is(err, pgx.ErrNoRows) {
+				err = &JobsDroppedError{Stored: 0, Sent: 1, Committed: true}
+			}
 			if err != nil {
 				return db.Job{}, false, fmt.Errorf("insert job: %w", err)
 			}
@@ -124,6 +128,11 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 				})
 			}
 			return stored, false, nil
+		}
+		if errors.Is(err, pgx.ErrNoRows) && job.IdempotencyKey == nil {
+			// Only a trigger or rule on the jobs table drops a job
+			// without a key.
+			err = &JobsDroppedError{Stored: 0, Sent: 1, Committed: ownCommit}
 		}
 		if !errors.Is(err, pgx.ErrNoRows) || job.IdempotencyKey == nil {
 			return db.Job{}, false, fmt.Errorf("insert job: %w", err)
@@ -215,8 +224,9 @@ var ErrJobsDropped = errors.New("a trigger or rule on the jobs table dropped row
 // no transaction open. Otherwise they are in the caller's transaction,
 // which the caller should roll back.
 type JobsDroppedError struct {
-	Stored, Sent int
-	Committed    bool
+	Stored    int  // the jobs the database returned, as stored
+	Sent      int  // the jobs the insert sent
+	Committed bool // whether those stored are committed
 }
 
 func (e *JobsDroppedError) Error() string {
