@@ -229,6 +229,7 @@ type JobsDroppedError struct {
 	Committed bool // whether those stored are committed
 }
 
+// Error says how many of the jobs were stored, and what became of them.
 func (e *JobsDroppedError) Error() string {
 	msg := fmt.Sprintf("the database stored %d of %d jobs: %v", e.Stored, e.Sent, ErrJobsDropped)
 	switch {
@@ -251,11 +252,11 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 // returns their ids in the order given; where the database stores fewer
 // than it was sent (a trigger or rule on the jobs table dropped rows),
 // their ids no longer line up with the jobs, and InsertMany fails with a
-// JobsDroppedError. It takes from 1 to MaxBatchJobs
-// jobs, none with an idempotency key. dbtx may be a transaction of the
-// caller's. The jobs are announced to their queues' workers as Insert's
-// are: when the caller's transaction commits, or, in a Tx or when the
-// statement commits on its own, once it has committed (JobAnnounceMany).
+// JobsDroppedError. It takes from 1 to MaxBatchJobs jobs, none with an
+// idempotency key. dbtx may be a transaction of the caller's. The jobs
+// are announced to their queues' workers as Insert's are: when the
+// caller's transaction commits, or, in a Tx or when the statement commits
+// on its own, once it has committed (JobAnnounceMany).
 // A job given a non-zero delay rather than a run_at is not announced
 // then, since its run_at is the database's to compute: the workers find
 // it when it is due, as after a commit that notifies. Outside a
