@@ -321,8 +321,10 @@ func (e *Enqueuer) store(group []*pendingJob) error {
 	announced := e.announcer.lead()
 	rows, err := insertAll(ctx, e.pool, jobs, announced)
 	refused := RefusedAValue(err) // false for nil
-	if !announced && !refused {
-		e.announcer.owe(jobs, rows) // committed, or its outcome unknown
+	if !announced && (err == nil || errors.Is(err, ErrOutcomeUnknown)) {
+		// Committed, or its outcome unknown. Any other error stored
+		// nothing, and a notification would wake workers for nothing.
+		e.announcer.owe(jobs, rows)
 	}
 	if refused && len(group) > 1 {
 		// Nothing of the statement was stored: store each job alone, so

@@ -343,6 +343,45 @@ func TestEnqueuer_AJobOfARefusedGroupThatFailsOtherwiseStopsTheRest(t *testing.T
 	}
 }
 
+// TestEnqueuer_AGroupTheDatabaseFailsOwesNoNotification spaces the
+// notifications an hour apart and has the database fail a group stored
+// within the spacing for another reason than a refusal (an error a
+// trigger raises), which rolled it back: its queue is owed nothing, and
+// Close, which sends what is owed, wakes none of its workers.
+func TestEnqueuer_AGroupTheDatabaseFailsOwesNoNotification(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	if _, err := pool.Exec(t.Context(), `
+		CREATE FUNCTION test_broken() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.kind = 'broken' THEN RAISE EXCEPTION 'broken on purpose'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER test_broken BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION test_broken()`); err != nil {
+		t.Fatal(err)
+	}
+	queue := "failed"
+	listener, _ := dbtest.Listen(t, pool, queue)
+	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: time.Hour})
+	// Announced at its commit, it begins the spacing.
+	enq.store(groupOf(t, []string{"first"}, func(kind string) Request { return Request{Kind: kind} }))
+	kinds := []string{"broken", "k1"}
+	group := groupOf(t, kinds, func(kind string) Request { return Request{Kind: kind, Queue: &queue} })
+	enq.store(group)
+	for i, p := range group {
+		if s := <-p.done; s.err == nil || RefusedAValue(s.err) || errors.Is(s.err, ErrOutcomeUnknown) {
+			t.Errorf("%s: stored %+v, %v; want the trigger's error", kinds[i], s.job, s.err)
+		}
+	}
+	enq.Close(t.Context())
+	if heard := dbtest.Heard(t, t.Context(), listener); len(heard) != 0 {
+		t.Errorf("heard %d notifications on %s, where nothing was stored, want none", len(heard), queue)
+	}
+	if n := dbtest.CountJobs(t, pool); n != 1 {
+		t.Errorf("%d jobs stored, want only the first", n)
+	}
+}
+
 // TestEnqueuer_AJobLeftUnsentBehindALostAnswerIsNotErrOutcomeUnknown
 // stores a refused group one job at a time, and loses the answer of the
 // second, whose commit outlasts the StoreTimeout and lands all the same:
