@@ -321,9 +321,11 @@ func (e *Enqueuer) store(group []*pendingJob) error {
 	announced := e.announcer.lead()
 	rows, err := insertAll(ctx, e.pool, jobs, announced)
 	refused := RefusedAValue(err) // false for nil
-	if !announced && (err == nil || errors.Is(err, ErrOutcomeUnknown)) {
-		// Committed, or its outcome unknown. Any other error stored
-		// nothing, and a notification would wake workers for nothing.
+	var dropped *JobsDroppedError
+	if !announced && (err == nil || errors.Is(err, ErrOutcomeUnknown) || errors.As(err, &dropped) && dropped.Stored > 0) {
+		// Committed, some of it at least, or its outcome unknown. Any
+		// other error stored nothing, and a notification would wake
+		// workers for nothing.
 		e.announcer.owe(jobs, rows)
 	}
 	if refused && len(group) > 1 {

@@ -382,6 +382,28 @@ func TestEnqueuer_AGroupTheDatabaseFailsOwesNoNotification(t *testing.T) {
 	}
 }
 
+// TestEnqueuer_AGroupATriggerThinnedOwesANotificationForWhatItStored: a
+// group of which a trigger dropped some jobs committed the others, whose
+// queue's workers are still told of them.
+func TestEnqueuer_AGroupATriggerThinnedOwesANotificationForWhatItStored(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	dbtest.DropJobsOfKind(t, pool)
+	queue := "thinned"
+	listener, _ := dbtest.Listen(t, pool, queue)
+	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: time.Hour})
+	// Announced at its commit, it begins the spacing.
+	enq.store(groupOf(t, []string{"first"}, func(kind string) Request { return Request{Kind: kind} }))
+	group := groupOf(t, []string{"kept", dbtest.DroppedKind}, func(kind string) Request { return Request{Kind: kind, Queue: &queue} })
+	if err := enq.store(group); !errors.Is(err, ErrJobsDropped) {
+		t.Fatalf("the group's statement failed with %v, want ErrJobsDropped", err)
+	}
+	enq.Close(t.Context())
+	if heard := dbtest.Heard(t, t.Context(), listener); len(heard) != 1 {
+		t.Errorf("heard %d notifications on %s, where a job was stored, want one", len(heard), queue)
+	}
+}
+
 // TestEnqueuer_AJobLeftUnsentBehindALostAnswerIsNotErrOutcomeUnknown
 // stores a refused group one job at a time, and loses the answer of the
 // second, whose commit outlasts the StoreTimeout and lands all the same:
