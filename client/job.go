@@ -8,6 +8,13 @@
 // only if, that transaction commits. An Enqueuer, shared by goroutines
 // that each store one job, stores those that arrive together in one
 // statement and spaces their notifications, as the HTTP API does.
+//
+// The connections given must run statements in one of pgx's modes that
+// learn the arguments' types from the server: cache_statement (pgx's
+// default), cache_describe or describe_exec. Under exec or simple_protocol
+// (default_query_exec_mode) a payload goes as bytea, and PostgreSQL
+// refuses every insert ("invalid input syntax for type json"); relay and
+// worker.New refuse those modes.
 package client
 
 import (

@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/pgurl"
 )
 
 // Worker runs handlers for the jobs of one queue. Create it with New,
@@ -91,6 +92,9 @@ type Worker struct {
 func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if pool == nil {
 		return nil, errors.New("worker: nil pool")
+	}
+	if err := pgurl.CheckExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
+		return nil, fmt.Errorf("worker: the pool's %w", err)
 	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {

@@ -16,6 +16,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/worker"
 )
@@ -603,6 +606,41 @@ func wantRefused(t *testing.T, b *bundle, cfg worker.Config, wantInErr string) {
 	}
 	if verr := cfg.Validate(); verr == nil || verr.Error() != err.Error() {
 		t.Errorf("Validate: %v, want New's error %q", verr, err)
+	}
+}
+
+// TestNew_RefusesAPoolWhoseExecModeCannotRunItsStatements: of pgx's
+// default_query_exec_mode values, exec and simple_protocol send a jsonb
+// document as bytea, which the server refuses: a worker on such a pool is
+// refused at once, with what to use instead, and the modes that learn
+// their arguments' types from the server are accepted.
+func TestNew_RefusesAPoolWhoseExecModeCannotRunItsStatements(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(setup(t).url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for mode, want := range map[pgx.QueryExecMode]string{
+		pgx.QueryExecModeExec:           "worker: the pool's default_query_exec_mode=exec cannot run Relay's statements",
+		pgx.QueryExecModeSimpleProtocol: "worker: the pool's default_query_exec_mode=simple_protocol cannot run Relay's statements",
+		pgx.QueryExecModeCacheStatement: "",
+		pgx.QueryExecModeCacheDescribe:  "",
+		pgx.QueryExecModeDescribeExec:   "",
+	} {
+		modal := cfg.Copy()
+		modal.ConnConfig.DefaultQueryExecMode = mode
+		pool, err := pgxpool.NewWithConfig(context.Background(), modal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = worker.New(pool, worker.Config{})
+		pool.Close()
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v, want a worker", mode, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: error %v, want one containing %q", mode, err, want)
+		}
 	}
 }
 

@@ -39,6 +39,9 @@ func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
 		// --session-database-url is: pgx's message hides the password.
 		return nil, cli.Usagef("invalid database URL: %v", err)
 	}
+	if err := pgurl.CheckExecMode(cfg.ConnConfig.DefaultQueryExecMode); err != nil {
+		return nil, cli.Usagef("database URL: %v", err)
+	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -101,4 +102,26 @@ func Redact(dsn string) string {
 	}
 	u.RawQuery = ""
 	return u.Redacted()
+}
+
+// CheckExecMode returns an error naming mode, a connection's pgx
+// default_query_exec_mode, if Relay's statements cannot run in it: exec
+// and simple_protocol choose each argument's type from its Go type alone,
+// without asking the server, and send a jsonb document, which Relay's
+// statements take as bytes, as bytea, which the server refuses ("invalid
+// input syntax for type json"): every enqueue would fail, blamed on its
+// payload. The other modes, cache_statement (pgx's default),
+// cache_describe and describe_exec, learn the types from the server.
+func CheckExecMode(mode pgx.QueryExecMode) error {
+	var name string
+	switch mode {
+	case pgx.QueryExecModeExec:
+		name = "exec"
+	case pgx.QueryExecModeSimpleProtocol:
+		name = "simple_protocol"
+	default:
+		return nil
+	}
+	return fmt.Errorf("default_query_exec_mode=%s cannot run Relay's statements, which need their arguments' types from the server: "+
+		"use cache_statement (pgx's default), cache_describe or describe_exec", name)
 }
