@@ -236,8 +236,9 @@ type Config struct {
 	// attempt that a retry follows: not of a job's last attempt, nor of a
 	// permanent failure, nor of an attempt whose handler was cancelled
 	// because someone cancelled its job (ErrJobCancelled), which ends
-	// cancelled. If it panics, the panic is logged and the retry waits
-	// DefaultBackoff. Default: DefaultBackoff.
+	// cancelled. A negative duration waits not at all, as zero does. If it
+	// panics, the panic is logged and the retry waits DefaultBackoff.
+	// Default: DefaultBackoff.
 	Backoff func(attempt int) time.Duration
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger

@@ -336,7 +336,9 @@ func (w *Worker) report(o outcome, kind Outcome, accepted bool) {
 
 // backoff returns how long the retry that follows job's failed attempt
 // waits: Config.Backoff's answer, or DefaultBackoff's if Backoff panics,
-// which is logged, so that the failure is recorded all the same.
+// which is logged, so that the failure is recorded all the same. A
+// negative answer waits not at all: a run_at before the failure would put
+// the retry ahead of jobs that have waited longer.
 func (w *Worker) backoff(job Job) (d time.Duration) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -345,7 +347,7 @@ func (w *Worker) backoff(job Job) (d time.Duration) {
 			d = DefaultBackoff(job.Attempt)
 		}
 	}()
-	return w.cfg.Backoff(job.Attempt)
+	return max(w.cfg.Backoff(job.Attempt), 0)
 }
 
 // notify signals c without blocking; one pending signal is enough.

@@ -975,6 +975,36 @@ func TestWorker_BackoffIsNotAskedForAnAttemptOfACancelledJob(t *testing.T) {
 	}
 }
 
+// TestWorker_ANegativeBackoffRetriesAtOnceWithoutJumpingTheQueue: a
+// Backoff that returns less than nothing (a deadline already passed, say)
+// retries the job at once, as a zero does, and never dates its run_at
+// before the failure: a run_at in the past would put the retry ahead of
+// jobs that have waited longer, and make the queue's oldest ready job
+// look that much older.
+func TestWorker_ANegativeBackoffRetriesAtOnceWithoutJumpingTheQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	flaky := b.enqueue(t, "flaky", `{}`, 2)
+	b.startWorker(t, worker.Config{Slots: 1, Backoff: func(int) time.Duration { return -time.Hour }}, func(w *worker.Worker) {
+		w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) {
+			if j.Attempt == 1 {
+				return nil, errors.New("first attempt fails")
+			}
+			return "ok", nil
+		})
+	})
+	b.waitForState(t, flaky.ID, db.JobStateSucceeded, 10*time.Second)
+	// The claim and the completion leave run_at as the failure set it.
+	var runAt, failedAt time.Time
+	if err := b.pool.QueryRow(b.ctx, `SELECT run_at, (errors->0->>'at')::timestamptz FROM jobs WHERE id = $1`,
+		flaky.ID).Scan(&runAt, &failedAt); err != nil {
+		t.Fatal(err)
+	}
+	if runAt.Before(failedAt) {
+		t.Errorf("retry's run_at %s is %s before the failure at %s", runAt, failedAt.Sub(runAt), failedAt)
+	}
+}
+
 // TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn: a Backoff or
 // an OnAck that panics is a bug in the application's callback, not in the
 // job: the panic is logged, the failure is recorded with DefaultBackoff's
