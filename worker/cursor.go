@@ -59,11 +59,17 @@ func (c *claimCursors) params(now time.Time) ([]int16, []time.Time) {
 	return priorities, since
 }
 
-// claimed moves the cursors past the jobs of a claim.
-func (c *claimCursors) claimed(rows []db.JobCompleteAndClaimRow) {
+// claimed moves the cursors past the jobs of a claim, rows in the order
+// claimed. A claim from the head (fromHead) that came back full may have
+// left more jobs behind the cursor of the last priority it took, where it
+// found the last of its own: a backlog enqueued with a run_at in the past,
+// or taken back. That cursor moves to the last job's run_at, back if need
+// be, so that the claims that follow take the rest, rather than a claim
+// from the head a second for each claim's worth.
+func (c *claimCursors) claimed(rows []db.JobCompleteAndClaimRow, fromHead, full bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, r := range rows {
+	for i, r := range rows {
 		if r.Priority == nil || r.RunAt == nil {
 			continue
 		}
@@ -75,7 +81,7 @@ func (c *claimCursors) claimed(rows []db.JobCompleteAndClaimRow) {
 		if c.newest == nil {
 			c.newest = make(map[int16]time.Time)
 		}
-		if !ok || at.After(old) {
+		if !ok || at.After(old) || (fromHead && full && i == len(rows)-1) {
 			c.newest[p] = at
 		}
 	}

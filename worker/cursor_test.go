@@ -292,3 +292,55 @@ func TestWorker_LooksAgainForAReturnedJobItsClaimSkippedAsLocked(t *testing.T) {
 	}
 	waitDone(t, done, job.ID)
 }
+
+// TestWorker_DrainsABacklogBehindItsCursorAsFastAsAnyOther gives a worker
+// of one slot, which claims nothing ahead, a backlog of jobs of the
+// priority it has a cursor for, all with a run_at an hour behind it, as a
+// batch enqueued with a run_at in the past, or jobs taken back from a dead
+// worker, look. The claim from the head finds the first of them; the
+// others must not wait for one claim from the head each, a second apart,
+// but follow at the pace of the slot.
+func TestWorker_DrainsABacklogBehindItsCursorAsFastAsAnyOther(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	done := make(chan int64, 64)
+	b.startWorker(t, worker.Config{Slots: 1, Prefetch: -1}, func(w *worker.Worker) {
+		w.HandleFunc("noop", func(ctx context.Context, j *worker.Job) (any, error) {
+			done <- j.ID
+			return nil, nil
+		})
+	})
+	// The worker claims a job ready now, and moves its cursor there.
+	first := b.enqueue(t, "noop", `{}`, 1)
+	waitDone(t, done, first.ID)
+	const backlog = 20
+	past := time.Now().Add(-time.Hour)
+	params := db.JobInsertManyParams{}
+	for range backlog {
+		params.Queues = append(params.Queues, "default")
+		params.Kinds = append(params.Kinds, "noop")
+		params.Payloads = append(params.Payloads, []byte(`{}`))
+		params.Priorities = append(params.Priorities, 0)
+		params.MaxAttempts = append(params.MaxAttempts, 1)
+		params.RunAts = append(params.RunAts, past)
+		params.DelaysMs = append(params.DelaysMs, 0)
+	}
+	ids, err := b.q.JobInsertMany(b.ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One claim from the head a second would take backlog seconds.
+	deadline := time.After(backlog / 2 * time.Second)
+	left := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		left[id] = true
+	}
+	for len(left) > 0 {
+		select {
+		case id := <-done:
+			delete(left, id)
+		case <-deadline:
+			t.Fatalf("%d of the %d jobs behind the cursor not run within %d s", len(left), backlog, backlog/2)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -240,7 +241,7 @@ func TestClaimCursors_ASecondBehindTheNewestClaimedOfUpToEightPriorities(t *test
 			rows = append(rows, db.JobCompleteAndClaimRow{Priority: &prio, RunAt: &at})
 		}
 	}
-	c.claimed(rows)
+	c.claimed(rows, true, false)
 	p, since := c.params(now.Add(999 * time.Millisecond))
 	if len(p) != maxClaimCursors || maxClaimCursors != 8 {
 		t.Fatalf("cursors for priorities %v, want for 8", p)
@@ -262,5 +263,37 @@ func TestClaimCursors_ASecondBehindTheNewestClaimedOfUpToEightPriorities(t *test
 	c.fromHead()
 	if p, _ := c.params(now.Add(1600 * time.Millisecond)); p != nil {
 		t.Errorf("told to claim from the head: cursors for priorities %v, want a claim from the head", p)
+	}
+}
+
+// TestClaimCursors_AFullClaimFromTheHeadMovesItsLastPriorityBack: a claim
+// from the head that came back full with jobs far behind the cursor of the
+// last priority it took moves that cursor back to the last of them, for the
+// claims that follow to take the rest; the cursors of the priorities before
+// it, which it emptied, and those of any other claim only move ahead.
+func TestClaimCursors_AFullClaimFromTheHeadMovesItsLastPriorityBack(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	row := func(prio int16, at time.Time) db.JobCompleteAndClaimRow {
+		return db.JobCompleteAndClaimRow{Priority: &prio, RunAt: &at}
+	}
+	hourAgo := now.Add(-time.Hour)
+	backlog := []db.JobCompleteAndClaimRow{row(0, hourAgo), row(1, hourAgo), row(1, hourAgo.Add(time.Second))}
+	for _, tc := range []struct {
+		name           string
+		fromHead, full bool
+		want           map[int16]time.Time
+	}{
+		{"a full claim from the head", true, true, map[int16]time.Time{0: now, 1: hourAgo.Add(time.Second)}},
+		{"a claim from the head that came back short", true, false, map[int16]time.Time{0: now, 1: now}},
+		{"a full claim from the cursors", false, true, map[int16]time.Time{0: now, 1: now}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c claimCursors
+			c.claimed([]db.JobCompleteAndClaimRow{row(0, now), row(1, now)}, true, false)
+			c.claimed(backlog, tc.fromHead, tc.full)
+			if diff := cmp.Diff(tc.want, c.newest); diff != "" {
+				t.Errorf("newest claimed per priority (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -120,6 +120,8 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	}
 	params.CompleteIDs, params.CompleteTokens, params.CompleteResults = completions(done)
 	params.CursorPriorities, params.CursorSince = w.cursors.params(time.Now())
+	// A claim without cursors scans every priority from its head.
+	fromHead := len(params.CursorPriorities) == 0
 	for i := range params.ClaimTokens {
 		token, err := uuid.NewRandom()
 		if err != nil {
@@ -147,7 +149,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 			claimed = append(claimed, row)
 		}
 	}
-	w.cursors.claimed(claimed)
+	w.cursors.claimed(claimed, fromHead, len(claimed) == claim)
 	return claimed, nil
 }
 
