@@ -59,6 +59,13 @@ func (c *claimCursors) params(now time.Time) ([]int16, []time.Time) {
 	return priorities, since
 }
 
+// due returns when the next claim from the head is due.
+func (c *claimCursors) due() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.headDue
+}
+
 // claimed moves the cursors past the jobs of a claim, rows in the order
 // claimed. A claim from the head (fromHead) that came back full may have
 // left more jobs behind the cursor of the last priority it took, where it

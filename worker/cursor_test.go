@@ -344,3 +344,34 @@ func TestWorker_DrainsABacklogBehindItsCursorAsFastAsAnyOther(t *testing.T) {
 		}
 	}
 }
+
+// TestWorker_FindsAJobBehindItsCursorWithoutWaitingForItsPoll is
+// TestWorker_FindsAJobThatBecameReadyBehindItsCursor for a worker that
+// polls once an hour: the job is announced as it is inserted, and the
+// claim that announcement causes, made from the cursors less than a
+// second after the claim from the head, steps over it. The worker must
+// still look from the head once that is due, a second after the last, as
+// every worker does, and not at its next poll.
+func TestWorker_FindsAJobBehindItsCursorWithoutWaitingForItsPoll(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Claimed from the head as the worker starts, which moves its cursor
+	// there.
+	first := b.enqueue(t, "noop", `{}`, 1)
+	done := make(chan int64, 8)
+	b.startWorker(t, worker.Config{Slots: 2, PollInterval: time.Hour}, func(w *worker.Worker) {
+		w.HandleFunc("noop", func(ctx context.Context, j *worker.Job) (any, error) {
+			done <- j.ID
+			return nil, nil
+		})
+	})
+	waitDone(t, done, first.ID)
+	past := time.Now().Add(-time.Hour)
+	behind, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+		Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1, RunAt: &past,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, done, behind.ID)
+}

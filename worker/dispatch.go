@@ -190,6 +190,14 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	// recheck fires when a claim is to look again for a job that came
 	// back to the queue (see recheckReturned).
 	var recheck <-chan time.Time
+	// fromHead fires when a claim from the head is due after a claim
+	// from the cursors came back short: a job behind them, such as one
+	// inserted by a transaction that began long before it committed, is
+	// announced as any other, and the claim the announcement caused
+	// stepped over it. Without a look from the head it would wait for
+	// the next poll, which in a large fleet, or at a long PollInterval,
+	// comes far later than a second.
+	var fromHead <-chan time.Time
 
 	for {
 		if now := w.session.told(); now != told {
@@ -277,6 +285,11 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 						recheck = time.After(delay)
 					}
 				}
+				// Unless the next poll comes first: its claim, if it
+				// too comes back short from the cursors, sets it then.
+				if due := w.cursors.due(); r.fromCursors && len(r.claimed) < r.claim && fromHead == nil && pollDue.After(due) {
+					fromHead = time.After(time.Until(due))
+				}
 			}
 		case o := <-w.outcomes:
 			d.collect(o)
@@ -301,6 +314,10 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			recheck = nil
 			want = claimTold
 			w.cursors.fromHead()
+		case <-fromHead:
+			fromHead = nil
+			// As a poll: a claim only if JobAnyReady finds a job.
+			want = max(want, claimPolled)
 		case <-retry:
 			retry = nil
 		case <-ctx.Done():

@@ -122,6 +122,7 @@ func (l leases) sendCompleteAndClaim(ctx context.Context, r *round, done []outco
 	params.CursorPriorities, params.CursorSince = w.cursors.params(time.Now())
 	// A claim without cursors scans every priority from its head.
 	fromHead := len(params.CursorPriorities) == 0
+	r.fromCursors = !fromHead
 	for i := range params.ClaimTokens {
 		token, err := uuid.NewRandom()
 		if err != nil {

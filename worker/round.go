@@ -94,8 +94,11 @@ type round struct {
 	// lostClaim holds the tokens of this round's claim if its answer was
 	// lost: the claim may have committed.
 	lostClaim []pgtype.UUID
-	sentAt    time.Time
-	err       error
+	// fromCursors is whether the claim started from the cursors: jobs
+	// behind them were not looked for.
+	fromCursors bool
+	sentAt      time.Time
+	err         error
 	// deadline, if set, is when the round gives up, if sooner than a
 	// lease after it is sent: a round at shutdown gives up when the
 	// grace period ends, or when its leases run out.
