@@ -166,6 +166,34 @@ func TestTxCommit_AConnectionLostAtTheCommitIsErrOutcomeUnknown(t *testing.T) {
 	}
 }
 
+// TestTxCommit_AnnouncesTheJobsOfACommitWhoseAnswerWasLost cuts the
+// connection of a Tx just after the server committed it: the job is
+// stored, and Commit, which cannot tell, announces it all the same
+// through another connection of the pool, as it would a commit answered.
+func TestTxCommit_AnnouncesTheJobsOfACommitWhoseAnswerWasLost(t *testing.T) {
+	ctx := t.Context()
+	proxy, pool, through := proxiedPools(t)
+	listener, _ := dbtest.Listen(t, pool, "default")
+
+	tx, err := client.Begin(ctx, through)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := client.Insert(ctx, tx, newJob(t, client.Request{})); err != nil {
+		t.Fatal(err)
+	}
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "commit", Times: 1})
+	if err := tx.Commit(ctx); !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("Commit whose connection was lost as it committed: %v, want ErrOutcomeUnknown", err)
+	}
+	if stored := dbtest.CountJobs(t, pool); stored != 1 {
+		t.Fatalf("%d jobs stored, want 1: the committed transaction's", stored)
+	}
+	if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
+		t.Errorf("heard %d notifications of the job whose commit landed, want 1", len(heard))
+	}
+}
+
 // proxiedPools returns a fresh database's pool, and a pool that reaches
 // it through proxy, a faultproxy, all closed as the test ends.
 func proxiedPools(t *testing.T) (proxy *faultproxy.Proxy, pool, through *pgxpool.Pool) {

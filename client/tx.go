@@ -78,9 +78,13 @@ func BeginTx(ctx context.Context, b Beginner, opts pgx.TxOptions) (*Tx, error) {
 // alone: a failed announcement leaves the jobs to the workers' next poll.
 // A commit sent whose answer was lost (a timeout, a connection failed, a
 // pooler's own error) fails with an error that wraps ErrOutcomeUnknown,
-// and not the context's: the transaction may have committed. Any other
-// error says that it did not, pgx.ErrTxCommitRollback for a transaction
-// that an earlier error had failed.
+// and not the context's: the transaction may have committed, and Commit
+// announces its jobs all the same, through what it was begun on, as an
+// Enqueuer does those of a group whose answer was lost (if it did not
+// commit, the workers told find nothing new; if ctx has ended, the
+// announcement fails as above). Any other error says that it did not
+// commit, pgx.ErrTxCommitRollback for a transaction that an earlier error
+// had failed, and announces nothing.
 func (tx *Tx) Commit(ctx context.Context) error {
 	wasOpen := !tx.Conn().IsClosed()
 	if err := tx.Tx.Commit(ctx); err != nil {
@@ -94,13 +98,28 @@ func (tx *Tx) Commit(ctx context.Context) error {
 			// of a statement without parameters, such as the commit, as
 			// closed, and as safe to retry; it was open as Commit began,
 			// so the commit was sent.
-			return &answerLostError{cause: err}
+			err = &answerLostError{cause: err}
+		default:
+			err = outcome(err)
 		}
-		return outcome(err)
+		if !errors.Is(err, ErrOutcomeUnknown) {
+			return err
+		}
+		// The commit may have landed: its jobs are owed their
+		// announcement, as a committed transaction's are.
+		tx.announce(ctx)
+		return err
 	}
+	// Committed: the jobs are stored whatever the announcement's fate.
+	tx.announce(ctx)
+	return nil
+}
+
+// announce announces the queues of the jobs stored through the Tx, once,
+// and forgets them: a failed announcement leaves the jobs to the workers'
+// next poll.
+func (tx *Tx) announce(ctx context.Context) {
 	due := tx.due
 	tx.due = nil
-	// Committed: the jobs are stored whatever the announcement's fate.
 	_ = due.announce(ctx, tx.announceOn)
-	return nil
 }
