@@ -34,22 +34,25 @@ const idempotencyAttempts = 3
 // replayed true, and otherwise ErrIdempotencyConflict. dbtx may be a
 // transaction of the caller's.
 //
-// A job stored in a transaction of the caller's is announced to its
-// queue's workers when that transaction commits, or, in a Tx, once it has
-// committed. One stored through a pool or a connection outside a
-// transaction commits on its own, and is announced once it has, by a
-// statement of its own, so that its commit need not wait for the other
-// notifying commits of the server (migrations/00016), which lets
-// concurrent callers share their flushes. That statement is sent behind
-// the insert, in the same round trip (JobAnnounceMany, storeThenAnnounce),
-// unless the job has an idempotency key, which is announced only once
-// Insert knows it stored a new job, or the connection runs a statement
-// mode other than pgx's default or has a tracer: then Insert sends it
-// once the insert has returned (JobAnnounce), a second round trip. A job
-// given a non-zero delay rather than a run_at is not announced: the
-// workers find it when it is due. If the announcement fails, as when ctx
-// ends first, the job is stored all the same and Insert does not fail: the
-// workers find it at their next poll.
+// A job stored in a transaction of the caller's is announced to its queue's
+// workers when that transaction commits, if its run_at was not after the
+// transaction began (now() in the database, which the trigger that notifies
+// compares it with): one due later, even before the commit, is left to the
+// workers' poll. In a Tx it is announced once the transaction has
+// committed, if due by then. One stored through a pool or a connection
+// outside a transaction commits on its own, and is announced once it has,
+// by a statement of its own, so that its commit need not wait for the other
+// notifying commits of the server (migrations/00016), which lets concurrent
+// callers share their flushes. That statement is sent behind the insert, in
+// the same round trip (JobAnnounceMany, storeThenAnnounce), unless the job
+// has an idempotency key, which is announced only once Insert knows it
+// stored a new job, or the connection runs a statement mode other than
+// pgx's default or has a tracer: then Insert sends it once the insert has
+// returned (JobAnnounce), a second round trip. A job given a non-zero delay
+// rather than a run_at is not announced: the workers find it when it is
+// due. If the announcement fails, as when ctx ends first, the job is stored
+// all the same and Insert does not fail: the workers find it at their next
+// poll.
 //
 // Through a pool or a connection with no transaction open, a statement the
 // server refuses as stale, prepared on the connection before a DEALLOCATE
