@@ -84,7 +84,7 @@ func recoverPanics(logger *slog.Logger) func(http.Handler) http.Handler {
 }
 
 // requireBearer returns middleware that lets a request through only with
-// "Authorization: Bearer <token>", and otherwise answers 401 with
+// "Authorization: Bearer <token>", given once, and otherwise answers 401 with
 // WWW-Authenticate. With an empty token it lets every request through.
 func requireBearer(token string) func(http.Handler) http.Handler {
 	if token == "" {
@@ -95,7 +95,13 @@ func requireBearer(token string) func(http.Handler) http.Handler {
 	want := sha256.Sum256([]byte(token))
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+			// A request with two credentials is refused, whatever they
+			// are: a proxy in front may have checked the other one.
+			var header string
+			if values := r.Header.Values("Authorization"); len(values) == 1 {
+				header = values[0]
+			}
+			scheme, got, ok := strings.Cut(header, " ")
 			gotSum := sha256.Sum256([]byte(strings.TrimSpace(got)))
 			if !ok || !strings.EqualFold(scheme, "Bearer") ||
 				subtle.ConstantTimeCompare(gotSum[:], want[:]) != 1 {

@@ -33,6 +33,10 @@ func TestAuth_V1RoutesRequireTheBearerToken(t *testing.T) {
 		{"scheme only", []string{"Authorization", "Bearer"}},
 		{"token without scheme", []string{"Authorization", "s3cret"}},
 		{"basic auth", []string{"Authorization", "Basic czNjcmV0Og=="}},
+		// Two credentials are ambiguous: a proxy in front may have checked
+		// the other one.
+		{"token, then another Authorization", []string{"Authorization", "Bearer s3cret", "Authorization", "Bearer nope"}},
+		{"token given twice", []string{"Authorization", "Bearer s3cret", "Authorization", "Bearer s3cret"}},
 	}
 	routes := []struct{ method, path, body string }{
 		{"POST", "/v1/jobs", `{"kind":"a"}`},
