@@ -39,6 +39,9 @@ func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
 		// --session-database-url is: pgx's message hides the password.
 		return nil, cli.Usagef("invalid database URL: %v", err)
 	}
+	if err := pgurl.CheckHosts(&cfg.ConnConfig.Config); err != nil {
+		return nil, cli.Usagef("invalid database URL: %v", err)
+	}
 	if err := pgurl.CheckExecMode(cfg.ConnConfig.DefaultQueryExecMode); err != nil {
 		return nil, cli.Usagef("database URL: %v", err)
 	}
@@ -149,6 +152,9 @@ func reachSession(ctx context.Context, dsn string) error {
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
+		return cli.Usagef("invalid session database URL: %v", err)
+	}
+	if err := pgurl.CheckHosts(&cfg.Config); err != nil {
 		return cli.Usagef("invalid session database URL: %v", err)
 	}
 	if cfg.ConnectTimeout == 0 {

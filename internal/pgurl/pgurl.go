@@ -104,6 +104,24 @@ func Redact(dsn string) string {
 	return u.Redacted()
 }
 
+// CheckHosts returns an error if a host of cfg holds an '@', as when a
+// URL's password holds one unescaped: pgx, as libpq, ends a URL's user
+// information at its first '@' and takes the rest of the password for the
+// host, which the error of every connection to it would then show. The
+// error shows no host.
+func CheckHosts(cfg *pgconn.Config) error {
+	hosts := []string{cfg.Host}
+	for _, f := range cfg.Fallbacks {
+		hosts = append(hosts, f.Host)
+	}
+	for _, h := range hosts {
+		if strings.Contains(h, "@") {
+			return errors.New("a host holds '@', as when an '@' in the password is not escaped: write it as %40")
+		}
+	}
+	return nil
+}
+
 // CheckExecMode returns an error naming mode, a connection's pgx
 // default_query_exec_mode, if Relay's statements cannot run in it: exec
 // and simple_protocol choose each argument's type from its Go type alone,
