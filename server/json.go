@@ -34,7 +34,9 @@ type jsonAppender interface {
 
 // writeJSON writes v as the JSON body of a response with the given status.
 // The value is encoded before anything is written, so an encoding failure
-// can still become a clean 500.
+// can still become a clean 500. No browser may read the body as another
+// type than JSON, and no cache may store it: a job's state changes from
+// one read to the next, and its payload may be confidential.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b []byte
 	var err error
@@ -48,6 +50,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		b, _ = json.Marshal(errorBody{Error: "internal server error"})
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Del("Content-Length")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -502,3 +503,49 @@ func rollBackOneMigration(t testing.TB, pool *pgxpool.Pool) {
 
 // newToken draws a fresh random lease token.
 func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
+
+// Every answer, a job or an error, tells a browser not to guess another
+// type than JSON for it, and any cache not to store it: a job's state
+// changes from one read to the next, and its payload may be confidential.
+func TestResponses_AreNeitherSniffedNorStored(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{APIToken: "s3cret", MaxBodyBytes: 100})
+	auth := []string{"Authorization", "Bearer s3cret"}
+	job := e.do(t, "POST", "/v1/jobs", `{"kind":"a","payload":{"card":"4111"}}`, auth...)
+	wantStatus(t, job, http.StatusCreated)
+	id := strconv.FormatInt(decode[JobView](t, job).ID, 10)
+	panicking := recoverPanics(slog.New(slog.DiscardHandler))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic("kaboom")
+	}))
+	tests := []struct {
+		name string
+		rec  *httptest.ResponseRecorder
+	}{
+		{"enqueue", job},
+		{"a job", e.do(t, "GET", "/v1/jobs/"+id, "", auth...)},
+		{"a listing", e.do(t, "GET", "/v1/jobs", "", auth...)},
+		{"the queues", e.do(t, "GET", "/v1/queues", "", auth...)},
+		{"a cancel", e.do(t, "POST", "/v1/jobs/"+id+"/cancel", "", auth...)},
+		{"no token", e.do(t, "GET", "/v1/jobs/"+id, "")},
+		{"no such job", e.do(t, "GET", "/v1/jobs/999999", "", auth...)},
+		{"a bad id", e.do(t, "GET", "/v1/jobs/x", "", auth...)},
+		{"a body too large", e.do(t, "POST", "/v1/jobs", `{"kind":"`+strings.Repeat("a", 200)+`"}`, auth...)},
+		{"no such route", e.do(t, "GET", "/nope", "")},
+		{"a wrong method", e.do(t, "DELETE", "/v1/jobs/1", "", auth...)},
+		{"a redirect", e.do(t, "GET", "/v1//jobs/1", "")},
+		{"healthz", e.do(t, "GET", "/healthz", "")},
+		{"readyz", e.do(t, "GET", "/readyz", "")},
+		{"a panic", serve(t, panicking, "GET", "/v1/jobs", "")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := tt.rec.Header()
+			if got := h.Get("X-Content-Type-Options"); got != "nosniff" {
+				t.Errorf("%d: X-Content-Type-Options = %q, want nosniff", tt.rec.Code, got)
+			}
+			if got := h.Get("Cache-Control"); got != "no-store" {
+				t.Errorf("%d: Cache-Control = %q, want no-store", tt.rec.Code, got)
+			}
+		})
+	}
+}
