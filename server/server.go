@@ -19,7 +19,7 @@
 // DefaultListLimit jobs unless limit says otherwise; a limit above
 // MaxListLimit is a 400. A listing shows each job's JobSummary, which
 // leaves out the payload, the result and the error history. When Config.APIToken is set, every /v1 route needs
-// "Authorization: Bearer <token>".
+// "Authorization: Bearer <token>", in one Authorization header.
 //
 // Every response body the server writes is JSON, with
 // X-Content-Type-Options: nosniff and Cache-Control: no-store (net/http
