@@ -227,7 +227,8 @@ type Config struct {
 	// MaxResultBytes is the largest result, encoded as JSON, that a
 	// handler may return: a job whose result is larger fails permanently,
 	// since every read of the job would carry it. Default:
-	// DefaultMaxResultBytes. Negative: no limit but PostgreSQL's. A result
+	// DefaultMaxResultBytes. Negative: no limit but PostgreSQL's, and the
+	// 1 GiB less 16 MiB that one statement carries. A result
 	// whose arrays and objects nest deeper than a payload may
 	// (client.MaxPayloadDepth) fails its job permanently too.
 	MaxResultBytes int

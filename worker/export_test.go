@@ -41,3 +41,7 @@ func SetHostname(t testing.TB, name string) {
 	osHostname = func() (string, error) { return name, nil }
 	t.Cleanup(func() { osHostname = old })
 }
+
+// RaceEnabled is whether the tests run under the race detector, whose
+// shadow memory makes a test that moves a GiB take several times that.
+const RaceEnabled = raceEnabled

@@ -73,6 +73,9 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 	if limit := s.w.cfg.MaxResultBytes; limit > 0 && len(b) > limit {
 		return nil, Permanent(fmt.Errorf("result is %d bytes encoded, more than the %d allowed (Config.MaxResultBytes)", len(b), limit))
 	}
+	if len(b) > maxStatementResults {
+		return nil, Permanent(fmt.Errorf("result is %d bytes encoded, more than the %d one statement can carry", len(b), maxStatementResults))
+	}
 	// A result may nest as deep as a payload: the job's view holds it a
 	// level down, and encoding/json reads no deeper than 10,000.
 	if d := jsonb.Depth(b); d > client.MaxPayloadDepth {
@@ -83,6 +86,14 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 	}
 	return b, nil
 }
+
+// maxStatementResults is how many bytes of encoded results one statement
+// carries at most: pgx sends no message of 1 GiB or more, and PostgreSQL
+// reads none, so a larger result could never be stored, and each attempt
+// to send it would fail its whole round until the job's lease ran out. The
+// rest of the statement, ids, lease tokens and the claim, fits in what is
+// left.
+const maxStatementResults = 1<<30 - 16<<20
 
 // errResultNotStorable begins the error of a job whose result PostgreSQL's
 // jsonb cannot hold.
