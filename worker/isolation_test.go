@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"testing"
@@ -86,6 +87,49 @@ func TestRound_ReportsWhatTheDatabaseAnsweredForWhenIsolationEndsOnALostConnecti
 	for i, state := range []db.JobState{db.JobStateSucceeded, db.JobStateDead, db.JobStateSucceeded} {
 		if job, err := q.JobGet(ctx, ids[i]); err != nil || job.State != state {
 			t.Errorf("job %d: %s, %v; want %s", ids[i], job.State, err, state)
+		}
+	}
+}
+
+// TestRound_CarriesNoMoreResultsThanOneStatementCanAndLeavesTheRestForTheNext:
+// five completions whose results, of 220 MiB each, jsonb holds one by
+// one, but which together pass the 1 GiB that pgx and PostgreSQL carry in
+// one message, are not sent in one statement, which would fail, and fail
+// again in every round after: a round takes as many as one statement
+// carries, and the next takes the rest. It sends over 1 GiB.
+func TestRound_CarriesNoMoreResultsThanOneStatementCanAndLeavesTheRestForTheNext(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("sends over 1 GiB of results, which the race detector's shadow memory makes many")
+	}
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	w, acks := recordingWorker(t, pool, 0)
+	result := bytes.Repeat([]byte("x"), 220<<20)
+	result[0], result[len(result)-1] = '"', '"'
+	rows := insertAndClaim(t, pool, "default", 5, 1)
+	d := &dispatcher{w: w}
+	want := map[int64][]string{}
+	for _, row := range rows {
+		e := newExecution(row, "w", time.Now())
+		w.held[e.job.ID] = e
+		want[e.job.ID] = []string{"completed accepted=true"}
+		d.p.done = append(d.p.done, outcome{exec: e, result: result})
+	}
+	for round := 1; !d.p.empty() && round <= 3; round++ {
+		r := d.newRound(0)
+		r.acknowledge(ctx, w)
+		d.finish(r)
+		if r.err != nil {
+			t.Errorf("round %d: %v", round, r.err)
+		}
+	}
+	if diff := cmp.Diff(want, acks()); diff != "" {
+		t.Errorf("reported (-want +got):\n%s", diff)
+	}
+	q := db.New(pool)
+	for id := range want {
+		if job, err := q.JobGet(ctx, id); err != nil || job.State != db.JobStateSucceeded || len(job.Result) != len(result) {
+			t.Errorf("job %d: %s with a result of %d bytes, %v; want succeeded with %d", id, job.State, len(job.Result), err, len(result))
 		}
 	}
 }

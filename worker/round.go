@@ -26,10 +26,20 @@ func (p *pending) empty() bool {
 // completion or failure waits to be recorded.
 func (p *pending) finished() int { return len(p.done) + len(p.failed) }
 
-// take moves everything pending into a new batch.
+// take moves everything pending into a new batch, but for completions
+// whose results, with those before them, pass what one statement carries
+// (maxStatementResults): those stay pending for the next round, where in
+// one statement they would fail it, and every round after, together.
 func (p *pending) take() pending {
 	b := *p
 	*p = pending{}
+	size := 0
+	for i, o := range b.done {
+		if size += len(o.result); size > maxStatementResults && i > 0 {
+			b.done, p.done = b.done[:i:i], b.done[i:]
+			break
+		}
+	}
 	return b
 }
 
