@@ -42,6 +42,10 @@ func SetHostname(t testing.TB, name string) {
 	t.Cleanup(func() { osHostname = old })
 }
 
-// RaceEnabled is whether the tests run under the race detector, whose
-// shadow memory makes a test that moves a GiB take several times that.
-const RaceEnabled = raceEnabled
+// SetMaxStatementResults has one statement carry at most n bytes of
+// results until the test ends, as if pgx's limit on a message were that.
+func SetMaxStatementResults(t testing.TB, n int) {
+	old := maxStatementResults
+	maxStatementResults = n
+	t.Cleanup(func() { maxStatementResults = old })
+}

@@ -92,8 +92,8 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 // reads none, so a larger result could never be stored, and each attempt
 // to send it would fail its whole round until the job's lease ran out. The
 // rest of the statement, ids, lease tokens and the claim, fits in what is
-// left.
-const maxStatementResults = 1<<30 - 16<<20
+// left. Tests lower it.
+var maxStatementResults = 1<<30 - 16<<20
 
 // errResultNotStorable begins the error of a job whose result PostgreSQL's
 // jsonb cannot hold.

@@ -1,5 +1,0 @@
-//go:build race
-
-package worker
-
-const raceEnabled = true
