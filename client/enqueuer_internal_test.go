@@ -298,15 +298,7 @@ func TestEnqueuer_AJobOfARefusedGroupThatFailsOtherwiseStopsTheRest(t *testing.T
 	t.Parallel()
 	pool := dbtest.New(t)
 	forbidKind(t, pool)
-	if _, err := pool.Exec(t.Context(), `
-		CREATE FUNCTION test_broken() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.kind = 'broken' THEN RAISE EXCEPTION 'broken on purpose'; END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER test_broken BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION test_broken()`); err != nil {
-		t.Fatal(err)
-	}
+	breakKind(t, pool)
 	kinds := []string{"forbidden", "k1", "broken", "k3", "k4"}
 	group := groupOf(t, kinds, func(kind string) Request { return Request{Kind: kind} })
 	NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: -1}).store(group)
@@ -351,15 +343,7 @@ func TestEnqueuer_AJobOfARefusedGroupThatFailsOtherwiseStopsTheRest(t *testing.T
 func TestEnqueuer_AGroupTheDatabaseFailsOwesNoNotification(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
-	if _, err := pool.Exec(t.Context(), `
-		CREATE FUNCTION test_broken() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.kind = 'broken' THEN RAISE EXCEPTION 'broken on purpose'; END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER test_broken BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION test_broken()`); err != nil {
-		t.Fatal(err)
-	}
+	breakKind(t, pool)
 	queue := "failed"
 	listener, _ := dbtest.Listen(t, pool, queue)
 	enq := NewEnqueuer(pool, EnqueuerConfig{AnnounceEvery: time.Hour})
@@ -454,6 +438,22 @@ func TestEnqueuer_AJobLeftUnsentBehindALostAnswerIsNotErrOutcomeUnknown(t *testi
 func forbidKind(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	if _, err := pool.Exec(t.Context(), `ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (kind <> 'forbidden')`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// breakKind has a trigger fail the insert of a job of kind "broken" with
+// an error raised, as a database that stops answering would fail it, not
+// a value refused.
+func breakKind(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(t.Context(), `
+		CREATE FUNCTION test_broken() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.kind = 'broken' THEN RAISE EXCEPTION 'broken on purpose'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER test_broken BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION test_broken()`); err != nil {
 		t.Fatal(err)
 	}
 }
