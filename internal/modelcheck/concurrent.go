@@ -26,6 +26,15 @@ import (
 // every later acknowledgement; fences and tokens are never handed out
 // twice; every job enqueued ends terminal, with its attempts, error
 // history and result as its recorded history says.
+//
+// Cancels and retries run alongside, from any worker, on any job. Each is
+// recorded while its transaction still holds the job's row, so the
+// recorded order of a job's cancels and retries is the order they took
+// effect in. A job asked to cancel is never claimed again but after a
+// retry, and ends cancelled or (its handler having succeeded) succeeded;
+// a job ends cancelled only if a cancel applied since its last retry; a
+// retry restarts the attempts; and no acknowledgement of a claim from
+// before a retry is accepted after it.
 type Concurrent struct {
 	pool *pgxpool.Pool
 	seed uint64
@@ -36,6 +45,10 @@ type Concurrent struct {
 	buried []Ack
 	broken []string
 	counts map[string]int
+	// ids holds every job; claimed those claimed and stopped those
+	// failed, reclaimed or cancelled, newest last: the likeliest to be
+	// running, for cancels, and dead or cancelled, for retries.
+	ids, claimed, stopped []int64
 }
 
 // jobHistory is what the workers saw happen to one job.
@@ -43,9 +56,41 @@ type jobHistory struct {
 	claims    []claimRecord
 	completed []pgtype.UUID
 	fails     int
-	releases  int
-	noted     int
-	reclaims  int
+	// released holds the fence of each claim released.
+	released []int64
+	noted    int
+	reclaims int
+	// events are the cancels and retries that applied, in the order
+	// they took effect.
+	events []jobEvent
+}
+
+// jobEvent is a cancel or a retry that applied to a job: the fence the job
+// had then, and, for a cancel of a running job, the mark it left.
+type jobEvent struct {
+	kind            string // "cancel", "cancel running" or "retry"
+	fence           int64
+	cancelRequested time.Time
+}
+
+// retryFence returns the fence at the job's last retry, or 0.
+func (h *jobHistory) retryFence() int64 {
+	for _, e := range slices.Backward(h.events) {
+		if e.kind == "retry" {
+			return e.fence
+		}
+	}
+	return 0
+}
+
+// fenceOf returns the fence of the claim with token, or 0.
+func (h *jobHistory) fenceOf(token pgtype.UUID) int64 {
+	for _, cl := range h.claims {
+		if cl.token == token {
+			return cl.fence
+		}
+	}
+	return 0
 }
 
 type claimRecord struct {
@@ -77,7 +122,7 @@ func (c *Concurrent) Run(ctx context.Context, jobs, workers int, d time.Duration
 	var wg sync.WaitGroup
 	for i := range workers {
 		wg.Go(func() {
-			w := &crowdWorker{c: c, id: fmt.Sprintf("c%d", i), rng: rand.New(rand.NewPCG(c.seed, uint64(i+1))), expires: map[pgtype.UUID]time.Time{}}
+			w := &crowdWorker{c: c, id: fmt.Sprintf("c%d", i), rng: rand.New(rand.NewPCG(c.seed, uint64(i+1))), expires: map[pgtype.UUID]time.Time{}, told: map[pgtype.UUID]bool{}}
 			errs[i] = w.run(ctx, deadline)
 		})
 	}
@@ -112,6 +157,7 @@ func (c *Concurrent) enqueue(ctx context.Context, rng *rand.Rand, n int) error {
 		c.mu.Lock()
 		for _, id := range ids {
 			c.jobs[id] = &jobHistory{}
+			c.ids = append(c.ids, id)
 		}
 		c.counts["enqueue/jobs"] += len(ids)
 		c.mu.Unlock()
@@ -158,6 +204,7 @@ func (c *Concurrent) recordClaims(rows []db.JobCompleteAndClaimRow) []Ack {
 			}
 		}
 		h.claims = append(h.claims, claim)
+		c.claimed = append(c.claimed, *r.ID)
 		out = append(out, Ack{ID: *r.ID, Token: claim.token})
 		c.counts["claim/jobs"]++
 	}
@@ -199,8 +246,10 @@ func (c *Concurrent) staleAck(rng *rand.Rand) (Ack, bool) {
 // crowdWorker is one of the concurrent workers: it claims, runs, renews,
 // acknowledges, abandons, reclaims, crashes and comes back as a zombie.
 type crowdWorker struct {
-	c       *Concurrent
-	id      string
+	c  *Concurrent
+	id string
+	// told holds the claims whose heartbeat said a cancel was asked.
+	told    map[pgtype.UUID]bool
 	rng     *rand.Rand
 	conn    *pgx.Conn
 	session int32
@@ -235,10 +284,19 @@ func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
 			for _, r := range taken {
 				w.c.jobs[r.ID].reclaims++
 				w.c.counts["reclaim/jobs"]++
+				w.c.stopped = append(w.c.stopped, r.ID)
 			}
 			w.c.mu.Unlock()
 		case r < 7:
 			if err := w.zombie(ctx); err != nil {
+				return err
+			}
+		case r == 7:
+			if err := w.cancel(ctx); err != nil {
+				return err
+			}
+		case r < 10:
+			if err := w.retry(ctx); err != nil {
 				return err
 			}
 		default:
@@ -294,8 +352,15 @@ func (w *crowdWorker) handle(ctx context.Context, a Ack, lease time.Duration) er
 		time.Sleep(lease)
 	}
 	kinds := []string{"complete", "complete", "complete", "fail", "fail permanently", "release", "release ahead", "forget"}
-	_, err := w.ack(ctx, kinds[w.rng.IntN(len(kinds))], a, false)
+	kind := kinds[w.rng.IntN(len(kinds))]
+	if w.told[a.Token] && w.rng.IntN(2) == 0 {
+		// The handler returns the cancellation as its error, or
+		// ignores it and succeeds.
+		kind = []string{"fail", "complete"}[w.rng.IntN(2)]
+	}
+	_, err := w.ack(ctx, kind, a, false)
 	delete(w.expires, a.Token)
+	delete(w.told, a.Token)
 	return err
 }
 
@@ -319,9 +384,15 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 		w.c.count("forget")
 		return false, nil
 	}
-	var accepted, busy bool
+	var accepted, busy, told bool
 	var record func(*jobHistory)
 	var renewed time.Time
+	// A retry recorded by now ended every claim up to its fence: an
+	// acknowledgement of one of them sent from now on must be refused.
+	w.c.mu.Lock()
+	retried := w.c.jobs[a.ID].retryFence()
+	fence := w.c.jobs[a.ID].fenceOf(a.Token)
+	w.c.mu.Unlock()
 	now, err := inTx(ctx, w.c.pool, func(q *db.Queries, _ time.Time) error {
 		switch kind {
 		case "heartbeat":
@@ -333,6 +404,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			case len(rows) == 1 && rows[0].Renewed:
 				accepted = true
 				renewed = *rows[0].LeaseExpiresAt
+				told = rows[0].CancelRequested
 			case len(rows) == 1:
 				// Left for the next heartbeat: another transaction
 				// held the row, and the fence held in the snapshot.
@@ -357,7 +429,10 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 				return err
 			}
 			accepted = len(rows) == 1
-			record = func(h *jobHistory) { h.fails++ }
+			record = func(h *jobHistory) {
+				h.fails++
+				w.c.stopped = append(w.c.stopped, a.ID)
+			}
 		case "release", "release ahead":
 			var note *string
 			if kind == "release" {
@@ -369,7 +444,7 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			}
 			accepted = len(rows) == 1
 			record = func(h *jobHistory) {
-				h.releases++
+				h.released = append(h.released, h.fenceOf(a.Token))
 				if note != nil {
 					h.noted++
 				}
@@ -401,8 +476,21 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 			w.c.brokenf("%s of job %d accepted at %s under token %s, whose lease expired at %s", kind, a.ID, stamp(now), a.Token, stamp(e))
 		}
 	}
+	if accepted && retried > 0 && fence <= retried {
+		w.c.brokenf("%s of job %d accepted under token %s of fence %d, sent after a retry at fence %d", kind, a.ID, a.Token, fence, retried)
+	}
 	if accepted && kind == "heartbeat" && !stale {
 		w.expires[a.Token] = renewed
+		if told {
+			w.told[a.Token] = true
+			w.c.count("heartbeat/told of a cancel")
+			w.c.mu.Lock()
+			asked := slices.ContainsFunc(w.c.jobs[a.ID].events, func(e jobEvent) bool { return e.kind == "cancel running" && e.fence == fence })
+			w.c.mu.Unlock()
+			if !asked {
+				w.c.brokenf("heartbeat of job %d under token %s of fence %d told of a cancel, but none was asked of that claim", a.ID, a.Token, fence)
+			}
+		}
 	}
 	if accepted && record != nil {
 		w.c.recordEnd(a, record)
@@ -413,6 +501,126 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 // resultOf is the result a completion under a's token records.
 func resultOf(a Ack) json.RawMessage {
 	return json.RawMessage(`{"token":"` + a.Token.String() + `"}`)
+}
+
+// pickJob returns a job: one of the newest of recent half the time, else
+// any.
+func (c *Concurrent) pickJob(rng *rand.Rand, recent []int64) int64 {
+	if len(recent) > 0 && rng.IntN(2) == 0 {
+		from := max(0, len(recent)-20)
+		return recent[from+rng.IntN(len(recent)-from)]
+	}
+	return c.ids[rng.IntN(len(c.ids))]
+}
+
+// cancel cancels a job, mostly one claimed lately, and records what the
+// cancel did while its transaction still holds the job.
+func (w *crowdWorker) cancel(ctx context.Context) error {
+	w.c.mu.Lock()
+	id := w.c.pickJob(w.rng, w.c.claimed)
+	w.c.mu.Unlock()
+	_, err := inTx(ctx, w.c.pool, func(q *db.Queries, now time.Time) error {
+		row, err := q.JobCancel(ctx, id)
+		if err != nil {
+			return err
+		}
+		w.c.mu.Lock()
+		defer w.c.mu.Unlock()
+		h := w.c.jobs[id]
+		var last jobEvent
+		if len(h.events) > 0 {
+			last = h.events[len(h.events)-1]
+		}
+		bad := func(format string, args ...any) {
+			w.c.broken = append(w.c.broken, fmt.Sprintf("cancel of job %d at %s: ", id, stamp(now))+fmt.Sprintf(format, args...))
+		}
+		switch {
+		case !row.Applied:
+			w.c.counts["cancel/refused"]++
+			if row.State != db.JobStateSucceeded && row.State != db.JobStateDead && row.State != db.JobStateCancelled {
+				bad("refused in state %s", row.State)
+			}
+			return nil
+		case last.kind == "cancel":
+			bad("applied (leaving it %s) after a cancel at fence %d, with no retry since", row.State, last.fence)
+		case row.State == db.JobStateCancelled:
+			w.c.counts["cancel/cancelled"]++
+			w.c.stopped = append(w.c.stopped, id)
+			if row.FinishedAt == nil || !row.FinishedAt.Equal(now) || row.LeaseToken.Valid || row.CancelRequestedAt != nil {
+				bad("left it cancelled with finished_at %v, lease token %v, cancel_requested_at %v", row.FinishedAt, row.LeaseToken, row.CancelRequestedAt)
+			}
+		case row.State == db.JobStateRunning:
+			w.c.counts["cancel/marked"]++
+			switch {
+			case row.CancelRequestedAt == nil || !row.LeaseToken.Valid:
+				bad("left the running job with cancel_requested_at %v and lease token %v", row.CancelRequestedAt, row.LeaseToken)
+			case last.kind == "cancel running" && last.fence == row.Fence:
+				if !last.cancelRequested.Equal(*row.CancelRequestedAt) {
+					bad("moved its mark from %s to %s", stamp(last.cancelRequested), stamp(*row.CancelRequestedAt))
+				}
+			case !row.CancelRequestedAt.Equal(now):
+				bad("marked the running job at %s", stamp(*row.CancelRequestedAt))
+			}
+		default:
+			bad("applied, leaving it %s", row.State)
+		}
+		e := jobEvent{kind: "cancel", fence: row.Fence}
+		if row.State == db.JobStateRunning {
+			e.kind = "cancel running"
+			if row.CancelRequestedAt != nil {
+				e.cancelRequested = *row.CancelRequestedAt
+			}
+		}
+		h.events = append(h.events, e)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: cancel job %d: %w", w.id, id, err)
+	}
+	return nil
+}
+
+// retry retries a job, mostly one that failed, was reclaimed or was
+// cancelled lately, and records
+// what the retry did while its transaction still holds the job: every
+// claim up to the fence it found has ended, for zombies to acknowledge.
+func (w *crowdWorker) retry(ctx context.Context) error {
+	w.c.mu.Lock()
+	id := w.c.pickJob(w.rng, w.c.stopped)
+	w.c.mu.Unlock()
+	_, err := inTx(ctx, w.c.pool, func(q *db.Queries, now time.Time) error {
+		row, err := q.JobRetry(ctx, id)
+		if err != nil {
+			return err
+		}
+		w.c.mu.Lock()
+		defer w.c.mu.Unlock()
+		if !row.Applied {
+			w.c.counts["retry/refused"]++
+			if row.State == db.JobStateDead || row.State == db.JobStateCancelled {
+				w.c.broken = append(w.c.broken, fmt.Sprintf("retry of job %d at %s refused in state %s", id, stamp(now), row.State))
+			}
+			return nil
+		}
+		w.c.counts["retry/applied"]++
+		if row.State != db.JobStateAvailable || row.Attempt != 0 || !row.RunAt.Equal(now) || row.FinishedAt != nil || row.Result != nil ||
+			row.LeaseToken.Valid || row.CancelRequestedAt != nil {
+			w.c.broken = append(w.c.broken, fmt.Sprintf("retry of job %d at %s left it %s, attempt %d, run_at %s, finished_at %v, result %s, lease token %v, cancel_requested_at %v",
+				id, stamp(now), row.State, row.Attempt, stamp(row.RunAt), row.FinishedAt, row.Result, row.LeaseToken, row.CancelRequestedAt))
+		}
+		h := w.c.jobs[id]
+		h.events = append(h.events, jobEvent{kind: "retry", fence: row.Fence})
+		for _, cl := range h.claims {
+			if cl.fence <= row.Fence {
+				w.c.bury(Ack{ID: id, Token: cl.token})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: retry job %d: %w", w.id, id, err)
+	}
+	return nil
 }
 
 // register registers a new session for the worker, replacing its last.
@@ -545,6 +753,45 @@ func (c *Concurrent) verify(ctx context.Context) error {
 	return nil
 }
 
+// checkCancels checks a finished job against its cancels and retries,
+// given the fences of its claims, sorted: a job asked to cancel is never
+// claimed again but after a retry, and ends cancelled or succeeded; only
+// a cancel since its last retry ends it cancelled.
+func (h *jobHistory) checkCancels(j Job, fences []int64) []string {
+	var broken []string
+	bad := func(format string, args ...any) {
+		broken = append(broken, fmt.Sprintf("job %d: ", j.ID)+fmt.Sprintf(format, args...))
+	}
+	var cancelled *jobEvent
+	for i, e := range h.events {
+		if e.kind == "retry" {
+			cancelled = nil
+			continue
+		}
+		if cancelled == nil {
+			cancelled = &h.events[i]
+		}
+		next := slices.IndexFunc(h.events[i:], func(e jobEvent) bool { return e.kind == "retry" })
+		switch {
+		case next >= 0 && h.events[i+next].fence != e.fence:
+			bad("%s at fence %d, but the next retry found fence %d: claimed again in between", e.kind, e.fence, h.events[i+next].fence)
+		case next < 0 && slices.ContainsFunc(fences, func(f int64) bool { return f > e.fence }):
+			bad("%s at fence %d, then claimed again (fences %v) with no retry", e.kind, e.fence, fences)
+		}
+	}
+	switch {
+	case cancelled == nil && j.State == db.JobStateCancelled:
+		bad("ends cancelled, but no cancel applied since its last retry (events %v)", h.events)
+	case cancelled == nil:
+	case cancelled.kind == "cancel" && j.State != db.JobStateCancelled,
+		cancelled.kind == "cancel running" && j.State != db.JobStateCancelled && j.State != db.JobStateSucceeded:
+		bad("ends %s after a %s at fence %d with no retry since", j.State, cancelled.kind, cancelled.fence)
+	case j.Fence != cancelled.fence:
+		bad("ends at fence %d after a %s at fence %d with no retry since", j.Fence, cancelled.kind, cancelled.fence)
+	}
+	return broken
+}
+
 // check compares a finished job with its history; tokens collects the
 // claims' tokens of every job, to find one handed out twice.
 func (h *jobHistory) check(j Job, tokens map[pgtype.UUID]int64) []string {
@@ -575,13 +822,27 @@ func (h *jobHistory) check(j Job, tokens map[pgtype.UUID]int64) []string {
 	if j.Fence != int64(len(h.claims)) {
 		bad("fence %d after %d claims", j.Fence, len(h.claims))
 	}
-	if ends := len(h.completed) + h.fails + h.releases + h.reclaims; ends != len(h.claims) {
+	if ends := len(h.completed) + h.fails + len(h.released) + h.reclaims; ends != len(h.claims) {
 		bad("%d claims ended %d times (%d completions, %d failures, %d releases, %d reclaims): a claim ended twice or never",
-			len(h.claims), ends, len(h.completed), h.fails, h.releases, h.reclaims)
+			len(h.claims), ends, len(h.completed), h.fails, len(h.released), h.reclaims)
 	}
-	if want := int32(len(h.claims) - h.releases); j.Attempt != want {
-		bad("attempt %d after %d claims and %d releases", j.Attempt, len(h.claims), h.releases)
+	// A retry restarts the attempts: only the claims since count.
+	retried := h.retryFence()
+	claims, releases := 0, 0
+	for _, f := range fences {
+		if f > retried {
+			claims++
+		}
 	}
+	for _, f := range h.released {
+		if f > retried {
+			releases++
+		}
+	}
+	if want := int32(claims - releases); j.Attempt != want {
+		bad("attempt %d after %d claims and %d releases since its last retry (at fence %d)", j.Attempt, claims, releases, retried)
+	}
+	broken = append(broken, h.checkCancels(j, fences)...)
 	if want := h.fails + h.noted + h.reclaims; j.Errors != want {
 		bad("%d entries in the error history after %d failures, %d noted releases and %d reclaims", j.Errors, h.fails, h.noted, h.reclaims)
 	}

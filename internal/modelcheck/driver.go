@@ -311,6 +311,16 @@ func (d *Driver) check(ctx context.Context) error {
 		if ok && p.Terminal() && !d.retried[j.ID] && !sameJob(p, j) {
 			return fmt.Errorf("job %d changed after it ended %s (-before +after):\n%s", j.ID, p.State, cmp.Diff(p, j))
 		}
+		// A job asked to cancel keeps its claim and its mark until the
+		// claim ends, and then ends cancelled, or succeeded if its
+		// handler did: never available, but by a retry after that.
+		if ok && p.State == db.JobStateRunning && p.CancelRequestedAt != nil {
+			kept := j.State == db.JobStateRunning && j.Fence == p.Fence && sameTime(j.CancelRequestedAt, p.CancelRequestedAt)
+			if !kept && j.State != db.JobStateCancelled && j.State != db.JobStateSucceeded {
+				return fmt.Errorf("job %d, running at fence %d and asked to cancel at %s, is now %s at fence %d with cancel_requested_at %v",
+					j.ID, p.Fence, stamp(*p.CancelRequestedAt), j.State, j.Fence, j.CancelRequestedAt)
+			}
+		}
 		d.prev[j.ID] = j
 		if j.State == db.JobStateRunning {
 			if d.newest(j.ID) != j.LeaseToken {
