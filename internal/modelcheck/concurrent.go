@@ -118,7 +118,7 @@ func (c *Concurrent) Run(ctx context.Context, jobs, workers int, d time.Duration
 	}
 
 	deadline := time.Now().Add(d)
-	errs := make([]error, workers)
+	errs := make([]error, workers+1)
 	var wg sync.WaitGroup
 	for i := range workers {
 		wg.Go(func() {
@@ -126,6 +126,10 @@ func (c *Concurrent) Run(ctx context.Context, jobs, workers int, d time.Duration
 			errs[i] = w.run(ctx, deadline)
 		})
 	}
+	wg.Go(func() {
+		w := &crowdWorker{c: c, id: "operator", rng: rand.New(rand.NewPCG(c.seed, uint64(workers+1)))}
+		errs[workers] = w.operate(ctx, deadline)
+	})
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -291,14 +295,6 @@ func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
 			if err := w.zombie(ctx); err != nil {
 				return err
 			}
-		case r == 7:
-			if err := w.cancel(ctx); err != nil {
-				return err
-			}
-		case r < 10:
-			if err := w.retry(ctx); err != nil {
-				return err
-			}
 		default:
 			if err := w.work(ctx, q); err != nil {
 				return err
@@ -355,8 +351,8 @@ func (w *crowdWorker) handle(ctx context.Context, a Ack, lease time.Duration) er
 	kind := kinds[w.rng.IntN(len(kinds))]
 	if w.told[a.Token] && w.rng.IntN(2) == 0 {
 		// The handler returns the cancellation as its error, or
-		// ignores it and succeeds.
-		kind = []string{"fail", "complete"}[w.rng.IntN(2)]
+		// ignores it and succeeds, or the worker shuts down first.
+		kind = []string{"fail", "complete", "release"}[w.rng.IntN(3)]
 	}
 	_, err := w.ack(ctx, kind, a, false)
 	delete(w.expires, a.Token)
@@ -501,6 +497,23 @@ func (w *crowdWorker) ack(ctx context.Context, kind string, a Ack, stale bool) (
 // resultOf is the result a completion under a's token records.
 func resultOf(a Ack) json.RawMessage {
 	return json.RawMessage(`{"token":"` + a.Token.String() + `"}`)
+}
+
+// operate cancels and retries jobs, as POST /v1/jobs/{id}/cancel and
+// /retry do, every few milliseconds until deadline, while the workers run
+// them.
+func (w *crowdWorker) operate(ctx context.Context, deadline time.Time) error {
+	for time.Now().Before(deadline) {
+		time.Sleep(time.Duration(w.rng.IntN(5)) * time.Millisecond)
+		op := w.cancel
+		if w.rng.IntN(5) < 2 {
+			op = w.retry
+		}
+		if err := op(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pickJob returns a job: one of the newest of recent half the time, else
@@ -768,9 +781,12 @@ func (h *jobHistory) checkCancels(j Job, fences []int64) []string {
 			cancelled = nil
 			continue
 		}
-		if cancelled == nil {
-			cancelled = &h.events[i]
+		if cancelled != nil {
+			// A cancel after the first since the last retry found
+			// the same claim (checked as it applied).
+			continue
 		}
+		cancelled = &h.events[i]
 		next := slices.IndexFunc(h.events[i:], func(e jobEvent) bool { return e.kind == "retry" })
 		switch {
 		case next >= 0 && h.events[i+next].fence != e.fence:
