@@ -19,17 +19,21 @@
 // statements uses; the model decides with that same instant, so every
 // outcome is exact although real time passes. After every step the driver
 // compares the whole jobs table, the worker ids and the recorded sessions
-// with the model, and checks two promises from the workers' side that do
-// not rely on the model: no job is claimed while an earlier claim of it
-// still holds a live lease under a live session, and no acknowledgement is
-// accepted but from a job's newest claim within its lease.
+// with the model, and checks promises that do not rely on the model: no
+// job is claimed while an earlier claim of it still holds a live lease
+// under a live session, no acknowledgement is accepted but from a job's
+// newest claim within its lease, and a running job asked to cancel keeps
+// its claim and its mark until it ends cancelled or succeeded.
 //
 // Concurrent adds what one operation at a time cannot reach: workers
-// running at once, racing their claims, heartbeats and reclaims. No model
-// predicts its outcomes, so it checks only what must hold whatever the
-// interleaving: every claim ends exactly once, an acknowledgement of a
-// claim known to have ended is refused, an accepted one came within the
-// lease its holder was given, and every job ends as its history says.
+// running at once, racing their claims, heartbeats and reclaims, and an
+// operator's cancels and retries. No model predicts its outcomes, so it
+// checks only what must hold whatever the interleaving: every claim ends
+// exactly once, an acknowledgement of a claim known to have ended is
+// refused, an accepted one came within the lease its holder was given, a
+// job asked to cancel is claimed again only after a retry, a retry
+// restarts the attempts and refuses every claim before it, and every job
+// ends as its history says.
 //
 // The tests run a few seeds in the normal suite; `make modelcheck` runs
 // seeds one after another for minutes. A failure names its seed, step and

@@ -152,10 +152,18 @@ func fatal(t *testing.T, seed uint64, steps int, err error) {
 }
 
 // TestConcurrent runs workers at once, claiming, renewing, acknowledging,
-// abandoning, reclaiming, crashing and acknowledging as zombies, and then
-// checks what must hold whatever the interleaving.
+// abandoning, reclaiming, crashing and acknowledging as zombies, with an
+// operator cancelling and retrying jobs among them, and then checks what
+// must hold whatever the interleaving. RELAY_MODELCHECK_SEED replays a
+// seed's choices, though not its interleaving.
 func TestConcurrent(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(envSeed); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("%s=%q: want a seed, a number", envSeed, s)
+		}
+	}
 	duration := 2 * time.Second
 	if s := os.Getenv(envDuration); s != "" {
 		d, err := time.ParseDuration(s)
@@ -167,7 +175,7 @@ func TestConcurrent(t *testing.T) {
 	pool := dbtest.New(t)
 	c := modelcheck.NewConcurrent(pool, seed)
 	if err := c.Run(context.Background(), 300, 6, duration); err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
+		t.Fatalf("seed %d: %v\nreplay (the same choices, another interleaving): %s=%d go test -race -run 'TestConcurrent$' ./internal/modelcheck", seed, err, envSeed, seed)
 	}
 	t.Logf("seed %d, %s: %v", seed, duration, c.Counts())
 }
