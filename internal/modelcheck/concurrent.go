@@ -27,7 +27,7 @@ import (
 // twice; every job enqueued ends terminal, with its attempts, error
 // history and result as its recorded history says.
 //
-// Cancels and retries run alongside, from any worker, on any job. Each is
+// An operator cancels and retries jobs alongside the workers. Each is
 // recorded while its transaction still holds the job's row, so the
 // recorded order of a job's cancels and retries is the order they took
 // effect in. A job asked to cancel is never claimed again but after a
@@ -250,16 +250,16 @@ func (c *Concurrent) staleAck(rng *rand.Rand) (Ack, bool) {
 // crowdWorker is one of the concurrent workers: it claims, runs, renews,
 // acknowledges, abandons, reclaims, crashes and comes back as a zombie.
 type crowdWorker struct {
-	c  *Concurrent
-	id string
-	// told holds the claims whose heartbeat said a cancel was asked.
-	told    map[pgtype.UUID]bool
+	c       *Concurrent
+	id      string
 	rng     *rand.Rand
 	conn    *pgx.Conn
 	session int32
 	// expires holds the lease expiry of each claim the worker holds, as
 	// the database last told it: only the holder renews a lease.
 	expires map[pgtype.UUID]time.Time
+	// told holds the claims whose heartbeat said a cancel was asked.
+	told map[pgtype.UUID]bool
 }
 
 func (w *crowdWorker) run(ctx context.Context, deadline time.Time) error {
@@ -594,9 +594,9 @@ func (w *crowdWorker) cancel(ctx context.Context) error {
 }
 
 // retry retries a job, mostly one that failed, was reclaimed or was
-// cancelled lately, and records
-// what the retry did while its transaction still holds the job: every
-// claim up to the fence it found has ended, for zombies to acknowledge.
+// cancelled lately, and records what the retry did while its transaction
+// still holds the job: every claim up to the fence it found has ended, for
+// zombies to acknowledge.
 func (w *crowdWorker) retry(ctx context.Context) error {
 	w.c.mu.Lock()
 	id := w.c.pickJob(w.rng, w.c.stopped)
