@@ -258,14 +258,6 @@ func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) 
 	w.fs = fs
 	before := map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
-	defer func() {
-		w.names = map[string]bool{}
-		fs.VisitAll(func(f *flag.Flag) {
-			if !before[f.Name] {
-				w.names[f.Name] = true
-			}
-		})
-	}()
 	fs.StringVar(&w.SessionURL, "session-database-url", "", "PostgreSQL URL of the worker's session, which shows it alive: PostgreSQL itself or a session-mode pool, never a transaction-mode pooler (default $RELAY_SESSION_DATABASE_URL, else the database URL)")
 	fs.StringVar(&w.Queue, "queue", worker.DefaultQueue, "queue to work on")
 	fs.IntVar(&w.Slots, "slots", defaultSlots, slotsHelp)
@@ -283,6 +275,12 @@ func (w *WorkerFlags) Register(fs *FlagSet, defaultSlots int, slotsHelp string) 
 	fs.DurationVar(&w.RetainCancelled, "retain-cancelled", worker.DefaultRetainCancelled, "how long a cancelled job is kept after it finished, then deleted (0: forever)")
 	fs.DurationVar(&w.BackoffBase, "backoff-base", worker.DefaultBackoffBase,
 		fmt.Sprintf("retry backoff after the first failure, doubling each attempt up to %s (for tests and demos)", worker.DefaultBackoffMax))
+	w.names = map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !before[f.Name] {
+			w.names[f.Name] = true
+		}
+	})
 }
 
 // ResolveEnv fills in what comes from the environment. It runs after the
