@@ -330,9 +330,14 @@ func (s *session) register(ctx context.Context, conn *pgx.Conn, q *db.Queries, o
 		return 0, nil
 	}
 	w.session.leaseOnly.Store(false)
-	// Before the session takes anything a vanished worker would keep.
-	if err := q.WorkerSessionEndWhenSilent(ctx, endWhenSilent(w.cfg.Lease, w.sessionConfig.RuntimeParams)); err != nil {
-		return 0, fmt.Errorf("have the server end the session once its connection goes silent: %w", err)
+	// Before the session takes anything a vanished worker would keep;
+	// not needed where the connection's settings, such as those
+	// EndSilentConnections gave the pool the session's were copied from,
+	// set them all.
+	if silent := endWhenSilent(w.cfg.Lease, w.sessionConfig.RuntimeParams); silent != (db.WorkerSessionEndWhenSilentParams{}) {
+		if err := q.WorkerSessionEndWhenSilent(ctx, silent); err != nil {
+			return 0, fmt.Errorf("have the server end the session once its connection goes silent: %w", err)
+		}
 	}
 	// Drawn first, so that the key of a registration whose answer is lost
 	// is known.

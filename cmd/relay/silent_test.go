@@ -25,9 +25,21 @@ import (
 // max_connections. Before, both stayed for the two hours and more of the
 // server's TCP keepalive. The silence is made by dropping, with iptables,
 // every packet between the worker's connections and the server, then
-// killing the worker, whose connections' ends never arrive.
+// killing the worker, whose connections' ends never arrive. A session
+// opened with the pool's settings has them from its startup; one on a
+// URL of its own (--session-database-url) asks for them once connected.
 func TestWork_AWorkerWhoseHostWentSilentLeavesItsIDAndConnectionsWithinALease(t *testing.T) {
 	iptables := needPacketFilter(t)
+	for _, sessionURL := range []bool{false, true} {
+		t.Run(fmt.Sprintf("session URL of its own %t", sessionURL), func(t *testing.T) {
+			silentWorker(t, iptables, sessionURL)
+		})
+	}
+}
+
+// silentWorker runs TestWork_AWorkerWhoseHostWentSilentLeavesItsIDAndConnectionsWithinALease,
+// with the worker's session on a URL of its own if sessionURL.
+func silentWorker(t *testing.T, iptables string, sessionURL bool) {
 	ctx := testContext(t, 90*time.Second)
 	dsn := emptyDatabaseURL(t)
 	server := loopbackServer(t, dsn)
@@ -36,6 +48,9 @@ func TestWork_AWorkerWhoseHostWentSilentLeavesItsIDAndConnectionsWithinALease(t 
 	}
 	const lease = 3 * time.Second
 	args := []string{"work", "--database-url", dsn, "--id", "pod-0", "--lease", lease.String(), "--log-format", "json", "--log-level", "debug"}
+	if sessionURL {
+		args = append(args, "--session-database-url", dsn)
+	}
 	first := startProc(t, ctx, "first", args...)
 	waitRegistered(t, ctx, first)
 
