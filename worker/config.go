@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/client"
+	"github.com/relayq/relay/internal/pgurl"
 )
 
 // Defaults for every timing knob and limit of a Worker. A zero field in
@@ -335,10 +336,18 @@ func (c Config) Validate() error {
 }
 
 // parseSessionURL parses Config.SessionDatabaseURL, or returns the error
-// New and Validate return for it.
+// New and Validate return for it. A URL whose password holds an unescaped
+// '@', or a '/' and an '@', is refused before it is parsed, with an error
+// that shows no part of it (pgurl.CheckUnescaped, pgurl.CheckHosts).
 func parseSessionURL(url string) (*pgx.ConnConfig, error) {
+	if err := pgurl.CheckUnescaped(url); err != nil {
+		return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
+	}
 	c, err := pgx.ParseConfig(url)
 	if err != nil {
+		return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
+	}
+	if err := pgurl.CheckHosts(&c.Config); err != nil {
 		return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
 	}
 	return c, nil

@@ -33,6 +33,9 @@ const servingMinConns = 3
 // minConns connections open unless the URL sets pool_min_conns. A dsn
 // that does not parse is a usage error.
 func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
+	if err := pgurl.CheckUnescaped(dsn); err != nil {
+		return nil, cli.Usagef("invalid database URL: %v", err)
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// A mistake in --database-url or DATABASE_URL, as one in
@@ -149,6 +152,9 @@ func adaptToPooler(ctx context.Context, logger *slog.Logger, cfg *pgxpool.Config
 func reachSession(ctx context.Context, dsn string) error {
 	if dsn == "" {
 		return nil // the session opens on the database, already reached
+	}
+	if err := pgurl.CheckUnescaped(dsn); err != nil {
+		return cli.Usagef("invalid session database URL: %v", err)
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {

@@ -979,38 +979,45 @@ func TestDev_StoppedWhileStartingItsDatabaseSaysSo(t *testing.T) {
 
 // TestRun_NeverShowsAPasswordThatHoldsAnAt: a URL whose password holds an
 // unescaped '@' is read by pgx, as by libpq, as ending at that '@', the
-// rest of the password taken for the host. Every command refuses it with a
-// usage error that says to write the '@' as %40, and shows no part of the
-// password, where a connection to that host would name it in its error.
+// rest of the password taken for the host; one whose password holds a '/'
+// before or after an '@' ends the URL's authority at that '/', the rest
+// read as the database's name, or as a port that pgx's error shows, or a
+// part of the password as the host, which a connection looks up and names.
+// Every command refuses each with a usage error that says to write the '@'
+// as %40, and shows no part of the password after its first two bytes.
 func TestRun_NeverShowsAPasswordThatHoldsAnAt(t *testing.T) {
-	const dsn = "postgres://u:pass@word-tail@127.0.0.1:1/x"
 	migrated := dbtest.NewURL(t)
-	for _, tt := range []struct {
-		name string
-		env  map[string]string
-		args []string
-	}{
-		{"serve", map[string]string{"DATABASE_URL": dsn}, []string{"serve", "--addr", "127.0.0.1:0"}},
-		{"work", map[string]string{"DATABASE_URL": dsn}, []string{"work"}},
-		{"dev", map[string]string{"DATABASE_URL": dsn}, []string{"dev", "--addr", "127.0.0.1:0"}},
-		{"migrate", map[string]string{"DATABASE_URL": dsn}, []string{"migrate", "status"}},
-		{"enqueue", map[string]string{"DATABASE_URL": dsn}, []string{"enqueue", "noop"}},
-		{"session database", map[string]string{"DATABASE_URL": migrated, "RELAY_SESSION_DATABASE_URL": dsn}, []string{"work"}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			r := runRelay(testContext(t, 20*time.Second), tt.env, "", tt.args...)
-			if r.err == nil {
-				t.Fatal("succeeded")
-			}
-			for _, out := range []string{r.err.Error(), r.stdout, r.stderr} {
-				if strings.Contains(out, "word-tail") {
-					t.Errorf("shows part of the password: %q", out)
+	for _, password := range []string{"pass@word-tail", "pa@zq/word-tail", "pa/zq@word-tail", "pazq/word-tail"} {
+		dsn := "postgres://u:" + password + "@127.0.0.1:1/x"
+		for _, tt := range []struct {
+			name string
+			env  map[string]string
+			args []string
+		}{
+			{"serve", map[string]string{"DATABASE_URL": dsn}, []string{"serve", "--addr", "127.0.0.1:0"}},
+			{"work", map[string]string{"DATABASE_URL": dsn}, []string{"work"}},
+			{"dev", map[string]string{"DATABASE_URL": dsn}, []string{"dev", "--addr", "127.0.0.1:0"}},
+			{"migrate", map[string]string{"DATABASE_URL": dsn}, []string{"migrate", "status"}},
+			{"enqueue", map[string]string{"DATABASE_URL": dsn}, []string{"enqueue", "noop"}},
+			{"session database", map[string]string{"DATABASE_URL": migrated, "RELAY_SESSION_DATABASE_URL": dsn}, []string{"work"}},
+		} {
+			t.Run(password+"/"+tt.name, func(t *testing.T) {
+				r := runRelay(testContext(t, 20*time.Second), tt.env, "", tt.args...)
+				if r.err == nil {
+					t.Fatal("succeeded")
 				}
-			}
-			var u *cli.UsageError
-			if !errors.As(r.err, &u) || !strings.Contains(r.err.Error(), "%40") {
-				t.Errorf("error = %v (%T), want a usage error that says to write '@' as %%40", r.err, r.err)
-			}
-		})
+				for _, out := range []string{r.err.Error(), r.stdout, r.stderr} {
+					for _, part := range []string{"zq", "word-tail"} {
+						if strings.Contains(out, part) {
+							t.Errorf("shows %q of the password: %q", part, out)
+						}
+					}
+				}
+				var u *cli.UsageError
+				if !errors.As(r.err, &u) || !strings.Contains(r.err.Error(), "%40") {
+					t.Errorf("error = %v (%T), want a usage error that says to write '@' as %%40", r.err, r.err)
+				}
+			})
+		}
 	}
 }

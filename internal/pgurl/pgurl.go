@@ -104,6 +104,29 @@ func Redact(dsn string) string {
 	return u.Redacted()
 }
 
+// CheckUnescaped returns an error if dsn, in the URL form, holds an '@'
+// after a '/' that follows its "//", as when a password holding a '/' and
+// an '@' is not escaped: the URL's authority, user information and host,
+// then ends at that '/', and the rest of the password is read as the
+// database's name, or as a port that pgx's error shows, or a fragment of
+// the password as the host, which a connection would look up and name in
+// its error. An '@' in a database's name is written as %40 as well. Run
+// it before the URL is parsed; the error shows no part of dsn.
+func CheckUnescaped(dsn string) error {
+	if !isURL(dsn) {
+		return nil
+	}
+	rest := dsn[strings.Index(dsn, "://")+len("://"):]
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	slash := strings.IndexByte(rest, '/')
+	if slash >= 0 && strings.Contains(rest[slash:], "@") {
+		return errors.New("an '@' follows a '/' in the URL, as when a '/' and an '@' in the password are not escaped: write '/' as %2F and '@' as %40")
+	}
+	return nil
+}
+
 // CheckHosts returns an error if a host of cfg holds an '@', as when a
 // URL's password holds one unescaped: pgx, as libpq, ends a URL's user
 // information at its first '@' and takes the rest of the password for the

@@ -1,6 +1,7 @@
 package pgurl_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/relayq/relay/internal/pgurl"
@@ -33,6 +34,33 @@ func TestRedact_NeverShowsAPassword(t *testing.T) {
 	for _, tt := range tests {
 		if got := pgurl.Redact(tt.dsn); got != tt.want {
 			t.Errorf("Redact(%q) = %q, want %q", tt.dsn, got, tt.want)
+		}
+	}
+}
+
+func TestCheckUnescaped_RefusesAnAtAfterTheAuthority(t *testing.T) {
+	tests := []struct {
+		dsn  string
+		want bool // refused
+	}{
+		{"postgres://u:p%2Fa%40ss@h:5432/db", false},
+		{"postgres://u:pa@ss@h/db", false}, // left to CheckHosts, once parsed
+		{"postgres://u@h/db?options=-c%20x=a/b@c&sslmode=disable", false},
+		{"postgres://u:p@h/db#a/b@c", false},
+		{"postgres:///db?host=/var/run/postgresql&user=u@x", false},
+		{"host=h password=a/b@c", false},
+		{"postgres://u:pa@zq/word@h/db", true},
+		{"postgres://u:pa/zq@word@h/db", true},
+		{"postgresql://u:pazq/word@h/db", true},
+		{"postgres://u:p@h/zq@b", true},
+	}
+	for _, tt := range tests {
+		err := pgurl.CheckUnescaped(tt.dsn)
+		if (err != nil) != tt.want {
+			t.Errorf("CheckUnescaped(%q) = %v, want refused %v", tt.dsn, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "zq") {
+			t.Errorf("CheckUnescaped(%q) = %v, shows part of the URL", tt.dsn, err)
 		}
 	}
 }
