@@ -47,7 +47,9 @@ type Beginner interface {
 // does not fail, and the workers find them at their next poll. A job
 // whose run_at is still ahead when the transaction commits is not
 // announced, as at an insert's commit, nor is one InsertMany stored with
-// a delay, whose run_at it does not learn.
+// a delay, whose run_at it does not learn. A queue is announced even if
+// every job stored in it through the Tx was undone by a rollback to a
+// savepoint: its workers wake and find nothing new.
 //
 // A Tx is not for concurrent use, as a pgx.Tx is not.
 type Tx struct {
