@@ -147,9 +147,11 @@ func TestValidate_AcceptsNamesOfPrintableCharacters(t *testing.T) {
 
 // TestCheckName_AcceptsControlCharactersThatValidateRefuses: jobs stored
 // before Validate refused control characters in their names can still be
-// looked for by name; what PostgreSQL cannot hold is refused as before.
+// looked for by name, as can jobs whose names the database holds in more
+// bytes than Validate allows; what PostgreSQL cannot hold is refused as
+// before.
 func TestCheckName_AcceptsControlCharactersThatValidateRefuses(t *testing.T) {
-	for _, name := range []string{"send\nemail", "\x1b[31mred", "k\x7f", "é\u0085", "a\tb"} {
+	for _, name := range []string{"send\nemail", "\x1b[31mred", "k\x7f", "é\u0085", "a\tb", strings.Repeat("é", 128)} {
 		if err := client.CheckName(client.FieldQueue, name); err != nil {
 			t.Errorf("CheckName(%q) = %v, want nil", name, err)
 		}
@@ -161,7 +163,8 @@ func TestCheckName_AcceptsControlCharactersThatValidateRefuses(t *testing.T) {
 		"":                       "queue must not be empty",
 		"a\x00b":                 `queue must not contain NUL characters (\u0000)`,
 		"a\xffb":                 "queue must be valid UTF-8",
-		strings.Repeat("q", 129): "queue must be at most 128 bytes",
+		strings.Repeat("q", 129): "queue must be at most 128 characters",
+		strings.Repeat("é", 129): "queue must be at most 128 characters",
 	} {
 		var fe *client.FieldError
 		if err := client.CheckName(client.FieldQueue, name); !errors.As(err, &fe) || fe.Error() != want {

@@ -227,12 +227,19 @@ func Validate(r Request, now time.Time) (Job, error) {
 
 // CheckName checks a queue or kind name that jobs may already have, as
 // the filters of a listing take it: not empty, at most MaxNameBytes
-// bytes, valid UTF-8 and free of NUL, which PostgreSQL text cannot hold.
-// Unlike Validate, it accepts control characters, which jobs stored before
-// Validate refused them may have in their names, so that they can still
-// be found. Its error is a *FieldError for field.
+// characters, valid UTF-8 and free of NUL, which PostgreSQL text cannot
+// hold. Unlike Validate, it accepts control characters, which jobs stored
+// before Validate refused them may have in their names, and names of more
+// than MaxNameBytes bytes, which the database holds up to MaxNameBytes
+// characters (jobs_queue_valid, jobs_kind_valid) for a Job that did not
+// come from Validate, so that such jobs can still be found. Its error is
+// a *FieldError for field.
 func CheckName(field, s string) error {
-	if err := checkName(field, s, MaxNameBytes); err != nil {
+	// At most MaxNameBytes characters take at most UTFMax bytes each.
+	if utf8.RuneCountInString(s) > MaxNameBytes {
+		return fieldError(field, "must be at most %d characters", MaxNameBytes)
+	}
+	if err := checkName(field, s, utf8.UTFMax*MaxNameBytes); err != nil {
 		return err
 	}
 	return nil // not checkName's nil *FieldError, which is a non-nil error

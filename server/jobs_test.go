@@ -461,16 +461,53 @@ func TestListJobs_FindsJobsWhoseNamesHoldControlCharacters(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.enqueue(t, `{"kind":"new","queue":"old"}`)
+	e.wantListedAloneByItsNames(t, old)
+}
+
+// wantListedAloneByItsNames fails the test unless listings by job's queue,
+// by its kind, and by both and its state list job alone, with its names.
+func (e *testEnv) wantListedAloneByItsNames(t *testing.T, job db.Job) {
+	t.Helper()
 	for _, query := range []string{
-		"queue=" + url.QueryEscape(old.Queue),
-		"kind=" + url.QueryEscape(old.Kind),
-		"queue=" + url.QueryEscape(old.Queue) + "&kind=" + url.QueryEscape(old.Kind) + "&state=available",
+		"queue=" + url.QueryEscape(job.Queue),
+		"kind=" + url.QueryEscape(job.Kind),
+		"queue=" + url.QueryEscape(job.Queue) + "&kind=" + url.QueryEscape(job.Kind) + "&state=" + string(job.State),
 	} {
 		rec := e.do(t, "GET", "/v1/jobs?"+query, "")
 		wantStatus(t, rec, http.StatusOK)
 		jobs := decode[listResponse](t, rec).Jobs
-		if len(jobs) != 1 || jobs[0].ID != old.ID || jobs[0].Queue != old.Queue || jobs[0].Kind != old.Kind {
-			t.Errorf("%s listed %+v, want job %d alone", query, jobs, old.ID)
+		if len(jobs) != 1 || jobs[0].ID != job.ID || jobs[0].Queue != job.Queue || jobs[0].Kind != job.Kind {
+			t.Errorf("%s listed %+v, want job %d alone", query, jobs, job.ID)
+		}
+	}
+}
+
+// TestListJobs_FindsJobsWhoseNamesTheDatabaseHoldsBeyond128Bytes: the
+// database holds a queue or a kind of up to 128 characters, which may take
+// more bytes than enqueueing allows (a job stored from a client.Job built
+// by hand, or by SQL). GET /v1/queues shows such a queue, and a listing
+// finds its jobs by those names; a name longer than any the database
+// holds is still refused.
+func TestListJobs_FindsJobsWhoseNamesTheDatabaseHoldsBeyond128Bytes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	long, err := e.q.JobInsert(context.Background(), db.JobInsertParams{
+		Queue: strings.Repeat("é", 128), Kind: strings.Repeat("日", 128), Payload: json.RawMessage(`{}`), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(t, `{"kind":"other"}`)
+
+	queues := decode[queuesResponse](t, e.do(t, "GET", "/v1/queues", "")).Queues
+	if !slices.ContainsFunc(queues, func(q queueStats) bool { return q.Queue == long.Queue }) {
+		t.Errorf("GET /v1/queues shows %+v, without the queue of job %d", queues, long.ID)
+	}
+	e.wantListedAloneByItsNames(t, long)
+	for _, name := range []string{"queue", "kind"} {
+		got := wantError(t, e.do(t, "GET", "/v1/jobs?"+name+"="+url.QueryEscape(strings.Repeat("é", 129)), ""),
+			http.StatusBadRequest, name)
+		if want := name + " must be at most 128 characters"; got.Error != want {
+			t.Errorf("error %q, want %q", got.Error, want)
 		}
 	}
 }

@@ -127,8 +127,9 @@ func apiField(field string) string {
 
 // checkName checks a queue or kind name of a listing as enqueueing does,
 // but for control characters, which enqueueing refuses and a listing
-// accepts, to find the jobs stored before they were refused
-// (client.CheckName).
+// accepts, to find the jobs stored before they were refused, and for its
+// length, counted in characters as the database counts it rather than in
+// bytes (client.CheckName).
 func checkName(field, s string) error {
 	var fe *client.FieldError
 	if err := client.CheckName(field, s); errors.As(err, &fe) {
