@@ -303,3 +303,130 @@ func emptyNil[T any](s []T) []T {
 	}
 	return s
 }
+
+// TestListJobs_PagingWhileJobsChangeListsEveryJobThatLastsOnce pages
+// through listings, a few jobs a page, while other jobs are enqueued,
+// completed and pruned, and the jobs listed are claimed, failed to run
+// again or for good, cancelled and retried meanwhile. Every job that
+// exists from before the first page to after the last is listed once, if
+// its queue and kind match, whatever its state when its page was read,
+// and no job is listed twice.
+func TestListJobs_PagingWhileJobsChangeListsEveryJobThatLastsOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	queues, kinds := []string{"a", "b"}, []string{"x", "y"}
+
+	// The jobs that last: never completed, so never pruned.
+	var batch []string
+	for i := range 120 {
+		batch = append(batch, fmt.Sprintf(`{"kind":%q,"queue":%q}`, kinds[i%2], queues[i/2%2]))
+	}
+	rec := e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[`+strings.Join(batch, ",")+`]}`)
+	wantStatus(t, rec, http.StatusCreated)
+	lasting := decode[batchResponse](t, rec).IDs
+	isLasting := map[int64]bool{}
+	for _, id := range lasting {
+		isLasting[id] = true
+	}
+
+	stop := make(chan struct{})
+	churned := make(chan int, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		held := map[int64]pgtype.UUID{} // jobs of kind t to complete
+		rounds := 0
+		defer func() { churned <- rounds }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rounds++
+			queue := queues[rng.IntN(len(queues))]
+			if rec := e.do(t, "POST", "/v1/jobs/batch", fmt.Sprintf(`{"jobs":[{"kind":"t","queue":%q},{"kind":"t","queue":"a"}]}`, queue)); rec.Code != http.StatusCreated {
+				t.Errorf("enqueue: %d %s", rec.Code, rec.Body)
+				return
+			}
+			var ids []int64
+			var tokens []pgtype.UUID
+			var results [][]byte
+			for id, token := range held {
+				ids, tokens, results = append(ids, id), append(tokens, token), append(results, []byte(`{}`))
+			}
+			clear(held)
+			rows, err := e.q.JobCompleteAndClaim(ctx, db.JobCompleteAndClaimParams{
+				CompleteIDs: ids, CompleteTokens: tokens, CompleteResults: results,
+				Queue: queue, ClaimTokens: leaseTokens(4), LeaseMs: time.Minute.Milliseconds(), WorkerID: "churn",
+			})
+			if err != nil {
+				t.Errorf("complete and claim: %v", err)
+				return
+			}
+			for _, r := range rows {
+				switch {
+				case r.ID == nil:
+				case !isLasting[*r.ID]:
+					held[*r.ID] = r.LeaseToken
+				case rng.IntN(3) > 0:
+					// Failed to run again, or for good; or left running.
+					if _, err := e.q.JobFailMany(ctx, db.JobFailManyParams{
+						IDs: []int64{*r.ID}, Tokens: []pgtype.UUID{r.LeaseToken}, Errors: []string{"boom"},
+						Permanent: []bool{rng.IntN(2) == 0}, RetryInMs: []int64{0},
+					}); err != nil {
+						t.Errorf("fail job %d: %v", *r.ID, err)
+						return
+					}
+				}
+			}
+			for _, verb := range []string{"cancel", "retry"} {
+				id := lasting[rng.IntN(len(lasting))]
+				if rec := e.do(t, "POST", fmt.Sprintf("/v1/jobs/%d/%s", id, verb), ""); rec.Code != http.StatusOK && rec.Code != http.StatusConflict {
+					t.Errorf("%s job %d: %d %s", verb, id, rec.Code, rec.Body)
+					return
+				}
+			}
+			if _, err := e.q.JobPrune(ctx, db.JobPruneParams{RetainSucceededMs: new(int64), MaxJobs: 5}); err != nil {
+				t.Errorf("prune: %v", err)
+				return
+			}
+		}
+	}()
+
+	for pass := range 6 {
+		query := url.Values{"limit": {"3"}}
+		if pass%3 > 0 {
+			query.Set("queue", queues[pass%2])
+		}
+		if pass%3 > 1 || pass == 3 {
+			query.Set("kind", kinds[pass%2])
+		}
+		got := e.pageThrough(t, query, 1000)
+		var want []int64
+		for i, id := range lasting {
+			if (query.Get("queue") == "" || query.Get("queue") == queues[i/2%2]) &&
+				(query.Get("kind") == "" || query.Get("kind") == kinds[i%2]) {
+				want = append(want, id)
+			}
+		}
+		if !slices.IsSorted(got) || len(slices.Compact(slices.Clone(got))) != len(got) {
+			t.Errorf("GET /v1/jobs?%s listed ids out of order or twice: %v", query.Encode(), got)
+		}
+		var listed []int64
+		for _, id := range got {
+			if isLasting[id] {
+				listed = append(listed, id)
+			}
+		}
+		if diff := cmp.Diff(want, listed); diff != "" {
+			t.Errorf("GET /v1/jobs?%s listed of the jobs that last (-want +got):\n%s", query.Encode(), diff)
+		}
+	}
+	close(stop)
+	if rounds := <-churned; rounds < 5 {
+		t.Errorf("the jobs changed in %d rounds only while the listings paged", rounds)
+	}
+}
