@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/dbtest"
@@ -513,4 +515,67 @@ func TestMigrations_LetEnqueuesAnnounceAfterCommitOverAPopulatedDatabase(t *test
 		carriedOver{what: "the insert trigger's function, whether it reads relay.announce", query: `
 			SELECT (prosrc ~ 'relay\.announce')::text FROM pg_proc WHERE proname = 'jobs_notify_available'`,
 			before: "false", after: "true"})
+}
+
+// TestMigrations_RefuseInfiniteTimesOverAPopulatedDatabase carries
+// available, running and finished jobs, and one stored with an infinite
+// run_at before 00017, over 00017 and back: up records the constraint
+// without reading the rows already stored, so the job with the infinite
+// time is kept as it is; down drops it; the jobs are the same throughout.
+func TestMigrations_RefuseInfiniteTimesOverAPopulatedDatabase(t *testing.T) {
+	carryOver(t, 16, 17, backlogAndHistory+`
+		INSERT INTO jobs (kind, run_at) VALUES ('stored before', 'infinity');`,
+		`SELECT md5(string_agg(concat_ws(' ', id, kind, state, run_at, lease_token, finished_at), ',' ORDER BY id)) FROM jobs`,
+		carriedOver{what: "jobs_times_finite, validated", query: `
+			SELECT coalesce((SELECT convalidated::text FROM pg_constraint WHERE conname = 'jobs_times_finite'), 'none')`,
+			before: "none", after: "false"})
+}
+
+// TestMigrations_AJobsTimesAreFinite: once migrated, a job written by SQL
+// with 'infinity' or '-infinity' in any of its times is refused by a check
+// (SQLSTATE 23514), which an insert of Relay's never meets, and so is an
+// update that writes one; a finite time, or null where the column allows
+// it, is stored.
+func TestMigrations_AJobsTimesAreFinite(t *testing.T) {
+	pool := dbtest.New(t)
+	ctx := t.Context()
+	running := `INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, started_at)
+		VALUES ('k', 'running', 1, 1, gen_random_uuid(), %[1]s, 'w1', %[1]s)`
+	for _, tt := range []struct {
+		name, sql string
+	}{
+		{"run_at", `INSERT INTO jobs (kind, run_at) VALUES ('k', %s)`},
+		{"created_at", `INSERT INTO jobs (kind, created_at) VALUES ('k', %s)`},
+		{"started_at and lease_expires_at", running},
+		{"finished_at", `INSERT INTO jobs (kind, state, finished_at) VALUES ('k', 'succeeded', %s)`},
+		{"cancel_requested_at", fmt.Sprintf(running, "now()") + `;
+			UPDATE jobs SET cancel_requested_at = %s WHERE state = 'running'`},
+	} {
+		for _, when := range []string{"'infinity'", "'-infinity'"} {
+			t.Run(tt.name+" "+when, func(t *testing.T) {
+				_, err := pool.Exec(ctx, fmt.Sprintf(tt.sql, when))
+				if code := pgErrCode(err); code != "23514" || !strings.Contains(err.Error(), "jobs_times_finite") {
+					t.Errorf("err = %v, want a violation (23514) of jobs_times_finite", err)
+				}
+			})
+		}
+		t.Run(tt.name+" finite", func(t *testing.T) {
+			if _, err := pool.Exec(ctx, fmt.Sprintf(tt.sql, "now()")); err != nil {
+				t.Errorf("a finite time: %v", err)
+			}
+		})
+	}
+	if _, err := pool.Exec(ctx, `UPDATE jobs SET run_at = '-infinity' WHERE state = 'available'`); pgErrCode(err) != "23514" {
+		t.Errorf("update to an infinite run_at: err = %v, want a violation (23514)", err)
+	}
+}
+
+// pgErrCode returns the SQLSTATE of err, or "" if PostgreSQL did not
+// answer it.
+func pgErrCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }

@@ -34,6 +34,10 @@ var newest = func() int64 {
 	return int64(len(entries))
 }()
 
+// earlierNewest is the newest migration that the earlier builds of Relay,
+// which recorded their migrations in goose_db_version, carried.
+const earlierNewest int64 = 16
+
 // run returns the versions from from to to, in order.
 func run(from, to int64) []int64 {
 	var out []int64
@@ -181,7 +185,7 @@ func TestMigrations_LeaveAnApplicationsGooseHistoryAlone(t *testing.T) {
 // was and the job where it was, and down rolls back from the newest.
 func TestMigrations_TakeOverWhatAnEarlierBuildRecorded(t *testing.T) {
 	t.Parallel()
-	for _, version := range []int64{1, 3, 12, newest} {
+	for _, version := range []int64{1, 3, 12, earlierNewest} {
 		t.Run(fmt.Sprint(version), func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
@@ -236,11 +240,12 @@ func TestMigrations_TakeOverWhatAnEarlierBuildRecorded(t *testing.T) {
 // earlier build migrated in full, where relay_migrations already exists
 // and records nothing, as the stock goose command leaves it when it is
 // given -table relay_migrations and fails on the first migration: up
-// records the earlier build's versions there and applies nothing.
+// records the earlier build's versions there and applies only those the
+// earlier build did not carry.
 func TestMigrations_TakeOverIntoAnEmptyVersionTable(t *testing.T) {
 	t.Parallel()
 	pool := emptySchema(t)
-	migrateAsEarlierBuild(t, pool, newest)
+	migrateAsEarlierBuild(t, pool, earlierNewest)
 	exec(t, pool, `CREATE TABLE relay_migrations (
 		id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now());
 		INSERT INTO relay_migrations (version_id, is_applied) VALUES (0, true)`)
@@ -248,8 +253,8 @@ func TestMigrations_TakeOverIntoAnEmptyVersionTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(applied) != 0 {
-		t.Errorf("up applied %v, want nothing", applied)
+	if diff := cmp.Diff(run(earlierNewest+1, newest), applied, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("applied by up (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(run(1, newest), versionsIn(t, pool, migrations.VersionTable)); diff != "" {
 		t.Errorf("%s after up (-want +got):\n%s", migrations.VersionTable, diff)
@@ -346,8 +351,9 @@ func TestMigrations_MigratorsAtOnceTakeOverAnEarlierHistoryOnce(t *testing.T) {
 // TestMigrations_WaitForAnEarlierBuildMigratingAtOnce migrates an empty
 // schema while an earlier build, holding the migration lock, migrates it
 // into goose_db_version: up waits for the lock, then records the earlier
-// build's versions and applies nothing, rather than applying Relay's
-// first migration again over the tables the earlier build made.
+// build's versions and applies only those it did not carry, rather than
+// applying Relay's first migration again over the tables the earlier
+// build made.
 func TestMigrations_WaitForAnEarlierBuildMigratingAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -376,7 +382,7 @@ func TestMigrations_WaitForAnEarlierBuildMigratingAtOnce(t *testing.T) {
 		t.Fatalf("up returned while another migrator held the lock: %v, %v", o.applied, o.err)
 	case <-time.After(2 * time.Second):
 	}
-	migrateAsEarlierBuild(t, pool, newest)
+	migrateAsEarlierBuild(t, pool, earlierNewest)
 	if err := earlier.Unlock(ctx, sqlDB); err != nil {
 		t.Fatal(err)
 	}
@@ -384,8 +390,8 @@ func TestMigrations_WaitForAnEarlierBuildMigratingAtOnce(t *testing.T) {
 	if o.err != nil {
 		t.Fatalf("up: %v", o.err)
 	}
-	if len(o.applied) != 0 {
-		t.Errorf("up applied %v, want nothing", o.applied)
+	if diff := cmp.Diff(run(earlierNewest+1, newest), o.applied, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("applied by up (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(run(1, newest), versionsIn(t, pool, migrations.VersionTable)); diff != "" {
 		t.Errorf("%s after up (-want +got):\n%s", migrations.VersionTable, diff)
@@ -460,7 +466,7 @@ func TestMigrations_LookForRelaysTablesBesideTheVersionTable(t *testing.T) {
 		return pool
 	}
 	app := onPath("app")
-	migrateAsEarlierBuild(t, app, newest)
+	migrateAsEarlierBuild(t, app, earlierNewest)
 	m, err := migrations.NewMigrator(app)
 	if err != nil {
 		t.Fatal(err)

@@ -483,23 +483,36 @@ func wantNoTable(t *testing.T, ctx context.Context, dsn, after string) {
 }
 
 // TestMigrate_UpTakesOverWhatAnEarlierBuildRecorded migrates a database
-// whose migrations an earlier build of Relay recorded in goose's default
-// table: up says it recorded them in relay_migrations, and has nothing to
-// apply; down then rolls back the newest.
+// whose migrations an earlier build of Relay, which carried the first 16,
+// recorded in goose's default table: up says it recorded them in
+// relay_migrations, and applies the rest; down then rolls back the newest.
 func TestMigrate_UpTakesOverWhatAnEarlierBuildRecorded(t *testing.T) {
 	ctx := testContext(t, 30*time.Second)
 	dsn := dbtest.NewURL(t)
+	const earlier = 16
+	m, err := migrations.NewMigrator(mustPool(t, dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.DownTo(ctx, earlier); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := mustPool(t, dsn).Exec(ctx, "ALTER TABLE "+migrations.VersionTable+" RENAME TO goose_db_version"); err != nil {
 		t.Fatal(err)
 	}
 	all := len(migrationNames)
+	var rest []string
+	for v := earlier + 1; v <= all; v++ {
+		rest = append(rest, fmt.Sprintf("applied migration %d %s", v, migrationNames[v-1]))
+	}
 	for _, s := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"migrate", "status"}, migrateStatus(all)},
-		{[]string{"migrate", "up"}, fmt.Sprintf("recorded migrations 1 to %d, which an earlier relay recorded in goose_db_version, in %s\n"+
-			"no migrations to apply: the database is up to date", all, migrations.VersionTable)},
+		{[]string{"migrate", "status"}, migrateStatus(earlier)},
+		{[]string{"migrate", "up"}, fmt.Sprintf("recorded migrations 1 to %d, which an earlier relay recorded in goose_db_version, in %s\n",
+			earlier, migrations.VersionTable) + strings.Join(rest, "\n")},
 		{[]string{"migrate", "down"}, fmt.Sprintf("rolled back migration %d %s", all, migrationNames[all-1])},
 	} {
 		r := runRelay(ctx, nil, "", append(s.args, "--database-url", dsn)...)
@@ -580,6 +593,7 @@ var migrationNames = []string{
 	"00014_notify_each_queue_on_its_own_channel.sql",
 	"00015_stop_notifying_the_shared_channels.sql",
 	"00016_let_enqueues_announce_after_commit.sql",
+	"00017_refuse_infinite_times.sql",
 }
 
 // migrateStatus is what relay migrate status prints with the first
