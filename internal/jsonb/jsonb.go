@@ -17,6 +17,7 @@
 //
 // CheckDuplicateKeys finds what jsonb accepts but does not keep: a key
 // given twice in one object, of which jsonb stores only the last value.
+// CheckAll finds both in one walk of the document.
 package jsonb
 
 import (
@@ -61,6 +62,21 @@ const (
 // Check returns an *Error for the first thing in b, a valid JSON document,
 // that PostgreSQL's jsonb would reject, or nil if jsonb accepts it all.
 func Check(b []byte) error {
+	return check(b, false)
+}
+
+// CheckAll returns what Check returns for b, a valid JSON document, or, if
+// that is nil, what CheckDuplicateKeys returns: an *Error for what jsonb
+// would reject, or else for a key jsonb would not keep. It walks b once,
+// where calling both walks it twice.
+func CheckAll(b []byte) error {
+	return check(b, true)
+}
+
+// check is Check, and, with keys, CheckAll, which notes the first
+// duplicate key as it goes and returns it once nothing in the rest of b is
+// rejected.
+func check(b []byte, keys bool) error {
 	if !utf8.Valid(b) {
 		off := 0
 		for off < len(b) {
@@ -72,6 +88,11 @@ func Check(b []byte) error {
 		}
 		return &Error{Reason: ReasonInvalidUTF8, Offset: off}
 	}
+	var keysBuf [2 * linearKeys]keySpan
+	var objectsBuf [8]openObject
+	d := duplicates{keys: keysBuf[:0], objects: objectsBuf[:0]}
+	var doc string
+	var dup error
 	for i := 0; i < len(b); {
 		switch c := b[i]; {
 		case c == '"':
@@ -79,7 +100,18 @@ func Check(b []byte) error {
 			if err != nil {
 				return err
 			}
+			if keys && dup == nil {
+				if key, isKey := spanOf(b, i, end); isKey {
+					d, dup = d.add(b, &doc, key)
+				}
+			}
 			i = end
+		case keys && c == '{':
+			d = d.open()
+			i++
+		case keys && c == '}':
+			d = d.close()
+			i++
 		case c == '-' || isDigit(c):
 			j := i + 1
 			for j < len(b) && isNumberByte(b[j]) {
@@ -93,7 +125,7 @@ func Check(b []byte) error {
 			i++
 		}
 	}
-	return nil
+	return dup
 }
 
 // checkString checks the JSON string whose contents start at b[i] and
@@ -150,59 +182,95 @@ func checkString(b []byte, i int) (int, error) {
 // such as unpaired surrogates, may compare equal here.
 //
 // Check does not look for duplicate keys: jsonb accepts them, keeping the
-// last value of each, which loses data that was sent.
+// last value of each, which loses data that was sent. CheckAll looks for
+// both.
 func CheckDuplicateKeys(b []byte) error {
-	// Keys of the open objects, innermost last, kept in arrays on the
-	// stack while there are few: most documents allocate nothing.
 	var keysBuf [2 * linearKeys]keySpan
 	var objectsBuf [8]openObject
-	keys, objects := keysBuf[:0], objectsBuf[:0]
-	// doc is b as a string, made for the first large object, so that the
-	// keys it holds are substrings rather than copies.
+	d := duplicates{keys: keysBuf[:0], objects: objectsBuf[:0]}
 	var doc string
 	for i := 0; i < len(b); i++ {
 		switch b[i] {
 		case '{':
-			objects = append(objects, openObject{first: len(keys)})
+			d = d.open()
 		case '}':
-			if len(objects) > 0 {
-				keys = keys[:objects[len(objects)-1].first]
-				objects = objects[:len(objects)-1]
-			}
+			d = d.close()
 		case '"':
 			key, isKey := stringAt(b, i)
 			i = key.end // the closing quote
-			if !isKey || len(objects) == 0 {
+			if !isKey {
 				continue
 			}
-			obj := &objects[len(objects)-1]
-			if obj.seen == nil {
-				for _, k := range keys[obj.first:] {
-					if sameKey(b, k, key) {
-						return &Error{Reason: ReasonDuplicateKey, Offset: key.start - 1, Key: key.text(b, doc)}
-					}
-				}
-				if len(keys)-obj.first < linearKeys {
-					keys = append(keys, key)
-					continue
-				}
-				// A large object: look its keys up from now on.
-				if doc == "" {
-					doc = string(b)
-				}
-				obj.seen = make(map[string]struct{}, 4*linearKeys)
-				for _, k := range keys[obj.first:] {
-					obj.seen[k.text(b, doc)] = struct{}{}
-				}
+			var err error
+			if d, err = d.add(b, &doc, key); err != nil {
+				return err
 			}
-			text := key.text(b, doc)
-			if _, dup := obj.seen[text]; dup {
-				return &Error{Reason: ReasonDuplicateKey, Offset: key.start - 1, Key: text}
-			}
-			obj.seen[text] = struct{}{}
 		}
 	}
 	return nil
+}
+
+// duplicates follows the keys of the objects a walk of a document is
+// inside, to find a key given twice in one of them. A walk keeps it as a
+// value, which its methods return changed: changed through a pointer, its
+// slices would take the arrays they start in to the heap.
+type duplicates struct {
+	// keys of the open objects, innermost last, and the objects, kept in
+	// arrays on the caller's stack while there are few: most documents
+	// allocate nothing.
+	keys    []keySpan
+	objects []openObject
+}
+
+// open notes an object's opening brace.
+func (d duplicates) open() duplicates {
+	d.objects = append(d.objects, openObject{first: len(d.keys)})
+	return d
+}
+
+// close notes an object's closing brace.
+func (d duplicates) close() duplicates {
+	if len(d.objects) > 0 {
+		d.keys = d.keys[:d.objects[len(d.objects)-1].first]
+		d.objects = d.objects[:len(d.objects)-1]
+	}
+	return d
+}
+
+// add notes key, a key of b, in the innermost open object, and returns an
+// *Error with ReasonDuplicateKey if that object has it already. doc is b
+// as a string, made for the first large object, so that the keys it holds
+// are substrings rather than copies.
+func (d duplicates) add(b []byte, doc *string, key keySpan) (duplicates, error) {
+	if len(d.objects) == 0 {
+		return d, nil
+	}
+	obj := &d.objects[len(d.objects)-1]
+	if obj.seen == nil {
+		for _, k := range d.keys[obj.first:] {
+			if sameKey(b, k, key) {
+				return d, &Error{Reason: ReasonDuplicateKey, Offset: key.start - 1, Key: key.text(b, *doc)}
+			}
+		}
+		if len(d.keys)-obj.first < linearKeys {
+			d.keys = append(d.keys, key)
+			return d, nil
+		}
+		// A large object: look its keys up from now on.
+		if *doc == "" {
+			*doc = string(b)
+		}
+		obj.seen = make(map[string]struct{}, 4*linearKeys)
+		for _, k := range d.keys[obj.first:] {
+			obj.seen[k.text(b, *doc)] = struct{}{}
+		}
+	}
+	text := key.text(b, *doc)
+	if _, dup := obj.seen[text]; dup {
+		return d, &Error{Reason: ReasonDuplicateKey, Offset: key.start - 1, Key: text}
+	}
+	obj.seen[text] = struct{}{}
+	return d, nil
 }
 
 // linearKeys is how many keys an object may have before CheckDuplicateKeys
@@ -218,7 +286,7 @@ type keySpan struct {
 	escaped bool
 }
 
-// openObject is an object CheckDuplicateKeys is inside: its keys are
+// openObject is an object a walk for duplicates is inside: its keys are
 // keys[first:], or, once it has more than linearKeys of them, seen.
 type openObject struct {
 	first int
@@ -234,6 +302,12 @@ func stringAt(b []byte, i int) (keySpan, bool) {
 	if err != nil {
 		return keySpan{start: i + 1, end: len(b)}, false
 	}
+	return spanOf(b, i, end)
+}
+
+// spanOf returns the JSON string b[i:end], quotes included, and whether it
+// is an object key: followed by a colon.
+func spanOf(b []byte, i, end int) (keySpan, bool) {
 	k := keySpan{start: i + 1, end: end - 1}
 	k.escaped = bytes.IndexByte(b[k.start:k.end], '\\') >= 0
 	for j := end; j < len(b); j++ {

@@ -230,9 +230,44 @@ func TestCheckDuplicateKeys_AllocatesNothingForSmallObjects(t *testing.T) {
 	for name, doc := range smallPayloads {
 		b := []byte(doc)
 		if n := testing.AllocsPerRun(100, func() { _ = CheckDuplicateKeys(b) }); n != 0 {
-			t.Errorf("%s: %v allocations", name, n)
+			t.Errorf("CheckDuplicateKeys, %s: %v allocations", name, n)
+		}
+		// Check allocates for numbers; CheckAll adds nothing to that.
+		checked := testing.AllocsPerRun(100, func() { _ = Check(b) })
+		if n := testing.AllocsPerRun(100, func() { _ = CheckAll(b) }); n != checked {
+			t.Errorf("CheckAll, %s: %v allocations, where Check makes %v", name, n, checked)
 		}
 	}
+}
+
+// FuzzCheckAll: CheckAll finds, in any valid JSON document, what Check
+// finds, or, where Check finds nothing, what CheckDuplicateKeys finds,
+// the same reason at the same place.
+func FuzzCheckAll(f *testing.F) {
+	for _, doc := range []string{
+		`{}`, `"plain"`, `{"a":1,"a":2}`, `{"a":1,"\u0061":2}`, `{"a":{"b":1,"b":2},"a":3}`,
+		`{"a":"\u0000"}`, `{"a":1,"a":"\u0000"}`, `{"a":"\u0000","a":1}`, `[{"x":1,"x":2}, 1e200000]`,
+		`{"\ud800":1,"\ud800":2}`, `{"a":{},"a":[]}`, `[{"k":1},{"k":2}]`, `{"a":"{\"a\":1,\"a\":2}"}`,
+		`{"k0":0,"k1":1,"k2":2,"k3":3,"k4":4,"k5":5,"k6":6,"k7":7,"k8":8,"k9":9,"k10":10,"k11":11,"k12":12,"k13":13,"k14":14,"k15":15,"k16":16,"k17":17,"k\u0031":1}`,
+		"{\"\xff\":1,\"\xff\":2}", `{"é":1,"\u00e9":2}`, `{"a" : 1, "a"	:2}`,
+	} {
+		f.Add([]byte(doc))
+	}
+	for _, doc := range smallPayloads {
+		f.Add([]byte(doc))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		if !json.Valid(doc) {
+			return
+		}
+		want := Check(doc)
+		if want == nil {
+			want = CheckDuplicateKeys(doc)
+		}
+		if got := CheckAll(doc); fmt.Sprintf("%#v", got) != fmt.Sprintf("%#v", want) {
+			t.Errorf("CheckAll(%q) = %#v, want %#v", doc, got, want)
+		}
+	})
 }
 
 func BenchmarkCheckDuplicateKeys(b *testing.B) {
@@ -255,6 +290,36 @@ func BenchmarkCheckDuplicateKeys(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkCheckAll measures one walk that does what Check and
+// CheckDuplicateKeys do, against the two walks of calling both.
+func BenchmarkCheckAll(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("[")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, `{"id":%d,"sku":"item-%d","qty":%d,"tags":["a","b"],"note":"C:\\temp"},`, i, i, i%7)
+	}
+	doc := []byte(strings.TrimSuffix(sb.String(), ",") + "]")
+	b.Run("CheckAll", func(b *testing.B) {
+		b.SetBytes(int64(len(doc)))
+		for b.Loop() {
+			if err := CheckAll(doc); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Check and CheckDuplicateKeys", func(b *testing.B) {
+		b.SetBytes(int64(len(doc)))
+		for b.Loop() {
+			if err := Check(doc); err != nil {
+				b.Fatal(err)
+			}
+			if err := CheckDuplicateKeys(doc); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // TestArrayLen_CountsAsEncodingJSONDoesAtAnyDepth: ArrayLen counts the
