@@ -28,7 +28,11 @@ type Job struct {
 }
 
 // Handler runs jobs of one kind. The result, if not nil, is stored as JSON
-// with the completed job. ctx is cancelled when the job's lease is lost,
+// with the completed job, as PostgreSQL's jsonb: a result jsonb cannot
+// store (a NUL escape, an unpaired surrogate, a number beyond numeric) or
+// would store only in part (an object with a key given twice, of which
+// jsonb keeps the last value) fails its job permanently instead, as does
+// one too large (Config.MaxResultBytes). ctx is cancelled when the job's lease is lost,
 // when someone cancels the job, and when the worker gives up waiting for
 // it at shutdown; context.Cause(ctx) says which (ErrLeaseLost,
 // ErrJobCancelled or ErrShutdown). A handler should return promptly then,

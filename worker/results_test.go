@@ -270,3 +270,67 @@ func TestWorker_AResultLargerThanAStatementCarriesFailsItsJobWithoutALimit(t *te
 	small := b.enqueue(t, "small", `{}`, 1)
 	b.waitForState(t, small.ID, db.JobStateSucceeded, 10*time.Second)
 }
+
+// caseless is a map key that encodes as its text in lower case, so that
+// two keys of one map can encode as the same object key.
+type caseless struct{ text string }
+
+func (c caseless) MarshalText() ([]byte, error) { return []byte(strings.ToLower(c.text)), nil }
+
+// TestWorker_AResultWithAKeyTwiceInOneObjectFailsItsJob: jsonb keeps only
+// the last value of a key given twice in one object, so a result that
+// holds one, which json.Marshal writes as it is given (a json.RawMessage,
+// a MarshalJSON of the handler's, map keys whose texts coincide), would
+// lose the others without a word, as a payload would, which the client
+// refuses for that reason. Its job fails permanently, naming the key and
+// where it comes a second time in the result as encoded (compact); the
+// jobs beside it, whose results hold the same key in different objects,
+// succeed.
+func TestWorker_AResultWithAKeyTwiceInOneObjectFailsItsJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	lossy := map[string]struct {
+		result any
+		want   string
+	}{
+		"raw": {json.RawMessage(`{"amount": 100, "amount": 1}`),
+			`permanent: result contains the key "amount" twice in one object, at byte 14: jsonb would keep only the last value`},
+		"nested and escaped": {json.RawMessage(`{"lines": [{"sku": "x"}, {"sku": "y", "\u0073ku": "z"}]}`),
+			`permanent: result contains the key "sku" twice in one object, at byte 33: jsonb would keep only the last value`},
+		"map keys that encode alike": {map[caseless]int{{"Total"}: 1, {"total"}: 2},
+			`permanent: result contains the key "total" twice in one object, at byte 11: jsonb would keep only the last value`},
+	}
+	names := map[int64]string{}
+	for name := range lossy {
+		names[b.enqueue(t, "lossy", `{"name": "`+name+`"}`, 5).ID] = name
+	}
+	var healthy []db.Job
+	for range 6 {
+		healthy = append(healthy, b.enqueue(t, "healthy", `{}`, 1))
+	}
+	b.startWorker(t, worker.Config{Slots: 4}, func(w *worker.Worker) {
+		w.HandleFunc("lossy", func(ctx context.Context, j *worker.Job) (any, error) {
+			var p struct{ Name string }
+			if err := json.Unmarshal(j.Payload, &p); err != nil {
+				return nil, worker.Permanent(err)
+			}
+			return lossy[p.Name].result, nil
+		})
+		w.HandleFunc("healthy", func(ctx context.Context, j *worker.Job) (any, error) {
+			return json.RawMessage(`{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}`), nil
+		})
+	})
+	for id, name := range names {
+		got := b.waitForState(t, id, db.JobStateDead, 10*time.Second)
+		if want := lossy[name].want; got.Attempt != 1 || deref(got.LastError) != want || got.Result != nil {
+			t.Errorf("%s: dead after attempt %d with %q and result %s; want dead after attempt 1 with %q and no result",
+				name, got.Attempt, deref(got.LastError), got.Result, want)
+		}
+	}
+	for _, job := range healthy {
+		got := b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+		if want := `{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}`; string(got.Result) != want {
+			t.Errorf("job %d: result %s, want %s", job.ID, got.Result, want)
+		}
+	}
+}

@@ -64,7 +64,9 @@ func (s slot) execute(e *execution) outcome {
 
 // encodeResult encodes a handler's result for the database. A result that
 // cannot be stored fails its job permanently, here, before it is sent: in
-// a batch acknowledgement it would make the database refuse the others.
+// a batch acknowledgement it would make the database refuse the others. So
+// does one that jsonb would store only in part, with a key given twice in
+// one object.
 func (s slot) encodeResult(result any) (json.RawMessage, error) {
 	b, err := json.Marshal(result)
 	if err != nil {
@@ -81,7 +83,16 @@ func (s slot) encodeResult(result any) (json.RawMessage, error) {
 	if d := jsonb.Depth(b); d > client.MaxPayloadDepth {
 		return nil, Permanent(fmt.Errorf("result nests arrays and objects %d deep, more than the %d allowed (client.MaxPayloadDepth)", d, client.MaxPayloadDepth))
 	}
-	if err := jsonb.Check(b); err != nil {
+	// One walk finds what jsonb refuses, and a key given twice in one
+	// object, of which jsonb would keep the last value and drop the
+	// others, as the client refuses for a payload: json.Marshal writes a
+	// json.RawMessage, a MarshalJSON's output or map keys whose texts
+	// coincide as they come.
+	var je *jsonb.Error
+	switch err := jsonb.CheckAll(b); {
+	case errors.As(err, &je) && je.Reason == jsonb.ReasonDuplicateKey:
+		return nil, Permanent(fmt.Errorf("result %w", err))
+	case err != nil:
 		return nil, Permanent(fmt.Errorf("%s: %w", errResultNotStorable, err))
 	}
 	return b, nil
