@@ -865,6 +865,7 @@ SET state       = CASE WHEN j.cancel_requested_at IS NULL THEN 'available'::job_
     lease_expires_at    = NULL,
     lease_session       = NULL,
     cancel_requested_at = NULL,
+    last_error  = COALESCE($1::text, j.last_error),
     error_count = CASE WHEN $1::text IS NULL THEN j.error_count ELSE j.error_count + 1 END,
     errors = CASE
         WHEN $1::text IS NULL THEN j.errors
@@ -891,8 +892,11 @@ type JobReleaseManyParams struct {
 // Releases jobs from the worker that holds them, so that others can run
 // them at once instead of waiting for the leases to expire: a worker
 // shutting down releases the jobs it interrupted, with a note for their
-// error history ("released: worker shutting down"); a worker releases,
-// with no note, jobs it claimed ahead of a free slot and never started. The
+// error history ("released: worker shutting down"), which becomes their
+// last_error too, as every entry of the history does, so that last_error
+// says why the newest attempt ended rather than nothing or an older
+// attempt's error; a worker releases, with no note, and so with nothing
+// recorded, jobs it claimed ahead of a free slot and never started. The
 // attempt is given back either way (the fence still grew at the claim), and
 // a job someone asked to cancel ends cancelled. Fenced like an
 // acknowledgement; returns the jobs released. The job keeps its run_at,

@@ -749,6 +749,43 @@ func TestRelease_GivesTheAttemptBackAndMakesJobAvailableNow(t *testing.T) {
 	}
 }
 
+// TestRelease_WithANoteRecordsItAsTheLastError: a release at shutdown
+// records its note as the job's last error, as every other entry of its
+// error history is, so that last_error (all that a listing shows of it)
+// says why the newest attempt ended, rather than nothing, or the error
+// of an attempt before it.
+func TestRelease_WithANoteRecordsItAsTheLastError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "noop", `{}`, 3)
+	id, token := b.claimOne(t, "first", time.Minute)
+	if rows, err := b.q.JobFailMany(b.ctx, db.JobFailManyParams{
+		IDs: []int64{id}, Tokens: []pgtype.UUID{token}, Errors: []string{"boom"}, Permanent: []bool{false}, RetryInMs: []int64{0},
+	}); err != nil || len(rows) != 1 {
+		t.Fatalf("fail: %v, %v", rows, err)
+	}
+	_, token = b.claimOne(t, "leaving", time.Minute)
+	note := "released: worker shutting down"
+	if ids, err := b.q.JobReleaseMany(b.ctx, db.JobReleaseManyParams{Note: &note, IDs: []int64{job.ID}, Tokens: []pgtype.UUID{token}}); err != nil || len(ids) != 1 {
+		t.Fatalf("release: %v, %v", ids, err)
+	}
+	got := b.get(t, job.ID)
+	var history []struct {
+		Attempt int32
+		Worker  string
+		Error   string
+	}
+	if err := json.Unmarshal(got.Errors, &history); err != nil {
+		t.Fatalf("history %s: %v", got.Errors, err)
+	}
+	if deref(got.LastError) != note || got.ErrorCount != 2 || got.Attempt != 1 || len(history) != 2 ||
+		history[1].Error != note || history[1].Attempt != 2 || history[1].Worker != "leaving" {
+		t.Errorf("released: last error %q, error count %d, attempt %d, history %s; want last error %q, "+
+			"2 errors, attempt 1, and the release, of attempt 2 by its worker, last in the history",
+			deref(got.LastError), got.ErrorCount, got.Attempt, got.Errors, note)
+	}
+}
+
 func TestRelease_WithoutANoteUndoesTheClaimButKeepsTheFenceAndTheHistory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

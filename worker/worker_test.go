@@ -474,8 +474,8 @@ func TestWorker_GracefulShutdownReleasesHeldJobs(t *testing.T) {
 	if got.State != db.JobStateAvailable || got.Attempt != 0 || got.LeaseToken.Valid {
 		t.Errorf("stubborn job after shutdown: state %s attempt %d; want available with its attempt given back", got.State, got.Attempt)
 	}
-	if !strings.Contains(string(got.Errors), "released: worker shutting down") {
-		t.Errorf("history %s does not record the release", got.Errors)
+	if !strings.Contains(string(got.Errors), "released: worker shutting down") || deref(got.LastError) != "released: worker shutting down" {
+		t.Errorf("history %s, last error %q: want both to record the release", got.Errors, deref(got.LastError))
 	}
 	var workers int
 	if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM workers").Scan(&workers); err != nil || workers != 0 {

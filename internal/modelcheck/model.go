@@ -310,8 +310,9 @@ func (m *Model) Fail(now time.Time, failures []Failure) []Failed {
 
 // Release hands acks back at now: available again at once with the
 // attempt given back and run_at kept, or cancelled if someone asked. A
-// release with a note records it in the error history; a release of jobs claimed ahead (no
-// note) records nothing. Returns the ids released, ascending.
+// release with a note records it in the error history, and as the last
+// error; a release of jobs claimed ahead (no note) records nothing.
+// Returns the ids released, ascending.
 func (m *Model) Release(now time.Time, note *string, acks []Ack) []int64 {
 	var released []int64
 	for _, a := range acks {
@@ -327,6 +328,7 @@ func (m *Model) Release(now time.Time, note *string, acks []Ack) []int64 {
 		finish(j, state, now)
 		j.Attempt--
 		if note != nil {
+			j.LastError = clone(note)
 			j.Errors++
 		}
 		released = append(released, j.ID)
