@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -720,33 +721,197 @@ func TestInsertManyAndAll_FailWhereATriggerDropsJobs(t *testing.T) {
 	}
 }
 
-// TestInsert_AJobATriggerDropsFailsWithAJobsDroppedError inserts a job
-// without an idempotency key that a BEFORE INSERT trigger of the user's
-// drops, ready now (its announcement sent behind the insert) and delayed,
-// through a pool and in a transaction: each insert fails with a
-// JobsDroppedError that says that none was stored.
+// TestInsert_AJobATriggerDropsFailsWithAJobsDroppedError inserts jobs
+// that a BEFORE INSERT trigger of the user's drops, without an idempotency
+// key and with one, ready now (the announcement of one without a key sent
+// behind the insert) and delayed, through a pool, a connection and the
+// caller's transactions: each insert fails with a JobsDroppedError that
+// says that none was stored, a job with a key too, whose key no job
+// holds (not ErrIdempotencyRace, which says to try again, and would say
+// it for ever). A transaction of the caller's goes on and commits, and
+// none of the jobs is stored.
 func TestInsert_AJobATriggerDropsFailsWithAJobsDroppedError(t *testing.T) {
 	pool := dbtest.New(t)
 	dbtest.DropJobsOfKind(t, pool)
 	ctx := t.Context()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
+	// Each opens what the jobs are inserted through, and returns it with
+	// the commit that ends it: nil where the statement commits on its own.
+	dbtxs := []struct {
+		name string
+		open func(t *testing.T) (db.DBTX, func(context.Context) error)
+	}{
+		{"pool", func(*testing.T) (db.DBTX, func(context.Context) error) { return pool, nil }},
+		{"connection", func(t *testing.T) (db.DBTX, func(context.Context) error) { return connect(t, pool), nil }},
+		{"pgx.Tx", func(t *testing.T) (db.DBTX, func(context.Context) error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			return tx, tx.Commit
+		}},
+		{"client.Tx", func(t *testing.T) (db.DBTX, func(context.Context) error) {
+			tx, err := client.Begin(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			return tx, tx.Commit
+		}},
+	}
+	for _, d := range dbtxs {
+		t.Run(d.name, func(t *testing.T) {
+			dbtx, commit := d.open(t)
+			for _, key := range []*string{nil, ptr("dropped-" + d.name)} {
+				for _, delay := range []time.Duration{0, time.Hour} {
+					job := newJob(t, client.Request{Kind: dbtest.DroppedKind, Delay: ptr(delay), IdempotencyKey: key})
+					stored, _, err := client.Insert(ctx, dbtx, job)
+					var dropped *client.JobsDroppedError
+					want := client.JobsDroppedError{Stored: 0, Sent: 1, Committed: commit == nil}
+					if !errors.As(err, &dropped) || *dropped != want || stored.ID != 0 {
+						t.Errorf("key %v, delay %s: job %d, error %v; want %+v", show(key), delay, stored.ID, err, want)
+					}
+				}
+			}
+			if commit != nil {
+				if err := commit(ctx); err != nil {
+					t.Errorf("commit the transaction: %v", err)
+				}
+			}
+			if n := dbtest.CountJobs(t, pool); n != 0 {
+				t.Errorf("%d jobs stored, want none", n)
+			}
+		})
+	}
+}
+
+// TestInsert_ADroppedKeyedJobInATransactionBegunByHandIsARace inserts a
+// job with an idempotency key that a trigger drops on a connection on
+// which the caller began a transaction by hand, where Insert can set no
+// savepoint to send the insert that would tell a dropped job from a key
+// taken: it fails with ErrIdempotencyRace, as for a key whose job changed
+// as it ran, and leaves the transaction usable.
+func TestInsert_ADroppedKeyedJobInATransactionBegunByHandIsARace(t *testing.T) {
+	pool := dbtest.New(t)
+	dbtest.DropJobsOfKind(t, pool)
+	ctx := t.Context()
+	conn := connect(t, pool)
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	for _, tt := range []struct {
-		name      string
-		dbtx      db.DBTX
-		committed bool
-	}{{"pool", pool, true}, {"pgx.Tx", tx, false}} {
-		for _, delay := range []time.Duration{0, time.Hour} {
-			job := newJob(t, client.Request{Kind: dbtest.DroppedKind, Delay: ptr(delay)})
-			stored, _, err := client.Insert(ctx, tt.dbtx, job)
-			var dropped *client.JobsDroppedError
-			want := client.JobsDroppedError{Stored: 0, Sent: 1, Committed: tt.committed}
-			if !errors.As(err, &dropped) || *dropped != want || stored.ID != 0 {
-				t.Errorf("%s, delay %s: job %d, error %v; want %+v", tt.name, delay, stored.ID, err, want)
-			}
+	job := newJob(t, client.Request{Kind: dbtest.DroppedKind, IdempotencyKey: ptr("by-hand")})
+	if _, _, err := client.Insert(ctx, conn, job); !errors.Is(err, client.ErrIdempotencyRace) {
+		t.Errorf("error %v, want ErrIdempotencyRace", err)
+	}
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		t.Errorf("commit: %v", err)
+	}
+}
+
+// show prints an optional string.
+func show(s *string) string {
+	if s == nil {
+		return "none"
+	}
+	return strconv.Quote(*s)
+}
+
+// TestInsert_AKeyWhoseJobIsDeletedAsItIsReadIsTakenAnew inserts a job
+// under an idempotency key held by a job that is deleted right after the
+// insert found the key taken, before Insert reads the job holding it
+// (dbtest.FreeKeyAfterEachInsert), through a pool and the caller's
+// transactions. Where nothing takes the key meanwhile, Insert stores its
+// job, and through a pool announces it once, after its commit. Where a job the same as Insert's takes the key again before each
+// insert (dbtest.TakeKeyBeforeEachInsert), Insert's own insert finds it
+// taken, by a unique violation, and Insert replays that job. Where the
+// key changes hands at every insert, so that it is taken and no job
+// holds it when read, Insert gives up with ErrIdempotencyRace. A
+// transaction of the caller's goes on and commits in each case: the
+// unique violation did not fail it.
+func TestInsert_AKeyWhoseJobIsDeletedAsItIsReadIsTakenAnew(t *testing.T) {
+	const key = "vanishing"
+	for _, tc := range []struct {
+		name string
+		// takenBy is the kind of the job that takes the key before each
+		// insert: none where nothing does.
+		takenBy  string
+		replayed bool
+		race     bool
+	}{
+		{name: "free", takenBy: ""},
+		{name: "taken again by the same job", takenBy: "k", replayed: true},
+		{name: "taken at every insert", takenBy: "holder", race: true},
+	} {
+		for _, through := range []string{"pool", "pgx.Tx", "client.Tx"} {
+			t.Run(tc.name+"/"+through, func(t *testing.T) {
+				pool := dbtest.New(t)
+				ctx := t.Context()
+				holder, _, err := client.Insert(ctx, pool, newJob(t, client.Request{Kind: "holder", IdempotencyKey: ptr(key)}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				dbtest.FreeKeyAfterEachInsert(t, pool, key, "holder")
+				if tc.takenBy != "" {
+					dbtest.TakeKeyBeforeEachInsert(t, pool, key, tc.takenBy)
+				}
+				var dbtx db.DBTX = pool
+				var commit func(context.Context) error
+				switch through {
+				case "pgx.Tx":
+					tx, err := pool.Begin(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+					dbtx, commit = tx, tx.Commit
+				case "client.Tx":
+					tx, err := client.Begin(ctx, pool)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+					dbtx, commit = tx, tx.Commit
+				}
+
+				// announced says whether Insert stores a job through a pool,
+				// which is its to announce once committed.
+				announced := through == "pool" && tc.takenBy == ""
+				var listener *pgx.Conn
+				if announced {
+					listener, _ = dbtest.Listen(t, pool, "default")
+				}
+				stored, replayed, err := client.Insert(ctx, dbtx, newJob(t, client.Request{Kind: "k", IdempotencyKey: ptr(key)}))
+				switch {
+				case tc.race:
+					if !errors.Is(err, client.ErrIdempotencyRace) {
+						t.Fatalf("job %d, replayed %t, error %v; want ErrIdempotencyRace", stored.ID, replayed, err)
+					}
+				case err != nil:
+					t.Fatal(err)
+				case replayed != tc.replayed || stored.Kind != "k" || stored.ID == holder.ID || stored.IdempotencyKey == nil || *stored.IdempotencyKey != key:
+					t.Fatalf("job %d of kind %s, key %s, replayed %t; want a job of kind k under key %q, replayed %t, not the deleted job %d",
+						stored.ID, stored.Kind, show(stored.IdempotencyKey), replayed, key, tc.replayed, holder.ID)
+				}
+				if commit != nil {
+					if err := commit(ctx); err != nil {
+						t.Fatalf("commit the transaction: %v", err)
+					}
+				}
+				if announced {
+					if heard := dbtest.Heard(t, ctx, listener); len(heard) != 1 {
+						t.Errorf("heard %d notifications of the job stored, want 1", len(heard))
+					}
+				}
+				held, err := db.New(pool).JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{Queue: "default", IdempotencyKey: ptr(key)})
+				switch {
+				case tc.race:
+					if !errors.Is(err, pgx.ErrNoRows) {
+						t.Errorf("key held by job %d of kind %s (error %v), want by none", held.ID, held.Kind, err)
+					}
+				case err != nil || held.ID != stored.ID:
+					t.Errorf("key held by job %d (error %v), want by job %d", held.ID, err, stored.ID)
+				}
+			})
 		}
 	}
 }

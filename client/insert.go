@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
@@ -19,11 +20,15 @@ var ErrIdempotencyConflict = errors.New("idempotency key was already used in thi
 
 // ErrIdempotencyRace is returned by Insert when the job holding the key was
 // deleted each time between the insert that found the key taken and the
-// read of that job. Trying again is safe.
+// read of that job, and another job took the key again before Insert's own
+// insert. Trying again is safe. In a transaction in which Insert cannot
+// set a savepoint (see Insert), it is also the error of a job that a
+// trigger drops.
 var ErrIdempotencyRace = errors.New("the job holding this idempotency key changed while the enqueue ran; try again")
 
 // idempotencyAttempts bounds how often Insert retries when its insert found
-// the key taken but the job holding it was gone by the time it was read.
+// the key taken but the job holding it was gone by the time it was read,
+// and the key was taken again by the time it inserted once more.
 const idempotencyAttempts = 3
 
 // Insert stores job (JobInsert) and returns it, with replayed false. With
@@ -33,6 +38,25 @@ const idempotencyAttempts = 3
 // since a delay is relative to each request), it returns that job with
 // replayed true, and otherwise ErrIdempotencyConflict. dbtx may be a
 // transaction of the caller's.
+//
+// An insert that stores nothing for a key taken (ON CONFLICT DO NOTHING)
+// cannot tell that apart from a BEFORE INSERT trigger on the jobs table
+// that returns NULL for the job. So where the job holding the key is gone
+// by the time Insert reads it, as it would be had it been deleted in
+// between, Insert sends the insert once more without ON CONFLICT
+// (JobInsertStrict): a job it stores is returned, as new; a unique
+// violation on the key says that a job took the key again, and Insert
+// starts over, up to idempotencyAttempts times in all before it fails
+// with ErrIdempotencyRace; no row and no error says that a trigger
+// dropped the job, and Insert fails with a JobsDroppedError, as for a job
+// without a key (such a trigger has seen the job twice). A unique
+// violation fails the transaction it comes in, so Insert sends that
+// insert only where it commits on its own, or in a pgx.Tx (a Tx too)
+// under a savepoint, which it rolls back to on an error, so that the
+// caller's transaction goes on as it was. On a connection on which the
+// caller began a transaction by hand, or through a DBTX of another kind,
+// it can set no savepoint, and a job a trigger drops fails with
+// ErrIdempotencyRace, as for a key that kept changing hands.
 //
 // A job stored in a transaction of the caller's is announced to its queue's
 // workers when that transaction commits, if its run_at was not after the
@@ -72,7 +96,7 @@ const idempotencyAttempts = 3
 // PostgreSQL answered it with an error, which rolled it back, it found
 // the idempotency key taken (ErrIdempotencyConflict, ErrIdempotencyRace,
 // or the job holding the key could not be read), or a trigger or rule on
-// the jobs table dropped a job without a key (a JobsDroppedError). In a
+// the jobs table dropped the job (a JobsDroppedError). In a
 // transaction, nothing is stored before that transaction commits, and an
 // error is returned as it came.
 func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed bool, err error) {
@@ -119,47 +143,114 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 			}
 			return err
 		})
-		if err == nil {
-			if inTx {
-				tx.due.add(stored.Queue, stored.RunAt)
-			} else if len(own) > 0 {
-				// Stored and committed: if the announcement fails, as when
-				// ctx has ended, the workers find the job at their next
-				// poll, and the enqueue has not failed.
-				_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error {
-					return db.New(d).JobAnnounce(ctx, db.JobAnnounceParams{Queue: stored.Queue, RunAt: stored.RunAt})
-				})
-			}
-			return stored, false, nil
-		}
 		if errors.Is(err, pgx.ErrNoRows) && job.IdempotencyKey == nil {
 			// Only a trigger or rule on the jobs table drops a job
 			// without a key.
 			err = &JobsDroppedError{Stored: 0, Sent: 1, Committed: ownCommit}
 		}
-		if !errors.Is(err, pgx.ErrNoRows) || job.IdempotencyKey == nil {
-			return db.Job{}, false, fmt.Errorf("insert job: %w", err)
-		}
-		var existing db.Job
-		err = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
-			existing, err = db.New(d).JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{
-				Queue:          job.Queue,
-				IdempotencyKey: job.IdempotencyKey,
-			})
-			return err
-		})
 		if errors.Is(err, pgx.ErrNoRows) {
-			continue // deleted between the two statements: try again
+			var existing db.Job
+			err = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) (err error) {
+				existing, err = db.New(d).JobGetByIdempotencyKey(ctx, db.JobGetByIdempotencyKeyParams{
+					Queue:          job.Queue,
+					IdempotencyKey: job.IdempotencyKey,
+				})
+				return err
+			})
+			if err == nil {
+				if !sameJob(existing, job) {
+					return existing, false, ErrIdempotencyConflict
+				}
+				return existing, true, nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return db.Job{}, false, fmt.Errorf("get the job holding idempotency key %q: %w", *job.IdempotencyKey, err)
+			}
+			// No job holds the key: the one that did was deleted since
+			// the insert, or a trigger dropped the job.
+			stored, err = insertStrict(ctx, dbtx, ownCommit, params)
+			switch {
+			case errors.Is(err, errKeyTaken), errors.Is(err, errNoSavepoint):
+				continue
+			case errors.Is(err, pgx.ErrNoRows):
+				err = &JobsDroppedError{Stored: 0, Sent: 1, Committed: ownCommit}
+			}
 		}
 		if err != nil {
-			return db.Job{}, false, fmt.Errorf("get the job holding idempotency key %q: %w", *job.IdempotencyKey, err)
+			return db.Job{}, false, fmt.Errorf("insert job: %w", err)
 		}
-		if !sameJob(existing, job) {
-			return existing, false, ErrIdempotencyConflict
+		if inTx {
+			tx.due.add(stored.Queue, stored.RunAt)
+		} else if len(own) > 0 {
+			// Stored and committed: if the announcement fails, as when
+			// ctx has ended, the workers find the job at their next
+			// poll, and the enqueue has not failed.
+			_ = againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error {
+				return db.New(d).JobAnnounce(ctx, db.JobAnnounceParams{Queue: stored.Queue, RunAt: stored.RunAt})
+			})
 		}
-		return existing, true, nil
+		return stored, false, nil
 	}
 	return db.Job{}, false, fmt.Errorf("insert job with idempotency key %q: %w", *job.IdempotencyKey, ErrIdempotencyRace)
+}
+
+// idempotencyKeyIndex is the unique index that holds each queue's
+// idempotency keys (migrations/00001).
+const idempotencyKeyIndex = "jobs_idempotency_key_idx"
+
+// errKeyTaken is insertStrict's error where a job holds the key.
+var errKeyTaken = errors.New("a job holds the idempotency key")
+
+// errNoSavepoint is insertStrict's error where dbtx is a transaction that
+// it cannot set a savepoint in.
+var errNoSavepoint = errors.New("no savepoint can be set in this transaction")
+
+// insertStrict stores a job with an idempotency key that JobInsert
+// stored nothing of and whose key no job held when read next, by
+// JobInsertStrict, and returns it. It fails with errKeyTaken where a job
+// holds the key again, and with pgx.ErrNoRows where, as no job held the
+// key, a trigger on the jobs table dropped the job. A unique violation
+// fails the transaction it comes in, so insertStrict sends the statement
+// only where that transaction is its own (ownCommit), its stale statement
+// sent once more as JobInsert's is, or in a pgx.Tx (a Tx too) under a
+// savepoint, rolled back to on any error, which leaves the caller's
+// transaction as it was. In any other transaction, as on a connection on
+// which the caller began one by hand, it sends nothing and fails with
+// errNoSavepoint.
+func insertStrict(ctx context.Context, dbtx db.DBTX, ownCommit bool, params db.JobInsertParams) (db.Job, error) {
+	var stored db.Job
+	insert := func(d db.DBTX) (err error) {
+		stored, err = db.New(d).JobInsertStrict(ctx, db.JobInsertStrictParams(params))
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == idempotencyKeyIndex {
+			return fmt.Errorf("%w: %w", errKeyTaken, err)
+		}
+		return err
+	}
+	if ownCommit {
+		err := againIfStale(ctx, dbtx, ownCommit, func(d db.DBTX) error { return outcome(insert(d)) })
+		return stored, err
+	}
+	tx, ok := dbtx.(pgx.Tx)
+	if !ok {
+		return db.Job{}, errNoSavepoint
+	}
+	savepoint, err := tx.Begin(ctx)
+	if err != nil {
+		return db.Job{}, fmt.Errorf("set a savepoint: %w", err)
+	}
+	err = insert(savepoint)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if rbErr := savepoint.Rollback(ctx); rbErr != nil {
+			return db.Job{}, fmt.Errorf("%w (and roll back to its savepoint: %v)", err, rbErr)
+		}
+		return db.Job{}, err
+	}
+	// Stored, or dropped by a trigger, whose work is the caller's
+	// transaction's as a statement's own would be.
+	if relErr := savepoint.Commit(ctx); relErr != nil {
+		return db.Job{}, fmt.Errorf("release a savepoint: %w", relErr)
+	}
+	return stored, err
 }
 
 // commitsOnItsOwn reports whether a statement run through dbtx commits on

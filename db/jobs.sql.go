@@ -548,6 +548,80 @@ func (q *Queries) JobInsertMany(ctx context.Context, arg JobInsertManyParams) ([
 	return items, nil
 }
 
+const jobInsertStrict = `-- name: JobInsertStrict :one
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN $9::boolean THEN 'after_commit' ELSE '' END, true)
+)
+INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
+SELECT $1::text, $2::text, $3::jsonb, $4::smallint, $5::integer,
+       COALESCE($6::timestamptz, now() + interval '1 millisecond' * $7::bigint),
+       $8::text
+FROM announce
+RETURNING id, queue, kind, payload, priority, state, attempt, max_attempts, fence, run_at, lease_token, lease_expires_at, leased_by, cancel_requested_at, created_at, started_at, finished_at, last_error, errors, result, idempotency_key, lease_session, error_count
+`
+
+type JobInsertStrictParams struct {
+	Queue               string
+	Kind                string
+	Payload             []byte
+	Priority            int16
+	MaxAttempts         int32
+	RunAt               *time.Time
+	DelayMs             int64
+	IdempotencyKey      *string
+	AnnounceAfterCommit bool
+}
+
+// Inserts one job as JobInsert does, without ON CONFLICT: a key the queue
+// already holds fails it with a unique violation on
+// jobs_idempotency_key_idx, waiting first, as JobInsert does, for a
+// transaction still storing a job under the key. It follows a JobInsert
+// that returned no row where JobGetByIdempotencyKey then found no job
+// holding the key: the violation says that a job holds the key again,
+// while no row and no error says that a BEFORE INSERT trigger on the jobs
+// table returned NULL for the job, which JobInsert's DO NOTHING cannot
+// tell apart from a key taken.
+func (q *Queries) JobInsertStrict(ctx context.Context, arg JobInsertStrictParams) (Job, error) {
+	row := q.db.QueryRow(ctx, jobInsertStrict,
+		arg.Queue,
+		arg.Kind,
+		arg.Payload,
+		arg.Priority,
+		arg.MaxAttempts,
+		arg.RunAt,
+		arg.DelayMs,
+		arg.IdempotencyKey,
+		arg.AnnounceAfterCommit,
+	)
+	var i Job
+	err := row.Scan(
+		&i.ID,
+		&i.Queue,
+		&i.Kind,
+		&i.Payload,
+		&i.Priority,
+		&i.State,
+		&i.Attempt,
+		&i.MaxAttempts,
+		&i.Fence,
+		&i.RunAt,
+		&i.LeaseToken,
+		&i.LeaseExpiresAt,
+		&i.LeasedBy,
+		&i.CancelRequestedAt,
+		&i.CreatedAt,
+		&i.StartedAt,
+		&i.FinishedAt,
+		&i.LastError,
+		&i.Errors,
+		&i.Result,
+		&i.IdempotencyKey,
+		&i.LeaseSession,
+		&i.ErrorCount,
+	)
+	return i, err
+}
+
 const jobList = `-- name: JobList :many
 SELECT id, queue, kind, state, priority, attempt, max_attempts, fence, run_at, created_at, started_at, finished_at, leased_by, lease_expires_at, cancel_requested_at, last_error, error_count FROM job_summaries AS j
 WHERE j.id > (SELECT $1::bigint)

@@ -22,6 +22,26 @@ FROM announce
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
+-- name: JobInsertStrict :one
+-- Inserts one job as JobInsert does, without ON CONFLICT: a key the queue
+-- already holds fails it with a unique violation on
+-- jobs_idempotency_key_idx, waiting first, as JobInsert does, for a
+-- transaction still storing a job under the key. It follows a JobInsert
+-- that returned no row where JobGetByIdempotencyKey then found no job
+-- holding the key: the violation says that a job holds the key again,
+-- while no row and no error says that a BEFORE INSERT trigger on the jobs
+-- table returned NULL for the job, which JobInsert's DO NOTHING cannot
+-- tell apart from a key taken.
+WITH announce AS (
+    SELECT set_config('relay.announce', CASE WHEN @announce_after_commit::boolean THEN 'after_commit' ELSE '' END, true)
+)
+INSERT INTO jobs (queue, kind, payload, priority, max_attempts, run_at, idempotency_key)
+SELECT @queue::text, @kind::text, @payload::jsonb, @priority::smallint, @max_attempts::integer,
+       COALESCE(sqlc.narg(run_at)::timestamptz, now() + interval '1 millisecond' * @delay_ms::bigint),
+       sqlc.narg(idempotency_key)::text
+FROM announce
+RETURNING *;
+
 -- name: JobAnnounce :exec
 -- Tells the listeners of queue that a job became available there, as the
 -- jobs_notify_available trigger does at an insert's commit, for a job

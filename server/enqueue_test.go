@@ -675,40 +675,38 @@ func TestEnqueue_ConcurrentRequestsWithSameKeyCreateOneJob(t *testing.T) {
 	}
 }
 
-// TestEnqueue_RetriesWhenKeyedJobVanishes covers the race where the insert
-// finds the key taken but the job holding it is gone when read. A trigger
-// stands in for the job that vanished: it drops the first insert(s) with
-// the key 'ghost' silently, as ON CONFLICT DO NOTHING would.
-func TestEnqueue_RetriesWhenKeyedJobVanishes(t *testing.T) {
+// TestEnqueue_AKeyWhoseJobIsDeletedAsItIsReadIsTakenAnew covers the race
+// in which the insert finds the key taken but the job holding it is gone
+// when read: the request stores its job, 201.
+func TestEnqueue_AKeyWhoseJobIsDeletedAsItIsReadIsTakenAnew(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `
-		CREATE TABLE ghost_drops (n int NOT NULL);
-		INSERT INTO ghost_drops VALUES (1);
-		CREATE FUNCTION drop_ghost() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.idempotency_key = 'ghost' THEN
-				UPDATE ghost_drops SET n = n - 1 WHERE n > 0;
-				IF FOUND THEN RETURN NULL; END IF;
-			END IF;
-			IF NEW.idempotency_key = 'ghost-forever' THEN RETURN NULL; END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER drop_ghost BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION drop_ghost();`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wantStatus(t, e.do(t, "POST", "/v1/jobs", `{"kind":"holder"}`, "Idempotency-Key", "ghost"), http.StatusCreated)
+	dbtest.FreeKeyAfterEachInsert(t, e.pool, "ghost", "holder")
 	rec := e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "ghost")
 	wantStatus(t, rec, http.StatusCreated)
+	if got := decode[JobView](t, rec); got.Kind != "a" {
+		t.Errorf("answered with a job of kind %q, want the request's, a", got.Kind)
+	}
 	if n := dbtest.CountJobs(t, e.pool); n != 1 {
 		t.Errorf("%d jobs stored, want 1", n)
 	}
+}
 
-	rec = e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "ghost-forever")
-	wantError(t, rec, http.StatusServiceUnavailable, "")
-	if n := dbtest.CountJobs(t, e.pool); n != 1 {
-		t.Errorf("%d jobs stored, want 1", n)
+// TestEnqueue_AKeyThatChangesHandsAtEveryInsertIs503: where another job
+// takes the key at every insert and is gone by every read, the request is
+// a 503 that says to try again, and stores nothing.
+func TestEnqueue_AKeyThatChangesHandsAtEveryInsertIs503(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	dbtest.TakeKeyBeforeEachInsert(t, e.pool, "ghost", "holder")
+	dbtest.FreeKeyAfterEachInsert(t, e.pool, "ghost", "holder")
+	got := wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "ghost"), http.StatusServiceUnavailable, "")
+	if want := "the job holding this Idempotency-Key changed while the request ran; try again"; got.Error != want {
+		t.Errorf("error %q, want %q", got.Error, want)
+	}
+	if n := dbtest.CountJobs(t, e.pool); n != 0 {
+		t.Errorf("%d jobs stored, want none", n)
 	}
 }
 
@@ -733,18 +731,21 @@ func TestEnqueue_ConstraintViolationFromDatabaseIs400(t *testing.T) {
 // TestEnqueue_AJobATriggerDropsIsNotAnsweredAsStored installs a BEFORE
 // INSERT trigger of the user's that drops the jobs of one kind: a one-job
 // request of that kind is a 500 that says that its job was not stored,
-// and a batch that holds one a 500, with no ids, that says how many of
-// its jobs were stored; neither gives away the database's text.
+// with an Idempotency-Key too, every time it is sent, not a 503 that says
+// to try again; and a batch that holds one a 500, with no ids, that says
+// how many of its jobs were stored; none gives away the database's text.
 func TestEnqueue_AJobATriggerDropsIsNotAnsweredAsStored(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	dbtest.DropJobsOfKind(t, e.pool)
-	got := wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"`+dbtest.DroppedKind+`"}`), http.StatusInternalServerError, "")
-	if want := "the job was not stored: a trigger or rule on the jobs table dropped it"; got.Error != want {
-		t.Errorf("one job: error %q, want %q", got.Error, want)
+	for _, header := range [][]string{nil, {"Idempotency-Key", "dropped"}, {"Idempotency-Key", "dropped"}} {
+		got := wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"`+dbtest.DroppedKind+`"}`, header...), http.StatusInternalServerError, "")
+		if want := "the job was not stored: a trigger or rule on the jobs table dropped it"; got.Error != want {
+			t.Errorf("one job, headers %q: error %q, want %q", header, got.Error, want)
+		}
 	}
 	rec := e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"first"},{"kind":"`+dbtest.DroppedKind+`"},{"kind":"third"}]}`)
-	got = wantError(t, rec, http.StatusInternalServerError, "")
+	got := wantError(t, rec, http.StatusInternalServerError, "")
 	if want := "the database stored 2 of the 3 jobs, and a trigger or rule on the jobs table dropped the others"; !strings.HasPrefix(got.Error, want) {
 		t.Errorf("batch: error %q, want it to begin %q", got.Error, want)
 	}

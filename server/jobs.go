@@ -150,13 +150,16 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 // payload as JSON values, priority and max_attempts; run_at and delay are
 // not compared, since a delay is relative to the time of each request)
 // returns the original job with 200, and a different request under the same
-// key in the same queue is a 409. Jobs without a key are stored through
+// key in the same queue is a 409. A key
+// whose job changed hands at every try of client.Insert is a 503 that
+// says to try again. Jobs without a key are stored through
 // e, together with those of requests that arrive meanwhile. An insert
 // whose answer was lost (client.ErrOutcomeUnknown) is a 504: the job may
 // have been stored, and only a request with a key is safe to send again.
 // One whose statement the database stored fewer jobs of than it was sent,
 // as when a trigger or rule on the jobs table drops rows, is a 500 that
-// says whether the job may have been stored, and answers with no job.
+// says whether the job may have been stored, and answers with no job, a
+// job with a key too.
 func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBody int64) http.Handler {
 	return handleErrors(logger, func(w http.ResponseWriter, r *http.Request) error {
 		key, err := idempotencyKey(r)
