@@ -915,3 +915,90 @@ func TestInsert_AKeyWhoseJobIsDeletedAsItIsReadIsTakenAnew(t *testing.T) {
 		}
 	}
 }
+
+// TestInsert_WaitsForATransactionStoringAJobUnderItsKey holds an
+// idempotency key in a transaction of its own, which stored a job under
+// it and is still open, and inserts a job under the same key through a
+// pool: Insert waits for that transaction, and once it commits, returns
+// its job, replayed, or ErrIdempotencyConflict for a different job; once
+// it rolls back, stores its own job. A ctx that ends while Insert waits
+// fails it with ErrOutcomeUnknown: the insert was sent, and may yet store
+// the job once the transaction rolls back.
+func TestInsert_WaitsForATransactionStoringAJobUnderItsKey(t *testing.T) {
+	pool := dbtest.New(t)
+	for _, tc := range []struct {
+		name     string
+		kind     string // of the job Insert inserts under the key held by a job of kind "k"
+		cancel   bool   // Insert's ctx while it waits
+		commit   bool
+		replayed bool
+		err      error
+	}{
+		{name: "the same job, committed", kind: "k", commit: true, replayed: true},
+		{name: "a different job, committed", kind: "other", commit: true, err: client.ErrIdempotencyConflict},
+		{name: "rolled back", kind: "other", commit: false},
+		{name: "ctx ends first", kind: "k", cancel: true, err: client.ErrOutcomeUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			key := ptr(tc.name)
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			holder, _, err := client.Insert(ctx, tx, newJob(t, client.Request{Kind: "k", IdempotencyKey: key}))
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			type result struct {
+				job      db.Job
+				replayed bool
+				err      error
+			}
+			done := make(chan result, 1)
+			insertCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go func() {
+				job, replayed, err := client.Insert(insertCtx, pool, newJob(t, client.Request{Kind: tc.kind, IdempotencyKey: key}))
+				done <- result{job, replayed, err}
+			}()
+			dbtest.WaitForALockWaiter(t, pool)
+			select {
+			case r := <-done:
+				t.Fatalf("Insert returned job %d, replayed %t, error %v before the transaction holding its key ended", r.job.ID, r.replayed, r.err)
+			default:
+			}
+			var got result
+			if tc.cancel {
+				cancel()
+				got = <-done
+			}
+			if tc.commit {
+				err = tx.Commit(ctx)
+			} else {
+				err = tx.Rollback(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.cancel {
+				got = <-done
+			}
+
+			switch {
+			case tc.err != nil:
+				if !errors.Is(got.err, tc.err) {
+					t.Errorf("job %d, replayed %t, error %v; want %v", got.job.ID, got.replayed, got.err, tc.err)
+				}
+			case got.err != nil:
+				t.Errorf("error %v", got.err)
+			case tc.commit && (got.job.ID != holder.ID || got.replayed != tc.replayed):
+				t.Errorf("job %d, replayed %t; want job %d, replayed %t", got.job.ID, got.replayed, holder.ID, tc.replayed)
+			case !tc.commit && (got.job.ID == holder.ID || got.replayed || got.job.Kind != tc.kind):
+				t.Errorf("job %d of kind %s, replayed %t; want a new job of kind %s", got.job.ID, got.job.Kind, got.replayed, tc.kind)
+			}
+		})
+	}
+}

@@ -39,6 +39,14 @@ const idempotencyAttempts = 3
 // replayed true, and otherwise ErrIdempotencyConflict. dbtx may be a
 // transaction of the caller's.
 //
+// A key under which another transaction, still open, has stored a job
+// makes Insert wait until that transaction ends, as PostgreSQL's insert
+// waits for it: if it commits, Insert answers as for a key the queue
+// holds; if it rolls back, Insert stores its job. ctx bounds the wait:
+// if it ends first, through a pool or a connection with no transaction
+// open, the error wraps ErrOutcomeUnknown, since the insert, sent, may
+// yet store the job once that transaction rolls back.
+//
 // An insert that stores nothing for a key taken (ON CONFLICT DO NOTHING)
 // cannot tell that apart from a BEFORE INSERT trigger on the jobs table
 // that returns NULL for the job. So where the job holding the key is gone

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -672,6 +673,47 @@ func TestEnqueue_ConcurrentRequestsWithSameKeyCreateOneJob(t *testing.T) {
 	}
 	if got := dbtest.CountJobs(t, e.pool); got != 1 {
 		t.Errorf("%d jobs stored, want 1", got)
+	}
+}
+
+// TestEnqueue_ARequestWaitsForTheJobBeingStoredUnderItsKey holds an
+// Idempotency-Key in a transaction still open that stored a job under it,
+// as another enqueue does while it stores its job: a request with the same
+// key and job waits until that transaction commits, and then answers
+// with its job, 200.
+func TestEnqueue_ARequestWaitsForTheJobBeingStoredUnderItsKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := t.Context()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	key := "held"
+	job, err := client.Validate(client.Request{Kind: "a", IdempotencyKey: &key}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, _, err := client.Insert(ctx, tx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan *httptest.ResponseRecorder, 1)
+	go func() { answered <- e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "held") }()
+	dbtest.WaitForALockWaiter(t, e.pool)
+	select {
+	case rec := <-answered:
+		t.Fatalf("answered %d before the job holding its key was committed: %s", rec.Code, rec.Body)
+	default:
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := <-answered
+	wantStatus(t, rec, http.StatusOK)
+	if got := decode[JobView](t, rec); got.ID != held.ID {
+		t.Errorf("answered with job %d, want the one committed, %d", got.ID, held.ID)
 	}
 }
 

@@ -150,7 +150,10 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 // payload as JSON values, priority and max_attempts; run_at and delay are
 // not compared, since a delay is relative to the time of each request)
 // returns the original job with 200, and a different request under the same
-// key in the same queue is a 409. A key
+// key in the same queue is a 409. A request whose key another enqueue is
+// storing a job under, still uncommitted, waits for it to commit (then
+// 200 or 409) or roll back (then 201), for as long as dbTimeout allows,
+// past which it is the 504 of an insert whose answer was lost. A key
 // whose job changed hands at every try of client.Insert is a 503 that
 // says to try again. Jobs without a key are stored through
 // e, together with those of requests that arrive meanwhile. An insert
