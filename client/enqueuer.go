@@ -184,7 +184,7 @@ func NewEnqueuer(pool *pgxpool.Pool, cfg EnqueuerConfig) *Enqueuer {
 // once whatever happens is inserted, from its first attempt, with an
 // idempotency key, through the package's Insert. One that wraps
 // ErrJobsDropped (a JobsDroppedError) says that the database stored fewer
-// of the group's jobs than it was sent, as when a trigger or rule on the
+// of the group's jobs than it was sent, as when a trigger on the
 // jobs table drops rows: those it stored are committed, and since which
 // they are is not known, the job may be one of them unless it stored
 // none. Any other error says that nothing was stored: ctx's, a context

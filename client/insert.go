@@ -103,7 +103,7 @@ const idempotencyAttempts = 3
 // insert was not sent (ctx had ended, or no connection could be had),
 // PostgreSQL answered it with an error, which rolled it back, it found
 // the idempotency key taken (ErrIdempotencyConflict, ErrIdempotencyRace,
-// or the job holding the key could not be read), or a trigger or rule on
+// or the job holding the key could not be read), or a trigger on
 // the jobs table dropped the job (a JobsDroppedError). In a
 // transaction, nothing is stored before that transaction commits, and an
 // error is returned as it came.
@@ -152,7 +152,7 @@ func Insert(ctx context.Context, dbtx db.DBTX, job Job) (stored db.Job, replayed
 			return err
 		})
 		if errors.Is(err, pgx.ErrNoRows) && job.IdempotencyKey == nil {
-			// Only a trigger or rule on the jobs table drops a job
+			// Only a trigger on the jobs table drops a job
 			// without a key.
 			err = &JobsDroppedError{Stored: 0, Sent: 1, Committed: ownCommit}
 		}
@@ -316,7 +316,7 @@ func sameJob(j db.Job, job Job) bool {
 // answered with fewer jobs than it was sent (see JobsDroppedError), as when
 // a BEFORE INSERT trigger on the jobs table returns NULL for some rows, or
 // a rule rewrites the insert.
-var ErrJobsDropped = errors.New("a trigger or rule on the jobs table dropped rows")
+var ErrJobsDropped = errors.New("a trigger on the jobs table dropped rows")
 
 // JobsDroppedError is the error of an insert that the database answered
 // with fewer jobs than it was sent. Which of the jobs given were stored is
@@ -352,7 +352,7 @@ var ErrNoIdempotencyInBatch = errors.New("jobs inserted together take no idempot
 
 // InsertMany stores jobs in one statement (JobInsertMany), all or none, and
 // returns their ids in the order given; where the database stores fewer
-// than it was sent (a trigger or rule on the jobs table dropped rows),
+// than it was sent (a trigger on the jobs table dropped rows),
 // their ids no longer line up with the jobs, and InsertMany fails with a
 // JobsDroppedError. It takes from 1 to MaxBatchJobs jobs, none with an
 // idempotency key. dbtx may be a transaction of the caller's. The jobs

@@ -416,7 +416,7 @@ type JobInsertAllParams struct {
 // and returns them whole, in the order given: for the API, which stores
 // single-job requests that arrive together in one statement and answers
 // each with its job. As JobInsertMany's, its rows no longer line up with
-// the jobs given where a trigger or rule drops some, and the caller
+// the jobs given where a trigger drops some, and the caller
 // compares the counts.
 func (q *Queries) JobInsertAll(ctx context.Context, arg JobInsertAllParams) ([]Job, error) {
 	rows, err := q.db.Query(ctx, jobInsertAll,
@@ -508,7 +508,7 @@ type JobInsertManyParams struct {
 // TestInsertManyAndAll_AFullBatchComesBackJobForJobInTheOrderGiven checks a
 // full batch). Rows ordered explicitly, by position and then by id, were
 // measured slower (docs/experiments.md, "The order of a batch's ids"). A
-// trigger or rule on the jobs table that drops rows makes it return fewer
+// trigger on the jobs table that drops rows makes it return fewer
 // ids than it was given, which no longer line up with the jobs: the caller
 // compares the counts (client.JobsDroppedError). A run_at of year 1 (the
 // zero time.Time) means delay_ms

@@ -782,13 +782,13 @@ func TestEnqueue_AJobATriggerDropsIsNotAnsweredAsStored(t *testing.T) {
 	dbtest.DropJobsOfKind(t, e.pool)
 	for _, header := range [][]string{nil, {"Idempotency-Key", "dropped"}, {"Idempotency-Key", "dropped"}} {
 		got := wantError(t, e.do(t, "POST", "/v1/jobs", `{"kind":"`+dbtest.DroppedKind+`"}`, header...), http.StatusInternalServerError, "")
-		if want := "the job was not stored: a trigger or rule on the jobs table dropped it"; got.Error != want {
+		if want := "the job was not stored: a trigger on the jobs table dropped it"; got.Error != want {
 			t.Errorf("one job, headers %q: error %q, want %q", header, got.Error, want)
 		}
 	}
 	rec := e.do(t, "POST", "/v1/jobs/batch", `{"jobs":[{"kind":"first"},{"kind":"`+dbtest.DroppedKind+`"},{"kind":"third"}]}`)
 	got := wantError(t, rec, http.StatusInternalServerError, "")
-	if want := "the database stored 2 of the 3 jobs, and a trigger or rule on the jobs table dropped the others"; !strings.HasPrefix(got.Error, want) {
+	if want := "the database stored 2 of the 3 jobs, and a trigger on the jobs table dropped the others"; !strings.HasPrefix(got.Error, want) {
 		t.Errorf("batch: error %q, want it to begin %q", got.Error, want)
 	}
 	if strings.Contains(rec.Body.String(), `"ids"`) {

@@ -59,7 +59,7 @@ func outcomeUnknown(msg string, err error) *apiError {
 
 // jobsDropped answers with a 500 an enqueue that the database stored
 // fewer jobs of than it was sent (client.JobsDroppedError), as when a
-// trigger or rule on the jobs table drops rows: no job is answered as
+// trigger on the jobs table drops rows: no job is answered as
 // stored, since which were is not known, and msg says what became of
 // them.
 func jobsDropped(msg string, err error) *apiError {

@@ -160,7 +160,7 @@ func dbContext(r *http.Request) (context.Context, context.CancelFunc) {
 // whose answer was lost (client.ErrOutcomeUnknown) is a 504: the job may
 // have been stored, and only a request with a key is safe to send again.
 // One whose statement the database stored fewer jobs of than it was sent,
-// as when a trigger or rule on the jobs table drops rows, is a 500 that
+// as when a trigger on the jobs table drops rows, is a 500 that
 // says whether the job may have been stored, and answers with no job, a
 // job with a key too.
 func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBody int64) http.Handler {
@@ -201,9 +201,9 @@ func handleEnqueue(logger *slog.Logger, dbtx db.DBTX, e *client.Enqueuer, maxBod
 			return outcomeUnknown("the job may have been stored, and a retry stores it again (a request with an Idempotency-Key can be retried safely)", err)
 		case errors.As(err, &dropped):
 			if dropped.Stored == 0 {
-				return jobsDropped("the job was not stored: a trigger or rule on the jobs table dropped it", err)
+				return jobsDropped("the job was not stored: a trigger on the jobs table dropped it", err)
 			}
-			return jobsDropped("the job may have been stored: a trigger or rule on the jobs table dropped some of the jobs stored in one statement with it, and which is not known", err)
+			return jobsDropped("the job may have been stored: a trigger on the jobs table dropped some of the jobs stored in one statement with it, and which is not known", err)
 		case errors.Is(err, client.ErrIdempotencyRace):
 			return &apiError{
 				status: http.StatusServiceUnavailable,
@@ -293,9 +293,9 @@ func handleEnqueueBatch(logger *slog.Logger, dbtx db.DBTX, maxBody int64) http.H
 		}
 		if dropped := (*client.JobsDroppedError)(nil); errors.As(err, &dropped) {
 			if dropped.Stored == 0 {
-				return jobsDropped("no job was stored: a trigger or rule on the jobs table dropped them", err)
+				return jobsDropped("no job was stored: a trigger on the jobs table dropped them", err)
 			}
-			return jobsDropped(fmt.Sprintf("the database stored %d of the %d jobs, and a trigger or rule on the jobs table dropped the others: those stored are committed, and which they are is not known", dropped.Stored, dropped.Sent), err)
+			return jobsDropped(fmt.Sprintf("the database stored %d of the %d jobs, and a trigger on the jobs table dropped the others: those stored are committed, and which they are is not known", dropped.Stored, dropped.Sent), err)
 		}
 		if err != nil {
 			return err
