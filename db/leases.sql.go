@@ -671,16 +671,25 @@ func (q *Queries) JobHeldElsewhere(ctx context.Context, ids []int64) ([]JobHeldE
 }
 
 const jobReclaim = `-- name: JobReclaim :many
-WITH ended_sessions AS MATERIALIZED (
+WITH live_sessions AS MATERIALIZED (
+    SELECT l.session_key FROM worker_sessions_live AS l
+),
+ended_sessions AS MATERIALIZED (
     SELECT s.session_key
     FROM worker_sessions AS s
-    WHERE NOT EXISTS (SELECT 1 FROM worker_sessions_live AS l WHERE l.session_key = s.session_key)
+    WHERE NOT EXISTS (SELECT 1 FROM live_sessions AS l WHERE l.session_key = s.session_key)
+),
+fleet AS (
+    SELECT count(*)::integer AS live,
+           count(*) FILTER (WHERE s.queue = $2::text)::integer AS live_in_queue
+    FROM live_sessions AS l
+    LEFT JOIN worker_sessions AS s ON s.session_key = l.session_key
 ),
 candidates AS (
     SELECT e.id FROM jobs AS e
     WHERE e.lease_token IS NOT NULL
       AND e.lease_expires_at <= now()
-      AND e.lease_expires_at > COALESCE($2::timestamptz, '-infinity')
+      AND e.lease_expires_at > COALESCE($3::timestamptz, '-infinity')
     UNION
     (SELECT r.id FROM jobs AS r
      WHERE r.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es))
@@ -692,7 +701,7 @@ candidates AS (
     -- either condition implies (see abandoned), is not named, lest the
     -- planner read every expired entry of the index over leases instead.
     SELECT h.id FROM jobs AS h
-    WHERE h.id = ANY ($3::bigint[])
+    WHERE h.id = ANY ($4::bigint[])
       AND (h.lease_expires_at <= now() OR h.lease_session = ANY (ARRAY(SELECT es.session_key FROM ended_sessions AS es)))
 ),
 abandoned AS (
@@ -741,8 +750,8 @@ taken AS (
     RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
 )
 SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, l.left_ids,
-       now()::timestamptz AS reclaimed_at
-FROM (
+       now()::timestamptz AS reclaimed_at, f.live, f.live_in_queue
+FROM fleet AS f, (
     SELECT COALESCE(array_agg(x.id), '{}')::bigint[] AS left_ids
     FROM (
         SELECT c.id FROM candidates AS c
@@ -758,6 +767,7 @@ LEFT JOIN taken AS t ON true
 
 type JobReclaimParams struct {
 	MaxJobs      int32
+	Queue        string
 	ExpiredSince *time.Time
 	RecheckIDs   []int64
 }
@@ -770,6 +780,8 @@ type JobReclaimRow struct {
 	LastError   *string
 	LeftIDs     []int64
 	ReclaimedAt time.Time
+	Live        int32
+	LiveInQueue int32
 }
 
 // Takes back up to max_jobs running jobs whose worker can no longer finish
@@ -794,14 +806,18 @@ type JobReclaimRow struct {
 // as recheck_ids to its next reclaims, which look each up by id, however
 // long ago its lease expired, until it is taken or no longer abandoned.
 // Every row also says when the statement ran (reclaimed_at, the
-// database's now()).
+// database's now()), and how many worker sessions were live then (live),
+// and how many of those work on queue (live_in_queue), as WorkerFleetCount
+// counts them: a worker spaces its reclaims by that count (fleetInterval),
+// and learns it at every reclaim without a statement of its own.
 //
-// Whether a session ended is read from one scan of pg_locks per statement.
-// A session counts as ended only if it was registered when this statement
-// took its snapshot (so its lock was taken before the scan) and its lock
-// is gone: then it has ended for good. A job is judged by its own session
-// alone, so nothing another session of the same worker id does, before or
-// during this statement, can make a live claim look abandoned.
+// Whether a session ended is read from one scan of pg_locks per statement,
+// which the count reads too. A session counts as ended only if it was
+// registered when this statement took its snapshot (so its lock was taken
+// before the scan) and its lock is gone: then it has ended for good. A job
+// is judged by its own session alone, so nothing another session of the
+// same worker id does, before or during this statement, can make a live
+// claim look abandoned.
 // The jobs to look at, found by index: those whose lease expired, and
 // those of the ended sessions (one lookup of jobs_lease_session_key_idx
 // for all of them, with its limit), so that the statement never scans
@@ -826,7 +842,12 @@ type JobReclaimRow struct {
 // its state, so that each lookup can only read the index over those
 // columns (see migrations/00009).
 func (q *Queries) JobReclaim(ctx context.Context, arg JobReclaimParams) ([]JobReclaimRow, error) {
-	rows, err := q.db.Query(ctx, jobReclaim, arg.MaxJobs, arg.ExpiredSince, arg.RecheckIDs)
+	rows, err := q.db.Query(ctx, jobReclaim,
+		arg.MaxJobs,
+		arg.Queue,
+		arg.ExpiredSince,
+		arg.RecheckIDs,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -842,6 +863,8 @@ func (q *Queries) JobReclaim(ctx context.Context, arg JobReclaimParams) ([]JobRe
 			&i.LastError,
 			&i.LeftIDs,
 			&i.ReclaimedAt,
+			&i.Live,
+			&i.LiveInQueue,
 		); err != nil {
 			return nil, err
 		}

@@ -40,7 +40,8 @@ type WorkerFleetCountRow struct {
 
 // Counts the worker sessions alive now, from one scan of pg_locks: all of
 // them, which share the reclaims and the look at the planner's
-// statistics, and those working on queue, which share its polls.
+// statistics, and those working on queue, which share its polls. A
+// worker counts them as JobReclaim does, in its reclaims.
 func (q *Queries) WorkerFleetCount(ctx context.Context, queue string) (WorkerFleetCountRow, error) {
 	row := q.db.QueryRow(ctx, workerFleetCount, queue)
 	var i WorkerFleetCountRow

@@ -445,18 +445,31 @@ RETURNING j.id;
 -- as recheck_ids to its next reclaims, which look each up by id, however
 -- long ago its lease expired, until it is taken or no longer abandoned.
 -- Every row also says when the statement ran (reclaimed_at, the
--- database's now()).
+-- database's now()), and how many worker sessions were live then (live),
+-- and how many of those work on queue (live_in_queue), as WorkerFleetCount
+-- counts them: a worker spaces its reclaims by that count (fleetInterval),
+-- and learns it at every reclaim without a statement of its own.
 --
--- Whether a session ended is read from one scan of pg_locks per statement.
--- A session counts as ended only if it was registered when this statement
--- took its snapshot (so its lock was taken before the scan) and its lock
--- is gone: then it has ended for good. A job is judged by its own session
--- alone, so nothing another session of the same worker id does, before or
--- during this statement, can make a live claim look abandoned.
-WITH ended_sessions AS MATERIALIZED (
+-- Whether a session ended is read from one scan of pg_locks per statement,
+-- which the count reads too. A session counts as ended only if it was
+-- registered when this statement took its snapshot (so its lock was taken
+-- before the scan) and its lock is gone: then it has ended for good. A job
+-- is judged by its own session alone, so nothing another session of the
+-- same worker id does, before or during this statement, can make a live
+-- claim look abandoned.
+WITH live_sessions AS MATERIALIZED (
+    SELECT l.session_key FROM worker_sessions_live AS l
+),
+ended_sessions AS MATERIALIZED (
     SELECT s.session_key
     FROM worker_sessions AS s
-    WHERE NOT EXISTS (SELECT 1 FROM worker_sessions_live AS l WHERE l.session_key = s.session_key)
+    WHERE NOT EXISTS (SELECT 1 FROM live_sessions AS l WHERE l.session_key = s.session_key)
+),
+fleet AS (
+    SELECT count(*)::integer AS live,
+           count(*) FILTER (WHERE s.queue = @queue::text)::integer AS live_in_queue
+    FROM live_sessions AS l
+    LEFT JOIN worker_sessions AS s ON s.session_key = l.session_key
 ),
 -- The jobs to look at, found by index: those whose lease expired, and
 -- those of the ended sessions (one lookup of jobs_lease_session_key_idx
@@ -546,8 +559,8 @@ taken AS (
     RETURNING j.id, j.state, j.attempt, j.leased_by, j.last_error
 )
 SELECT t.id, t.state, t.attempt, t.leased_by, t.last_error, l.left_ids,
-       now()::timestamptz AS reclaimed_at
-FROM (
+       now()::timestamptz AS reclaimed_at, f.live, f.live_in_queue
+FROM fleet AS f, (
     SELECT COALESCE(array_agg(x.id), '{}')::bigint[] AS left_ids
     FROM (
         SELECT c.id FROM candidates AS c

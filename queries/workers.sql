@@ -179,7 +179,8 @@ SELECT s.session_key FROM worker_sessions AS s ORDER BY s.session_key;
 -- name: WorkerFleetCount :one
 -- Counts the worker sessions alive now, from one scan of pg_locks: all of
 -- them, which share the reclaims and the look at the planner's
--- statistics, and those working on queue, which share its polls.
+-- statistics, and those working on queue, which share its polls. A
+-- worker counts them as JobReclaim does, in its reclaims.
 SELECT count(*)::integer AS live,
        count(*) FILTER (WHERE s.queue = @queue::text)::integer AS live_in_queue
 FROM worker_sessions_live AS l

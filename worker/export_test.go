@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -15,14 +14,6 @@ func (w *Worker) FleetSize() int32 { return w.fleet.Load() }
 // QueueFleetSize returns how many live workers on its queue w last
 // counted, zero before it has.
 func (w *Worker) QueueFleetSize() int32 { return w.queueFleet.Load() }
-
-// SetFleetCountEvery makes workers count the live workers every d until
-// the test ends.
-func SetFleetCountEvery(t testing.TB, d time.Duration) {
-	old := fleetCountEvery
-	fleetCountEvery = d
-	t.Cleanup(func() { fleetCountEvery = old })
-}
 
 // Told reports whether w is told of its queue's new jobs: whether its
 // session listens for them.

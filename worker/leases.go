@@ -449,15 +449,17 @@ func (l leases) release(ctx context.Context, execs []*execution, note *string, r
 // reclaim takes back up to DefaultReclaimBatch jobs of dead workers and
 // expired leases (JobReclaim), those whose lease expired after since (a
 // time by the database's clock) or, when it is nil, all of them, and
-// those of recheck still abandoned; wakes the dispatcher if it took any,
-// and returns how many it took, the jobs it found abandoned but left,
-// their rows held by another transaction, and when it ran, by the
-// database's clock.
+// those of recheck still abandoned; records the live workers it counted,
+// in all and on the worker's queue (Worker.fleet, Worker.queueFleet);
+// wakes the dispatcher if it took any jobs, and returns how many it took,
+// the jobs it found abandoned but left, their rows held by another
+// transaction, and when it ran, by the database's clock. A reclaim that
+// fails keeps the last count.
 func (l leases) reclaim(ctx context.Context, since *time.Time, recheck []int64) (taken int, left []int64, ran time.Time, err error) {
 	w := l.w
 	rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
 	defer cancel()
-	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch, ExpiredSince: since, RecheckIDs: recheck}
+	params := db.JobReclaimParams{MaxJobs: DefaultReclaimBatch, Queue: w.cfg.Queue, ExpiredSince: since, RecheckIDs: recheck}
 	rows, err := l.q.JobReclaim(rctx, params)
 	if err != nil {
 		// One that ran out of time is logged too; one cut short by the
@@ -469,6 +471,8 @@ func (l leases) reclaim(ctx context.Context, since *time.Time, recheck []int64) 
 	}
 	for _, r := range rows {
 		left, ran = r.LeftIDs, r.ReclaimedAt
+		w.fleet.Store(r.Live)
+		w.queueFleet.Store(r.LiveInQueue)
 		if r.ID == nil {
 			continue // the row that stands for none taken
 		}

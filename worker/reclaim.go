@@ -19,10 +19,15 @@ type reclaimer struct {
 }
 
 // run takes back the jobs of dead workers and expired leases every
-// ReclaimInterval (longer in a large fleet, see fleetInterval), now and
-// then forgets the sessions that ended (forgetEnded), and counts the
-// live workers at start, every fleetCountEvery, and soon after a round
-// that suggests the fleet shrank (see recountDue).
+// ReclaimInterval (longer in a large fleet, see fleetInterval), and now
+// and then forgets the sessions that ended (forgetEnded). Each reclaim
+// also counts the live workers (JobReclaim), which spaces the next: a
+// survivor of a large fleet that mostly died waits the small fleet's
+// interval from its next round on, whatever that round found to take
+// back, so that the jobs of workers that die after that come back as
+// fast as in any fleet of its size. The count costs the fleet no
+// statement of its own, and no read of the server's lock table but the
+// one the reclaim makes.
 func (r reclaimer) run(ctx context.Context) {
 	w := r.w
 	window := newReclaimWindow()
@@ -30,7 +35,6 @@ func (r reclaimer) run(ctx context.Context) {
 	// take, their rows held by another transaction: the next reclaims look
 	// each up by id, whatever their window, until it is taken.
 	var left []int64
-	var counted time.Time
 	for round := 0; ; round++ {
 		select {
 		case <-ctx.Done():
@@ -40,12 +44,8 @@ func (r reclaimer) run(ctx context.Context) {
 		if round%fullReclaimEvery == 0 {
 			window.forget()
 		}
-		// shrank: this round took back jobs, or forgot sessions, of
-		// workers that may have ended.
-		shrank := false
 		for {
 			n, stillLeft, ran, err := w.leases.reclaim(ctx, window.since(), left)
-			shrank = shrank || n > 0
 			// A list of the jobs left as long as a batch may have been cut
 			// short: then the next reclaim reads everything.
 			window.record(ran, err == nil && n < DefaultReclaimBatch && len(stillLeft) < DefaultReclaimBatch)
@@ -58,53 +58,12 @@ func (r reclaimer) run(ctx context.Context) {
 		}
 		if round%forgetEndedEvery == 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			forgot, err := forgetEnded(rctx, w.pool)
-			if err != nil && ctx.Err() == nil {
+			if _, err := forgetEnded(rctx, w.pool); err != nil && ctx.Err() == nil {
 				w.log.Warn("forget ended worker sessions failed", "err", err)
-			}
-			shrank = shrank || forgot > 0
-			cancel()
-		}
-		// Counted by time, not by rounds: a worker that started early in a
-		// fleet that starts one process after another counted few, and
-		// would otherwise keep the short interval of a small fleet for
-		// forgetEndedEvery of its rounds.
-		if counted.IsZero() || time.Since(counted) >= fleetCountEvery ||
-			shrank && r.recountDue(counted) {
-			rctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
-			// A failed count keeps the last one; one due by time is tried
-			// again next round.
-			if n, err := w.q.WorkerFleetCount(rctx, w.cfg.Queue); err == nil {
-				w.fleet.Store(n.Live)
-				w.queueFleet.Store(n.LiveInQueue)
-				counted = time.Now()
-			} else if ctx.Err() == nil {
-				w.log.Warn("count live workers failed", "err", err)
 			}
 			cancel()
 		}
 	}
-}
-
-// fleetCountEvery is how often a worker counts the live workers, which
-// share the duties every worker would otherwise run at a fixed rate
-// (fleetInterval).
-var fleetCountEvery = 10 * time.Second
-
-// recountDue reports whether a worker whose round took back jobs, or
-// forgot ended sessions, counts the live workers again now rather than at
-// fleetCountEvery: when most of a large fleet dies at once, a survivor
-// would otherwise keep the long interval of the fleet it last counted, and
-// take back the dead workers' jobs that much more slowly, until its next
-// count. Any job taken back counts, whatever reason the reclaim gives: a
-// dead worker's job whose lease ran out before a reclaim saw its session
-// end is reported as an expired lease. Only a count above fleetShare
-// lengthens an interval, so a smaller fleet never counts early; and a
-// worker counts at most once per ReclaimInterval, so that reclaims that
-// keep taking jobs back, as they do from live workers whose leases
-// expire, cost at most one count per reclaim round.
-func (r reclaimer) recountDue(counted time.Time) bool {
-	return r.w.fleet.Load() > fleetShare && time.Since(counted) >= r.w.cfg.ReclaimInterval
 }
 
 // fullReclaimEvery is how many reclaim rounds pass between two that read

@@ -87,35 +87,6 @@ func TestPollEvery_SharesTheQueuesPollsOnlyWhileNotificationsTellTheWorker(t *te
 	}
 }
 
-// TestRecountDue_CountsEarlyOnlyALargeFleetAndAtMostOncePerReclaimInterval:
-// a round that took jobs back counts the fleet again only where the count
-// lengthens the interval, and reclaims that keep taking jobs back count
-// at most once per ReclaimInterval.
-func TestRecountDue_CountsEarlyOnlyALargeFleetAndAtMostOncePerReclaimInterval(t *testing.T) {
-	const every = time.Second
-	tests := []struct {
-		name  string
-		fleet int32
-		ago   time.Duration
-		want  bool
-	}{
-		{"160 counted an interval ago", 160, every, true},
-		{"160 counted within the interval", 160, every / 2, false},
-		{"17 counted an interval ago", 17, every, true},
-		{"16 counted an interval ago", 16, every, false},
-		{"1 counted long ago", 1, time.Hour, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			w := &Worker{cfg: Config{ReclaimInterval: every}}
-			w.fleet.Store(tt.fleet)
-			if got := (reclaimer{w}).recountDue(time.Now().Add(-tt.ago)); got != tt.want {
-				t.Errorf("recountDue = %v, want %v", got, tt.want)
-			}
-		})
-	}
-}
-
 // TestFleetInterval_NeverShorterThanItsBase: an interval long enough to
 // mean "hardly ever" must not wrap around, when stretched for a large
 // fleet, to a short or negative one that runs the duty without pause.

@@ -492,13 +492,12 @@ func TestReclaim_ReadsNoHistoryUnderAPlanMadeWhileTheTableWasEmpty(t *testing.T)
 
 // TestReclaim_CountsTheFleetAgainSoonAfterItGrows starts a worker, then a
 // second one on another queue and a third on its own, and checks that the
-// first counts them, in all and on its queue, within a few of its counting
-// periods, not only after forgetEndedEvery of its reclaim rounds: a worker
-// started early in a fleet that starts one process after another would
-// otherwise run the fleet's shared duties at a small fleet's rate.
+// first counts them, in all and on its queue, within a few of its reclaim
+// rounds, not only after forgetEndedEvery of them: a worker started early
+// in a fleet that starts one process after another would otherwise run
+// the fleet's shared duties at a small fleet's rate.
 func TestReclaim_CountsTheFleetAgainSoonAfterItGrows(t *testing.T) {
 	b := setup(t)
-	worker.SetFleetCountEvery(t, 100*time.Millisecond)
 	noHandlers := func(*worker.Worker) {}
 	first, _ := b.startWorker(t, worker.Config{ID: "first", Slots: 1}, noHandlers)
 	waitFleet(t, first, 1, 1, 5*time.Second)
@@ -510,25 +509,20 @@ func TestReclaim_CountsTheFleetAgainSoonAfterItGrows(t *testing.T) {
 
 // TestReclaim_CountsTheFleetAgainSoonAfterMostOfItEnds counts a fleet of
 // 160 live workers, 159 of them sessions held by one connection, and then
-// ends those 159 at once. The survivor counts the fleet again as soon as
-// a round of its own shows workers gone, not at its next count by time
-// (an hour away here): when its reclaim takes back their jobs, or, if
-// they held none, when it forgets their sessions. It then waits the
-// interval of a fleet of one, where it would otherwise keep the interval
-// of a fleet of 160, ten times as long, while the jobs of the workers
-// that died come back.
+// ends those 159 at once. The survivor counts the fleet again at its next
+// round, the one that takes back their jobs, if they held any. It then
+// waits the interval of a fleet of one, where it would otherwise keep the
+// interval of a fleet of 160, ten times as long.
 func TestReclaim_CountsTheFleetAgainSoonAfterMostOfItEnds(t *testing.T) {
-	worker.SetFleetCountEvery(t, time.Hour)
 	for _, tc := range []struct {
 		name string
 		jobs bool
 		// every is the survivor's ReclaimInterval: a round takes
-		// every/16*160 in the fleet of 160, and the forget of ended
-		// sessions comes every 40 rounds, 20 s or 2 s.
+		// every/16*160 in the fleet of 160.
 		every time.Duration
 	}{
 		{"a running job each: its reclaim takes them back", true, 50 * time.Millisecond},
-		{"no job: it forgets their sessions", false, 5 * time.Millisecond},
+		{"no job", false, 5 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := setup(t)
@@ -561,17 +555,101 @@ func TestReclaim_CountsTheFleetAgainSoonAfterMostOfItEnds(t *testing.T) {
 	}
 }
 
-// TestReclaim_LogsACountOfTheFleetThatFailed breaks the statement that
-// counts the live workers under a running worker, and checks that the
-// worker says so, with the error: the count spaces the fleet's shared
-// duties, and one that keeps failing leaves them at a stale rate.
+// TestReclaim_ASurvivorWhoseRoundsFindNothingCountsTheFleetAtItsNextRound
+// counts a fleet of 160 live workers, 159 of them sessions held by one
+// connection (158 of the crowd, and one that dies later), and then ends
+// the 158 at once. The survivor's own rounds find nothing to take back:
+// another survivor took back the crowd's jobs first, or they held none.
+// It counts the fleet at its next round all the same, not at its next
+// count by time, nor at the forget of ended sessions that comes every
+// 40 of its rounds (20 s away in the fleet of 160); so a worker that
+// dies after that has its job taken back within the interval of a fleet
+// of two, where it would otherwise wait for the interval of a fleet of
+// 160, ten times as long.
+func TestReclaim_ASurvivorWhoseRoundsFindNothingCountsTheFleetAtItsNextRound(t *testing.T) {
+	// every is the survivor's ReclaimInterval: a round takes every/16*160
+	// in the fleet of 160.
+	const every = 50 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		jobs bool
+	}{
+		{"another survivor took back their jobs first", true},
+		{"they held no job", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			crowd := b.crowd(t, 158)
+			late := b.crowd(t, 1)
+			if tc.jobs {
+				if _, err := b.pool.Exec(b.ctx, `
+					INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+					SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', s.worker_id, s.session_key, now()
+					FROM worker_sessions AS s`); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				// Only the one that dies later holds a job.
+				if _, err := b.pool.Exec(b.ctx, `
+					INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+					SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', s.worker_id, s.session_key, now()
+					FROM worker_sessions AS s
+					WHERE s.session_key = (SELECT max(session_key) FROM worker_sessions)`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, _ := b.startWorker(t, worker.Config{ID: "survivor", Slots: 1, ReclaimInterval: every},
+				func(*worker.Worker) {})
+			waitFleet(t, w, 160, 160, 5*time.Second)
+
+			if err := crowd.Close(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The server lets the crowd's locks go once its backend ends.
+			waitLive(t, b, 2, 5*time.Second)
+			if tc.jobs {
+				if taken := b.reclaim(t, db.JobReclaimParams{MaxJobs: 1000}); len(taken) != 158 {
+					t.Fatalf("the other survivor took back %d jobs, want the crowd's 158", len(taken))
+				}
+			}
+			waitFleet(t, w, 2, 2, 3*time.Second)
+
+			if err := late.Close(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			ended := time.Now()
+			for {
+				var running int
+				if err := b.pool.QueryRow(b.ctx,
+					`SELECT count(*) FROM jobs WHERE state = 'running'`).Scan(&running); err != nil {
+					t.Fatal(err)
+				}
+				if running == 0 {
+					break
+				}
+				// A fleet of two reclaims every 50 ms, jittered by 20%;
+				// one of 160 every 500 ms.
+				if time.Since(ended) > 300*time.Millisecond {
+					t.Fatalf("the job of the worker that died later still running %s after it died, want it taken back within the interval of a fleet of two", time.Since(ended).Round(time.Millisecond))
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestReclaim_LogsACountOfTheFleetThatFailed breaks the count of the live
+// workers, which the reclaim statement makes, under a running worker, and
+// checks that the worker says so, with the error: the count spaces the
+// fleet's shared duties, and one that keeps failing leaves them at a
+// stale rate.
 func TestReclaim_LogsACountOfTheFleetThatFailed(t *testing.T) {
 	b := setup(t)
-	worker.SetFleetCountEvery(t, 50*time.Millisecond)
 	var logs syncBuffer
 	w, _ := b.startWorker(t, worker.Config{
-		Slots:  1,
-		Logger: logs.logger(),
+		Slots:           1,
+		ReclaimInterval: 50 * time.Millisecond,
+		Logger:          logs.logger(),
 	}, func(*worker.Worker) {})
 	waitFleet(t, w, 1, 1, 5*time.Second)
 	// Only the count and a session's registration read this column.
@@ -583,7 +661,26 @@ func TestReclaim_LogsACountOfTheFleetThatFailed(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	logs.waitForLog(t, 5*time.Second, "level=WARN msg=\"count live workers failed\"", "queue", "does not exist")
+	logs.waitForLog(t, 5*time.Second, "level=WARN msg=\"reclaim failed\"", "queue", "does not exist")
+}
+
+// waitLive waits up to timeout for want worker sessions to be live.
+func waitLive(t *testing.T, b *bundle, want int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var live int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM worker_sessions_live`).Scan(&live); err != nil {
+			t.Fatal(err)
+		}
+		if live == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d worker sessions live after %s, want %d", live, timeout, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // waitFleet waits up to timeout for w to have counted want live workers,

@@ -56,8 +56,8 @@ type Worker struct {
 	session       session
 
 	started atomic.Bool
-	// fleet is how many workers' sessions were live when the reclaimer
-	// last counted them (WorkerFleetCount); zero until it has.
+	// fleet is how many workers' sessions were live when the last reclaim
+	// that succeeded counted them (JobReclaim); zero until one has.
 	fleet atomic.Int32
 	// queueFleet is how many of them work on this worker's queue.
 	queueFleet atomic.Int32
