@@ -528,12 +528,7 @@ func TestReclaim_CountsTheFleetAgainSoonAfterMostOfItEnds(t *testing.T) {
 			b := setup(t)
 			crowd := b.crowd(t, 159)
 			if tc.jobs {
-				if _, err := b.pool.Exec(b.ctx, `
-					INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
-					SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', s.worker_id, s.session_key, now()
-					FROM worker_sessions AS s`); err != nil {
-					t.Fatal(err)
-				}
+				runJobsUnder(t, b, "true")
 			}
 			w, _ := b.startWorker(t, worker.Config{ID: "survivor", Slots: 1, ReclaimInterval: tc.every},
 				func(*worker.Worker) {})
@@ -582,21 +577,10 @@ func TestReclaim_ASurvivorWhoseRoundsFindNothingCountsTheFleetAtItsNextRound(t *
 			crowd := b.crowd(t, 158)
 			late := b.crowd(t, 1)
 			if tc.jobs {
-				if _, err := b.pool.Exec(b.ctx, `
-					INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
-					SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', s.worker_id, s.session_key, now()
-					FROM worker_sessions AS s`); err != nil {
-					t.Fatal(err)
-				}
+				runJobsUnder(t, b, "true")
 			} else {
-				// Only the one that dies later holds a job.
-				if _, err := b.pool.Exec(b.ctx, `
-					INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
-					SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', s.worker_id, s.session_key, now()
-					FROM worker_sessions AS s
-					WHERE s.session_key = (SELECT max(session_key) FROM worker_sessions)`); err != nil {
-					t.Fatal(err)
-				}
+				// Only the one that dies later, registered last.
+				runJobsUnder(t, b, "s.session_key = (SELECT max(session_key) FROM worker_sessions)")
 			}
 			w, _ := b.startWorker(t, worker.Config{ID: "survivor", Slots: 1, ReclaimInterval: every},
 				func(*worker.Worker) {})
@@ -662,6 +646,19 @@ func TestReclaim_LogsACountOfTheFleetThatFailed(t *testing.T) {
 		}
 	})
 	logs.waitForLog(t, 5*time.Second, "level=WARN msg=\"reclaim failed\"", "queue", "does not exist")
+}
+
+// runJobsUnder gives each worker session that where selects (a condition
+// on worker_sessions AS s) a running job, leased for an hour.
+func runJobsUnder(t *testing.T, b *bundle, where string) {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO jobs (kind, state, attempt, fence, lease_token, lease_expires_at, leased_by, lease_session, started_at)
+		SELECT 'noop', 'running', 1, 1, gen_random_uuid(), now() + interval '1 hour', s.worker_id, s.session_key, now()
+		FROM worker_sessions AS s
+		WHERE `+where); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitLive waits up to timeout for want worker sessions to be live.
