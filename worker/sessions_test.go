@@ -551,16 +551,16 @@ func TestReclaim_CountsTheFleetAgainSoonAfterMostOfItEnds(t *testing.T) {
 }
 
 // TestReclaim_ASurvivorWhoseRoundsFindNothingCountsTheFleetAtItsNextRound
-// counts a fleet of 160 live workers, 159 of them sessions held by one
-// connection (158 of the crowd, and one that dies later), and then ends
-// the 158 at once. The survivor's own rounds find nothing to take back:
+// counts a fleet of 160 live workers, 159 of them sessions held by two
+// connections, 158 of a crowd and one that dies later, and then ends the
+// 158 at once. The survivor's own rounds find nothing to take back:
 // another survivor took back the crowd's jobs first, or they held none.
-// It counts the fleet at its next round all the same, not at its next
-// count by time, nor at the forget of ended sessions that comes every
-// 40 of its rounds (20 s away in the fleet of 160); so a worker that
-// dies after that has its job taken back within the interval of a fleet
-// of two, where it would otherwise wait for the interval of a fleet of
-// 160, ten times as long.
+// It counts the fleet at its next round all the same, not only once a
+// round takes jobs back or the forget of ended sessions, every 40 of its
+// rounds (20 s away in the fleet of 160), forgets theirs; so a worker
+// that dies after that has its job taken back within the interval of a
+// fleet of two, where it would otherwise wait for the interval of a
+// fleet of 160, ten times as long.
 func TestReclaim_ASurvivorWhoseRoundsFindNothingCountsTheFleetAtItsNextRound(t *testing.T) {
 	// every is the survivor's ReclaimInterval: a round takes every/16*160
 	// in the fleet of 160.
@@ -592,8 +592,10 @@ func TestReclaim_ASurvivorWhoseRoundsFindNothingCountsTheFleetAtItsNextRound(t *
 			// The server lets the crowd's locks go once its backend ends.
 			waitLive(t, b, 2, 5*time.Second)
 			if tc.jobs {
-				if taken := b.reclaim(t, db.JobReclaimParams{MaxJobs: 1000}); len(taken) != 158 {
-					t.Fatalf("the other survivor took back %d jobs, want the crowd's 158", len(taken))
+				// The other survivor. A round of the survivor's that runs
+				// at the same moment may take a few.
+				if taken := b.reclaim(t, db.JobReclaimParams{MaxJobs: 1000}); len(taken) == 0 {
+					t.Fatal("the other survivor took back none of the crowd's jobs, want them")
 				}
 			}
 			waitFleet(t, w, 2, 2, 3*time.Second)
