@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -333,19 +334,19 @@ func TestListJobs_PagingWhileJobsChangeListsEveryJobThatLastsOnce(t *testing.T) 
 	}
 
 	stop := make(chan struct{})
-	churned := make(chan int, 1)
+	done := make(chan struct{})
+	var rounds atomic.Int64 // of the churn, begun
 	go func() {
+		defer close(done)
 		rng := rand.New(rand.NewPCG(seed, 1))
 		held := map[int64]pgtype.UUID{} // jobs of kind t to complete
-		rounds := 0
-		defer func() { churned <- rounds }()
 		for {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			rounds++
+			rounds.Add(1)
 			queue := queues[rng.IntN(len(queues))]
 			if rec := e.do(t, "POST", "/v1/jobs/batch", fmt.Sprintf(`{"jobs":[{"kind":"t","queue":%q},{"kind":"t","queue":"a"}]}`, queue)); rec.Code != http.StatusCreated {
 				t.Errorf("enqueue: %d %s", rec.Code, rec.Body)
@@ -396,7 +397,18 @@ func TestListJobs_PagingWhileJobsChangeListsEveryJobThatLastsOnce(t *testing.T) 
 		}
 	}()
 
-	for pass := range 6 {
+	// Six passes at least, and as many more as it takes for the churn to
+	// have run a few rounds while they paged, however fast either goes,
+	// unless it failed.
+	churning := func() bool {
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	}
+	for pass := 0; pass < 6 || rounds.Load() < 5 && churning(); pass++ {
 		query := url.Values{"limit": {"3"}}
 		if pass%3 > 0 {
 			query.Set("queue", queues[pass%2])
@@ -426,7 +438,8 @@ func TestListJobs_PagingWhileJobsChangeListsEveryJobThatLastsOnce(t *testing.T) 
 		}
 	}
 	close(stop)
-	if rounds := <-churned; rounds < 5 {
-		t.Errorf("the jobs changed in %d rounds only while the listings paged", rounds)
+	<-done
+	if n := rounds.Load(); n < 5 {
+		t.Errorf("the jobs changed in %d rounds only while the listings paged", n)
 	}
 }
