@@ -13,6 +13,17 @@ const (
 	maxRetryDelay = 2 * time.Second
 )
 
+// roundRetryMax is the longest a worker waits to send a round again after
+// one failed: a quarter of the heartbeat interval, as for a renewal, so
+// that a database back before a finished job's lease runs out, which no
+// heartbeat renews once its handler has returned, records its outcome;
+// maxRetryDelay at most, so that a long lease does not keep a worker from
+// claiming long after the database is back; and minRetryDelay at least,
+// the wait before the first try again.
+func (c Config) roundRetryMax() time.Duration {
+	return min(max(c.HeartbeatInterval/4, minRetryDelay), maxRetryDelay)
+}
+
 // runMeanWeight is the weight of the newest handler duration in the running
 // mean that decides whether the worker claims ahead: 1/8, so that a few
 // short jobs after a long one do not switch claiming ahead back on at once.
@@ -186,6 +197,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 	heldDue := time.NewTimer(time.Hour)
 	defer heldDue.Stop()
 	var retry <-chan time.Time
+	retryMax := w.cfg.roundRetryMax()
 	retryDelay := minRetryDelay
 	// recheck fires when a claim is to look again for a job that came
 	// back to the queue (see recheckReturned).
@@ -273,7 +285,7 @@ func (d *dispatcher) dispatch(ctx context.Context) {
 			case r.err != nil:
 				w.log.Warn("acknowledge or claim failed; will retry", "err", r.err, "retry_in", retryDelay)
 				retry = time.After(retryDelay)
-				retryDelay = min(2*retryDelay, maxRetryDelay)
+				retryDelay = min(2*retryDelay, retryMax)
 				want = claimTold
 			default:
 				retryDelay = minRetryDelay

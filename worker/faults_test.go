@@ -827,6 +827,51 @@ func TestWorker_RenewsItsLeaseSoonAfterTheDatabaseComesBack(t *testing.T) {
 	b.wantRanOnce(t, job, 15*time.Second, fmt.Sprintf("after its statements failed for %s, from %s after a renewal", outage, after))
 }
 
+// TestWorker_RecordsACompletionSoonAfterTheDatabaseComesBack cuts a
+// worker's statements off from the database just after a renewal, while
+// its session, reached directly, lives on, and its handler returns during
+// the outage. No heartbeat renews the lease of a job whose handler has
+// returned, so its completion must land before that lease runs out: a
+// round that fails is sent again backing off to a quarter of the
+// heartbeat interval, as a renewal is, and the database, back a second
+// before the lease runs out, records the job once. Backing off to 2 s,
+// the completion would come after the lease ran out, and the job run
+// again.
+func TestWorker_RecordsACompletionSoonAfterTheDatabaseComesBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The handler returns 100 ms into the outage; its completion fails and
+	// is sent again 50, 100, 200 ms later and so on: at 1.55 s, then,
+	// backing off to 2 s, at 3.15 s, after the lease ran out, at 2.9 s.
+	const (
+		lease     = 3 * time.Second
+		heartbeat = 1200 * time.Millisecond
+		returns   = 100 * time.Millisecond
+		outage    = 2 * time.Second
+	)
+	job := b.enqueue(t, "steady", `{}`, 5)
+	proxy, through := b.proxied(t)
+	started, finish := make(chan int64, 1), make(chan struct{})
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 1, Prefetch: -1, Lease: lease, HeartbeatInterval: heartbeat, ShutdownGrace: -1, SessionDatabaseURL: b.url,
+	}, func(w *worker.Worker) {
+		w.HandleFunc("steady", finishWhenTold(started, finish))
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	claimed := b.get(t, job.ID)
+	b.waitForRenewal(t, job.ID, *claimed.LeaseExpiresAt)
+	proxy.Cut()
+	time.Sleep(returns)
+	close(finish)
+	time.Sleep(outage - returns)
+	proxy.Heal()
+	b.wantRanOnce(t, job, 15*time.Second, fmt.Sprintf("after its handler returned while its statements failed for %s", outage))
+}
+
 func TestWorker_WhoseSessionEndsStopsTheHandlersOfTheJobsTakenBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -116,6 +116,33 @@ func TestLockWait_AQuarterOfTheLeaseAndTwoSecondsAtMost(t *testing.T) {
 	}
 }
 
+// TestRoundRetryMax_AQuarterOfTheHeartbeatIntervalFrom50MillisecondsTo2Seconds:
+// a round that failed is sent again backing off to a quarter of the
+// heartbeat interval, as a renewal is, so that the outcome of a handler
+// that returned lands if the database is back before its lease runs out;
+// 2 s at most, and never sooner than the first try again, 50 ms
+// (docs/failure-semantics.md, "A network partition").
+func TestRoundRetryMax_AQuarterOfTheHeartbeatIntervalFrom50MillisecondsTo2Seconds(t *testing.T) {
+	for _, tc := range []struct {
+		lease time.Duration
+		want  time.Duration
+	}{
+		{DefaultLease, 2 * time.Second},
+		{24 * time.Second, 2 * time.Second},
+		{12 * time.Second, time.Second},
+		{3 * time.Second, 250 * time.Millisecond},
+		{300 * time.Millisecond, 50 * time.Millisecond},
+	} {
+		cfg, err := Config{Lease: tc.lease}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.roundRetryMax(); got != tc.want {
+			t.Errorf("lease %s, heartbeat %s: rounds sent again at most %s apart, want %s", tc.lease, cfg.HeartbeatInterval, got, tc.want)
+		}
+	}
+}
+
 // TestEndWhenSilent_ALeaseOfSilenceInWholeSecondsUnlessTheURLSetsIt: the
 // server is asked to probe a silent session after a third of the lease,
 // every sixth of it, four times, and to give up on unacknowledged data
