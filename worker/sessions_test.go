@@ -57,6 +57,79 @@ func TestReclaim_TakesJobsOfAnEndedSessionAtOnceButNotOfALiveOne(t *testing.T) {
 	}
 }
 
+// TestReclaim_EndsALastAttemptDeadAndAJobAskedToCancelCancelled: a job
+// taken back, its lease expired or its worker's session ended, becomes
+// available again while it has attempts left; on its last attempt it ends
+// dead, as a crash that kills every worker that runs it must still run it
+// out of attempts; and a job someone asked to cancel ends cancelled, on
+// its last attempt too, the request then answered. Either way the reason
+// is its last error.
+func TestReclaim_EndsALastAttemptDeadAndAJobAskedToCancelCancelled(t *testing.T) {
+	t.Parallel()
+	type job struct {
+		maxAttempts int32
+		cancel      bool
+		want        db.JobState
+	}
+	jobs := []job{
+		{maxAttempts: 3, want: db.JobStateAvailable},
+		{maxAttempts: 1, want: db.JobStateDead},
+		{maxAttempts: 3, cancel: true, want: db.JobStateCancelled},
+		{maxAttempts: 1, cancel: true, want: db.JobStateCancelled},
+	}
+	for _, tc := range []struct {
+		name   string
+		reason string
+		// abandon claims n jobs and leaves them to be taken back.
+		abandon func(t *testing.T, b *bundle, n int32, cancel func())
+	}{
+		{"its lease expired", "lease expired", func(t *testing.T, b *bundle, n int32, cancel func()) {
+			rows := b.claim(t, "stalled", n, 500*time.Millisecond)
+			cancel()
+			b.waitForLeaseExpiry(t, *rows[len(rows)-1].ID)
+		}},
+		{"its session ended", "worker session ended", func(t *testing.T, b *bundle, n int32, cancel func()) {
+			s := b.register(t, "crashed", 0)
+			b.claimUnder(t, "crashed", &s.key, n, time.Hour)
+			cancel()
+			s.end(t, b)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var ids []int64
+			for _, j := range jobs {
+				ids = append(ids, b.enqueue(t, "noop", `{}`, j.maxAttempts).ID)
+			}
+			tc.abandon(t, b, int32(len(jobs)), func() {
+				for i, j := range jobs {
+					if !j.cancel {
+						continue
+					}
+					if got, err := b.q.JobCancel(b.ctx, ids[i]); err != nil || !got.Applied || got.State != db.JobStateRunning {
+						t.Fatalf("ask to cancel job %d: applied %t state %s, %v; want it marked, running", ids[i], got.Applied, got.State, err)
+					}
+				}
+			})
+			if got := b.reclaim(t, db.JobReclaimParams{MaxJobs: 10}); len(got) != len(jobs) {
+				t.Fatalf("reclaim took %d jobs, want %d: %+v", len(got), len(jobs), got)
+			}
+			for i, j := range jobs {
+				got := b.get(t, ids[i])
+				finished := j.want != db.JobStateAvailable
+				if got.State != j.want || (got.FinishedAt != nil) != finished || got.CancelRequestedAt != nil ||
+					got.LeaseToken.Valid || got.Attempt != 1 || deref(got.LastError) != tc.reason {
+					t.Errorf("job of %d attempts, cancel asked %t: %s, finished %v, cancel request %v, lease %v, attempt %d, last error %q; "+
+						"want %s, finished %t, no cancel request, no lease, attempt 1, last error %q",
+						j.maxAttempts, j.cancel, got.State, got.FinishedAt, got.CancelRequestedAt, got.LeaseToken, got.Attempt,
+						deref(got.LastError), j.want, finished, tc.reason)
+				}
+			}
+		})
+	}
+}
+
 func TestReclaim_JudgesEachJobByTheSessionItWasClaimedUnder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
