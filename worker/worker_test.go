@@ -483,6 +483,67 @@ func TestWorker_GracefulShutdownReleasesHeldJobs(t *testing.T) {
 	}
 }
 
+// TestWorker_ShutdownDoesNotWaitForAHandlerThatIgnoresItsCancellation: a
+// handler still running when the grace period ends is cancelled and its
+// job released; Run returns without waiting for it. One that ignores its
+// context runs on in the process while another worker runs its job
+// again: at-least-once, as after a crash. What it returns at last is
+// recorded nowhere, and the newer attempt's outcome stands.
+func TestWorker_ShutdownDoesNotWaitForAHandlerThatIgnoresItsCancellation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "stubborn", `{}`, 5)
+	started, unblock, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	_, first := b.runWorker(t, b.pool, worker.Config{Slots: 1, ShutdownGrace: 100 * time.Millisecond}, func(w *worker.Worker) {
+		w.HandleFunc("stubborn", func(ctx context.Context, j *worker.Job) (any, error) {
+			defer close(returned)
+			close(started)
+			<-unblock // ignores its context
+			return "zombie", nil
+		})
+	})
+	t.Cleanup(func() {
+		select {
+		case <-unblock:
+		default:
+			close(unblock)
+		}
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	if err := first.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	select {
+	case <-returned:
+		t.Fatal("the handler returned before Run did, though it ignores its context")
+	default:
+	}
+	if got := b.get(t, job.ID); got.State != db.JobStateAvailable || got.Attempt != 0 {
+		t.Fatalf("after Run returned: %s at attempt %d; want available, its attempt given back", got.State, got.Attempt)
+	}
+
+	b.startWorker(t, worker.Config{Slots: 1}, func(w *worker.Worker) {
+		w.HandleFunc("stubborn", func(ctx context.Context, j *worker.Job) (any, error) { return "second", nil })
+	})
+	b.waitForState(t, job.ID, db.JobStateSucceeded, 10*time.Second)
+	select {
+	case <-returned:
+		t.Fatal("the first handler returned before the job ran again")
+	default:
+	}
+	close(unblock)
+	<-returned
+	time.Sleep(200 * time.Millisecond)
+	if got := b.get(t, job.ID); got.State != db.JobStateSucceeded || string(got.Result) != `"second"` || got.Attempt != 1 {
+		t.Errorf("after the first handler returned: %s at attempt %d with %s; want succeeded at attempt 1 with the second run's result",
+			got.State, got.Attempt, got.Result)
+	}
+}
+
 func TestWorker_ShutdownWaitsForHandlersWithinGrace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
