@@ -584,6 +584,62 @@ func TestWorker_AdoptsTheJobsOfAClaimWhoseAnswerWasLost(t *testing.T) {
 	}
 }
 
+// TestWorker_ACompletionWhoseAnswerWasLostLandsOnceAndIsReportedInDoubt
+// commits a worker's completion and loses its answer. The worker cannot
+// tell whether it landed, and sends it again; the fence refuses the
+// repeat, as the job has succeeded. The job runs once and keeps its
+// result; the worker warns that the repeat was rejected, in doubt, and
+// reports the completion to OnAck as not accepted and in doubt, which the
+// job's row settles.
+func TestWorker_ACompletionWhoseAnswerWasLostLandsOnceAndIsReportedInDoubt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	job := b.enqueue(t, "once", `{}`, 1)
+	proxy, through := b.proxied(t)
+	var logs syncBuffer
+	acks := make(chan worker.Ack, 10)
+	started, finish := make(chan int64, 1), make(chan struct{})
+	_, run := b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 1, Prefetch: -1, Lease: time.Minute, SessionDatabaseURL: b.url,
+		Logger: logs.logger(), OnAck: func(a worker.Ack) { acks <- a },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("once", finishWhenTold(started, finish))
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	// With its one slot busy, the worker sends no statement that
+	// completes until the handler returns.
+	cut := make(chan faultproxy.CutEvent, 1)
+	proxy.CutAfterCommit(faultproxy.CommitCut{Statement: "-- name: JobComplete", Times: 1, OnCut: func(e faultproxy.CutEvent) { cut <- e }})
+	close(finish)
+	select {
+	case <-cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the completion was never cut after its commit")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "completion rejected, in doubt") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the completion sent again was not logged as rejected in doubt:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	got := b.get(t, job.ID)
+	if got.State != db.JobStateSucceeded || got.Attempt != 1 || string(got.Result) != `"done"` || string(got.Errors) != "[]" {
+		t.Errorf("job: %s at attempt %d with %s, history %s; want succeeded at attempt 1 with \"done\", no history",
+			got.State, got.Attempt, got.Result, got.Errors)
+	}
+	if got, want := reportedAcks(acks, job.ID), []string{"completed accepted=false in_doubt=true"}; !slices.Equal(got, want) {
+		t.Errorf("reported to OnAck %q, want %q", got, want)
+	}
+}
+
 // TestWorker_CountsALostClaimAgainstItsSlotsUntilItsJobsAreFound has a
 // worker of one slot lose the answer of its claim of the first of two
 // jobs. The round that finds that job claims nothing beside it: until the
