@@ -856,7 +856,7 @@ func (d *dispatcher) acknowledgeAtShutdown(ctx context.Context, until time.Time,
 		w.log.Warn("acknowledge at shutdown failed; will retry while the leases last", "err", r.err,
 			"retry_in", wait, "leases_until", until)
 		time.Sleep(wait)
-		delay = min(2*delay, maxRetryDelay)
+		delay = min(2*delay, w.cfg.roundRetryMax())
 	}
 }
 

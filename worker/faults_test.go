@@ -215,23 +215,31 @@ func (b *bundle) wantReclaimedForItsEndedSession(t *testing.T, id int64) {
 
 // TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts has a worker stop
 // just after its handler succeeded, while the database cannot be reached.
-// If the database is back a second later, within the job's lease, the
-// worker keeps sending the completion until it lands: the job succeeds at
-// its first attempt and runs once, rather than being taken back and run
-// again. If it is not back before the lease runs out, the worker stops
-// trying then, and reports the completion unsent.
+// If the database is back within the job's lease, a second later, or a
+// second before a short lease runs out, the worker keeps sending the
+// completion, backing off to a quarter of the heartbeat interval, until
+// it lands: the job succeeds at its first attempt and runs once, rather
+// than being taken back and run again. If it is not back before the lease
+// runs out, the worker stops trying then, and reports the completion
+// unsent.
 func TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name     string
-		lease    time.Duration
-		back     bool
+		name  string
+		lease time.Duration
+		// back is how long after the handler returns the database is
+		// back; zero: not before the lease runs out.
+		back     time.Duration
 		state    db.JobState
 		result   string
 		reported []string
 	}{
-		{"database back within the lease", time.Minute, true, db.JobStateSucceeded, `"done"`, []string{"completed accepted=true"}},
-		{"database still away when the lease runs out", 2 * time.Second, false, db.JobStateRunning, "", []string{"completed accepted=false"}},
+		{"database back within the lease", time.Minute, time.Second, db.JobStateSucceeded, `"done"`, []string{"completed accepted=true"}},
+		{"database still away when the lease runs out", 2 * time.Second, 0, db.JobStateRunning, "", []string{"completed accepted=false"}},
+		// The handler returns as its lease, claimed a moment before,
+		// has 3 s left. Tries backing off to 2 s, at 1.55 s and then
+		// 3.15 s, would give up as the lease ran out.
+		{"database back a second before a short lease runs out", 3 * time.Second, 2 * time.Second, db.JobStateSucceeded, `"done"`, []string{"completed accepted=true"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -258,8 +266,8 @@ func TestWorker_ShutdownAcknowledgesWhileTheLeaseLasts(t *testing.T) {
 			proxy.Cut()
 			close(finish)
 			run.cancel()
-			if tc.back {
-				time.Sleep(time.Second)
+			if tc.back > 0 {
+				time.Sleep(tc.back)
 				proxy.Heal()
 			}
 			if err := run.wait(t, 20*time.Second); err != nil {
