@@ -733,6 +733,32 @@ func (b *bundle) steadyThroughProxy(t *testing.T, lease, heartbeat, runs time.Du
 	return job, proxy
 }
 
+// renewedThroughProxy enqueues a job whose handler succeeds with "done"
+// once finish is closed, and starts a worker of one slot, claiming none
+// ahead, with lease and heartbeat, whose statements go through a fault
+// proxy and whose session reaches the database directly. It returns the
+// job, the proxy and finish once the handler has started and a heartbeat
+// has renewed the job's lease.
+func (b *bundle) renewedThroughProxy(t *testing.T, lease, heartbeat time.Duration) (db.Job, *faultproxy.Proxy, chan struct{}) {
+	t.Helper()
+	job := b.enqueue(t, "steady", `{}`, 5)
+	proxy, through := b.proxied(t)
+	started, finish := make(chan int64, 1), make(chan struct{})
+	b.runWorker(t, dbtest.Connect(t, through), worker.Config{
+		Slots: 1, Prefetch: -1, Lease: lease, HeartbeatInterval: heartbeat, ShutdownGrace: -1, SessionDatabaseURL: b.url,
+	}, func(w *worker.Worker) {
+		w.HandleFunc("steady", finishWhenTold(started, finish))
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	claimed := b.get(t, job.ID)
+	b.waitForRenewal(t, job.ID, *claimed.LeaseExpiresAt)
+	return job, proxy, finish
+}
+
 // wantRanOnce fails the test unless job, by timeout, succeeded at its first
 // attempt with the result "done" and no reclaim in its history; after says
 // what it went through.
@@ -867,21 +893,7 @@ func TestWorker_RenewsItsLeaseSoonAfterTheDatabaseComesBack(t *testing.T) {
 		after     = 500 * time.Millisecond
 		outage    = 2 * time.Second
 	)
-	job := b.enqueue(t, "steady", `{}`, 5)
-	proxy, through := b.proxied(t)
-	started, finish := make(chan int64, 1), make(chan struct{})
-	b.runWorker(t, dbtest.Connect(t, through), worker.Config{
-		Slots: 1, Lease: lease, HeartbeatInterval: heartbeat, ShutdownGrace: -1, SessionDatabaseURL: b.url,
-	}, func(w *worker.Worker) {
-		w.HandleFunc("steady", finishWhenTold(started, finish))
-	})
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the handler never started")
-	}
-	claimed := b.get(t, job.ID)
-	b.waitForRenewal(t, job.ID, *claimed.LeaseExpiresAt)
+	job, proxy, finish := b.renewedThroughProxy(t, lease, heartbeat)
 	time.Sleep(after)
 	proxy.Cut()
 	time.Sleep(outage)
@@ -913,21 +925,7 @@ func TestWorker_RecordsACompletionSoonAfterTheDatabaseComesBack(t *testing.T) {
 		returns   = 100 * time.Millisecond
 		outage    = 2 * time.Second
 	)
-	job := b.enqueue(t, "steady", `{}`, 5)
-	proxy, through := b.proxied(t)
-	started, finish := make(chan int64, 1), make(chan struct{})
-	b.runWorker(t, dbtest.Connect(t, through), worker.Config{
-		Slots: 1, Prefetch: -1, Lease: lease, HeartbeatInterval: heartbeat, ShutdownGrace: -1, SessionDatabaseURL: b.url,
-	}, func(w *worker.Worker) {
-		w.HandleFunc("steady", finishWhenTold(started, finish))
-	})
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the handler never started")
-	}
-	claimed := b.get(t, job.ID)
-	b.waitForRenewal(t, job.ID, *claimed.LeaseExpiresAt)
+	job, proxy, finish := b.renewedThroughProxy(t, lease, heartbeat)
 	proxy.Cut()
 	time.Sleep(returns)
 	close(finish)
