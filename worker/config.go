@@ -150,7 +150,8 @@ type Config struct {
 	// MinInterval. Default: Lease/3. A renewal whose answer takes longer
 	// than the interval is waited for while the leases it renews last,
 	// and the next follows when it ends. One that fails is tried again
-	// sooner, backing off from 50 ms up to a quarter of the interval.
+	// sooner, backing off from 50 ms up to a quarter of the interval; so
+	// is a statement that acknowledges or claims, 2 s apart at most.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker checks for ready jobs when no
 	// notification woke it. While notifications tell it of new jobs, a
