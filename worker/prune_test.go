@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/internal/dbtest"
 	"github.com/relayq/relay/worker"
@@ -88,6 +90,42 @@ func TestPrune_DeletesFinishedJobsOnceTheirRetentionHasPassed(t *testing.T) {
 	}
 	if n := b.count(t, `SELECT count(*) FROM jobs`); n != 6 {
 		t.Errorf("%d jobs left, want the 6 kept", n)
+	}
+}
+
+// TestPrune_FreesTheIdempotencyKeyOfTheJobsItDeletes: an idempotency key
+// protects against a duplicate for as long as its job is kept. An enqueue
+// of the key again is answered with the job while it is kept, finished
+// too; once the job is deleted after its retention, the same enqueue
+// stores a new job.
+func TestPrune_FreesTheIdempotencyKeyOfTheJobsItDeletes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := "charge-42"
+	job := client.Job{Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1, IdempotencyKey: &key}
+	first, replayed, err := client.Insert(b.ctx, b.pool, job)
+	if err != nil || replayed {
+		t.Fatalf("enqueue: replayed %t, %v", replayed, err)
+	}
+	id, token := b.claimOne(t, "w", time.Minute)
+	if id != first.ID || !b.complete(t, id, token, `"charged"`) {
+		t.Fatalf("claimed job %d, want %d completed", id, first.ID)
+	}
+	if again, replayed, err := client.Insert(b.ctx, b.pool, job); err != nil || !replayed || again.ID != first.ID {
+		t.Fatalf("enqueue again while the job is kept: job %d, replayed %t, %v; want job %d replayed", again.ID, replayed, err, first.ID)
+	}
+
+	if _, err := b.pool.Exec(b.ctx, `UPDATE jobs SET finished_at = now() - interval '2 hours' WHERE id = $1`, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	hour := int64(time.Hour / time.Millisecond)
+	if n, err := b.q.JobPrune(b.ctx, db.JobPruneParams{RetainSucceededMs: &hour, MaxJobs: worker.DefaultPruneBatch}); err != nil || n.Succeeded != 1 {
+		t.Fatalf("prune: %+v, %v; want the job deleted", n, err)
+	}
+	again, replayed, err := client.Insert(b.ctx, b.pool, job)
+	if err != nil || replayed || again.ID == first.ID || again.State != db.JobStateAvailable {
+		t.Errorf("enqueue again once the job was deleted: job %d %s, replayed %t, %v; want a new job, available, not replayed",
+			again.ID, again.State, replayed, err)
 	}
 }
 
