@@ -90,7 +90,9 @@ const idempotencyAttempts = 3
 // server refuses as stale, prepared on the connection before a DEALLOCATE
 // ALL or a migration that changed a column it returns, is prepared again
 // and sent once more: refused, it stored nothing. Otherwise, as in a
-// transaction, which the refusal has failed, its error is returned.
+// transaction, which the refusal has failed, its error is returned (but
+// for the insert without ON CONFLICT sent under a savepoint, whose
+// refusal is rolled back to it, leaving the transaction as it was).
 //
 // Through a pool, or a connection with no transaction open, an error says
 // whether the job may have been stored. One that wraps ErrOutcomeUnknown
