@@ -118,38 +118,49 @@ const errResultNotStorable = "result is not storable as jsonb"
 // its goroutine with runtime.Goexit (as testing.T.FailNow does) rather
 // than returning cannot be stopped from ending it: its attempt fails with
 // errHandlerExited, and a new goroutine hands that outcome over and carries
-// on the slot's work.
+// on the slot's work. recover returns nil while a goroutine ends so, and,
+// under GODEBUG panicnil=1, for a panic(nil) too, which it stops all the
+// same: the panic is told from the Goexit by call's going on once run
+// comes back.
 func (s slot) call(e *execution, began time.Time) (result json.RawMessage, err error) {
 	h, ok := s.w.handler(e.job.Kind)
 	if !ok {
 		return nil, Permanent(fmt.Errorf("no handler registered for kind %q", e.job.Kind))
 	}
-	returned, encoding := false, false
+	returned, recovered := false, false
 	defer func() {
-		if r := recover(); r != nil {
+		if !returned && !recovered {
+			o := outcome{exec: e, err: errHandlerExited, ran: time.Since(began)}
+			go func() { s.runFrom(s.handOver(o)) }()
+		}
+	}()
+	encoding := false
+	run := func() {
+		defer func() {
+			if returned {
+				return
+			}
+			r := recover()
 			result = nil
 			if encoding {
 				err = Permanent(fmt.Errorf("encode result: result marshaler panicked: %v\n%s", r, debug.Stack()))
 			} else {
 				err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
 			}
-			return
+		}()
+		job := e.job
+		v, herr := h.Work(e.ctx, &job)
+		if herr != nil {
+			err = checkedError(herr)
 		}
-		if !returned {
-			o := outcome{exec: e, err: errHandlerExited, ran: time.Since(began)}
-			go func() { s.runFrom(s.handOver(o)) }()
+		if err == nil && v != nil {
+			encoding = true
+			result, err = s.encodeResult(v)
 		}
-	}()
-	job := e.job
-	v, err := h.Work(e.ctx, &job)
-	if err != nil {
-		err = checkedError(err)
+		returned = true
 	}
-	if err == nil && v != nil {
-		encoding = true
-		result, err = s.encodeResult(v)
-	}
-	returned = true
+	run()
+	recovered = !returned
 	return result, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -348,6 +349,69 @@ func TestWorker_HandlerThatEndsItsGoroutineFailsItsAttemptAndTheSlotCarriesOn(t 
 	// The worker's only slot runs the next job.
 	fine := b.enqueue(t, "fine", `{}`, 1)
 	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
+}
+
+// Not parallel: GODEBUG is the process's. Under panicnil=1, as a program
+// may set it, recover returns nil for panic(nil), as it does while a
+// goroutine ends with runtime.Goexit, but the function goes on.
+func TestWorker_HandlerThatPanicsWithNilUnderPanicnilFailsItsAttemptOnce(t *testing.T) {
+	godebug := "panicnil=1"
+	if old := os.Getenv("GODEBUG"); old != "" {
+		godebug = old + "," + godebug
+	}
+	t.Setenv("GODEBUG", godebug)
+	b := setup(t)
+	panics := b.enqueue(t, "panics", `{}`, 1)
+	var mu sync.Mutex
+	var acks []worker.Ack
+	var running, most atomic.Int32
+	b.startWorker(t, worker.Config{
+		Slots: 1,
+		OnAck: func(a worker.Ack) {
+			mu.Lock()
+			defer mu.Unlock()
+			acks = append(acks, a)
+		},
+	}, func(w *worker.Worker) {
+		w.HandleFunc("panics", func(ctx context.Context, j *worker.Job) (any, error) {
+			panic(nil)
+		})
+		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			time.Sleep(20 * time.Millisecond)
+			return "ok", nil
+		})
+	})
+
+	got := b.waitFor(t, panics.ID, 10*time.Second, "finished", func(j db.Job) bool { return j.FinishedAt != nil })
+	if got.State != db.JobStateDead || !strings.Contains(deref(got.LastError), "handler panicked") {
+		t.Errorf("state %s error %q; want dead, the panic recorded", got.State, deref(got.LastError))
+	}
+	// The worker's only slot runs the next jobs, one at a time.
+	var fine []db.Job
+	for range 4 {
+		fine = append(fine, b.enqueue(t, "fine", `{}`, 1))
+	}
+	for _, j := range fine {
+		b.waitForState(t, j.ID, db.JobStateSucceeded, 10*time.Second)
+	}
+	if n := most.Load(); n != 1 {
+		t.Errorf("%d handlers ran at once on a worker of one slot", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var reported []worker.Outcome
+	for _, a := range acks {
+		if a.Job.ID == panics.ID {
+			reported = append(reported, a.Outcome)
+		}
+	}
+	if !slices.Equal(reported, []worker.Outcome{worker.OutcomeFailed}) {
+		t.Errorf("the attempt was reported %v; want failed, once", reported)
+	}
 }
 
 func TestWorker_HandlerThatIgnoresItsCancellationAndSucceedsEndsSucceeded(t *testing.T) {
