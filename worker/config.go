@@ -246,8 +246,14 @@ type Config struct {
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// OnAck, if set, is called after every acknowledgement the worker makes
-	// or drops, from the worker's own goroutine: keep it fast. A panic in
-	// OnAck is logged, and the worker carries on.
+	// or drops, one call at a time, from the goroutine that claims jobs and
+	// sends their outcomes: keep it fast. While it runs the worker claims
+	// no more jobs and sends no more outcomes; heartbeats go on, and so do the
+	// handlers, but no heartbeat renews the lease of a job whose handler
+	// has returned, so a call that takes longer than a Lease costs the
+	// outcomes waiting to be sent their leases, and their jobs run again.
+	// Run returns only once the last call has returned. A panic in OnAck
+	// is logged, and the worker carries on.
 	OnAck func(Ack)
 }
 
