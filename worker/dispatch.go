@@ -373,8 +373,9 @@ func (d *dispatcher) awaitRounds(rounds <-chan *round, n int, abandon context.Ca
 }
 
 // minRoundWait is the least time a worker that stops waits for the rounds
-// it has in flight, whatever its grace period: longer than a healthy
-// database takes to answer one.
+// it has in flight, whatever its grace period, and for the release of the
+// handlers still running, whatever its heartbeat interval: longer than a
+// healthy database takes to answer one.
 const minRoundWait = time.Second
 
 // returnedRecheckDelay is how long after a short claim the first recheck
@@ -956,7 +957,7 @@ func (d *dispatcher) releaseAtShutdown(ctx context.Context) (returned map[*execu
 	if len(left) == 0 {
 		return returned
 	}
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.HeartbeatInterval, minRoundWait))
 	defer cancel()
 	note := releaseNote
 	var released map[int64]bool

@@ -187,7 +187,7 @@ func (w *Worker) handler(kind string) (Handler, bool) {
 // moment costs no job a second run: a worker stopping while its database
 // cannot be reached may take up to a Config.Lease longer to return, after
 // the grace period and the release of the handlers still running (which
-// waits a HeartbeatInterval at most).
+// waits a HeartbeatInterval at most, or a second if that is longer).
 // Run does not wait for the handlers it cancelled to return: one that
 // ignores its context goes on after Run has returned, while its released
 // job may already run elsewhere. Its attempt is reported (Config.OnAck)

@@ -608,6 +608,37 @@ func TestWorker_ShutdownDoesNotWaitForAHandlerThatIgnoresItsCancellation(t *test
 	}
 }
 
+func TestWorker_ShutdownReleasesARunningJobThoughItsHeartbeatIntervalIsAMillisecond(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stubborn := b.enqueue(t, "stubborn", `{}`, 1)
+	started := make(chan struct{})
+	acks := make(chan worker.Ack, 1)
+	_, stop := b.startWorker(t, worker.Config{
+		Slots: 1, HeartbeatInterval: time.Millisecond, ShutdownGrace: -1,
+		OnAck: func(a worker.Ack) { acks <- a },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("stubborn", func(ctx context.Context, j *worker.Job) (any, error) {
+			close(started)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never started")
+	}
+	stop()
+	if a := <-acks; a.Outcome != worker.OutcomeReleased || !a.Accepted {
+		t.Errorf("reported %s, accepted %v; want released, accepted", a.Outcome, a.Accepted)
+	}
+	got := b.get(t, stubborn.ID)
+	if got.State != db.JobStateAvailable || got.Attempt != 0 {
+		t.Errorf("job after shutdown: state %s attempt %d; want available with its attempt given back", got.State, got.Attempt)
+	}
+}
+
 func TestWorker_ShutdownWaitsForHandlersWithinGrace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
