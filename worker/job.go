@@ -38,6 +38,9 @@ type Job struct {
 // ErrJobCancelled or ErrShutdown). A handler should return promptly then,
 // with ctx's error: a handler that returns no error has succeeded, even
 // after its job was cancelled, and its job ends succeeded with its result.
+// A result returned with an error is dropped, not encoded. A handler holds
+// its slot until it returns, whatever became of its lease: one that
+// ignores its cancellation leaves the worker a slot short meanwhile.
 type Handler interface {
 	Work(ctx context.Context, job *Job) (result any, err error)
 }
