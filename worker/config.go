@@ -240,8 +240,10 @@ type Config struct {
 	// permanent failure, nor of an attempt whose handler was cancelled
 	// because someone cancelled its job (ErrJobCancelled), which ends
 	// cancelled. A negative duration waits not at all, as zero does. If it
-	// panics, the panic is logged and the retry waits DefaultBackoff.
-	// Default: DefaultBackoff.
+	// panics, the panic is logged and the retry waits DefaultBackoff. It is
+	// called one call at a time, as the worker sends the failure: keep it
+	// fast, as the statement that sends the failure waits for it, and so
+	// does Run's return. Default: DefaultBackoff.
 	Backoff func(attempt int) time.Duration
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger

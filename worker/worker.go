@@ -50,6 +50,10 @@ type Worker struct {
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
 
+	// backoffMu makes the calls of Config.Backoff one at a time: the two
+	// rounds a worker may have in flight each ask it of their failures.
+	backoffMu sync.Mutex
+
 	// sessionConfig opens the session connection: Config.SessionDatabaseURL,
 	// or the pool's own settings.
 	sessionConfig *pgx.ConnConfig
@@ -340,6 +344,8 @@ func (w *Worker) report(o outcome, kind Outcome, accepted bool) {
 // negative answer waits not at all: a run_at before the failure would put
 // the retry ahead of jobs that have waited longer.
 func (w *Worker) backoff(job Job) (d time.Duration) {
+	w.backoffMu.Lock()
+	defer w.backoffMu.Unlock()
 	defer func() {
 		if r := recover(); r != nil {
 			w.log.Error("Backoff panicked; the retry waits DefaultBackoff", "job", job.ID, "attempt", job.Attempt,

@@ -1161,6 +1161,42 @@ func TestWorker_ANegativeBackoffRetriesAtOnceWithoutJumpingTheQueue(t *testing.T
 	}
 }
 
+// TestWorker_BackoffIsAskedOneCallAtATime: a worker of many slots with
+// failures to record sends a second round beside the first, and each asks
+// Backoff of its failures; a Backoff with state of its own, as a
+// *rand.Rand, needs no lock.
+func TestWorker_BackoffIsAskedOneCallAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const jobs = 300
+	for range jobs {
+		b.enqueue(t, "fails", `{}`, 2)
+	}
+	var calls, in, most atomic.Int32
+	b.startWorker(t, worker.Config{Slots: 100, Backoff: func(int) time.Duration {
+		n := in.Add(1)
+		defer in.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond)
+		calls.Add(1)
+		return time.Hour
+	}}, func(w *worker.Worker) {
+		w.HandleFunc("fails", func(ctx context.Context, j *worker.Job) (any, error) {
+			time.Sleep(time.Millisecond)
+			return nil, errors.New("fails")
+		})
+	})
+	for deadline := time.Now().Add(30 * time.Second); calls.Load() < jobs; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Backoff asked %d times in 30s, want %d", calls.Load(), jobs)
+		}
+	}
+	if n := most.Load(); n != 1 {
+		t.Errorf("Backoff was asked by %d goroutines at once", n)
+	}
+}
+
 // TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn: a Backoff or
 // an OnAck that panics is a bug in the application's callback, not in the
 // job: the panic is logged, the failure is recorded with DefaultBackoff's
