@@ -240,22 +240,25 @@ type Config struct {
 	// permanent failure, nor of an attempt whose handler was cancelled
 	// because someone cancelled its job (ErrJobCancelled), which ends
 	// cancelled. A negative duration waits not at all, as zero does. If it
-	// panics, the panic is logged and the retry waits DefaultBackoff. It is
-	// called one call at a time, as the worker sends the failure: keep it
-	// fast, as the statement that sends the failure waits for it, and so
-	// does Run's return. Default: DefaultBackoff.
+	// panics, or ends its goroutine with runtime.Goexit, that is logged
+	// and the retry waits DefaultBackoff. It is called one call at a
+	// time, as the worker sends the failure: keep it fast, as the
+	// statement that sends the failure waits for it, and so does Run's
+	// return. Default: DefaultBackoff.
 	Backoff func(attempt int) time.Duration
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// OnAck, if set, is called after every acknowledgement the worker makes
-	// or drops, one call at a time, from the goroutine that claims jobs and
-	// sends their outcomes: keep it fast. While it runs the worker claims
-	// no more jobs and sends no more outcomes; heartbeats go on, and so do the
-	// handlers, but no heartbeat renews the lease of a job whose handler
-	// has returned, so a call that takes longer than a Lease costs the
-	// outcomes waiting to be sent their leases, and their jobs run again.
-	// Run returns only once the last call has returned. A panic in OnAck
-	// is logged, and the worker carries on.
+	// or drops, one call at a time, while the goroutine that claims jobs
+	// and sends their outcomes waits for it: keep it fast. While it runs
+	// the worker claims no more jobs and sends no more outcomes;
+	// heartbeats go on, and so do the handlers, but no heartbeat renews
+	// the lease of a job whose handler has returned, so a call that takes
+	// longer than a Lease costs the outcomes waiting to be sent their
+	// leases, and their jobs run again. Run returns only once the last
+	// call has returned. A panic in OnAck, or a call that ends its
+	// goroutine with runtime.Goexit (as testing.T.FailNow does), is
+	// logged, and the worker carries on.
 	OnAck func(Ack)
 }
 

@@ -323,37 +323,82 @@ func (w *Worker) numStarted() int {
 // report tells Config.OnAck what became of o. A panic in OnAck is
 // logged, and the worker goes on: the outcome is already recorded or
 // dropped, and a callback's bug must not end the process that holds other
-// jobs' leases.
+// jobs' leases. Nor does an OnAck that ends its goroutine (see
+// callContained).
 func (w *Worker) report(o outcome, kind Outcome, accepted bool) {
 	if w.cfg.OnAck == nil {
 		return
 	}
 	job := o.exec.job
-	defer func() {
-		if r := recover(); r != nil {
-			w.log.Error("OnAck panicked; the worker carries on", "job", job.ID, "outcome", kind,
-				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-		}
-	}()
-	w.cfg.OnAck(Ack{Job: &job, Outcome: kind, Accepted: accepted, InDoubt: !accepted && o.exec.unanswered, Err: o.err})
+	ack := Ack{Job: &job, Outcome: kind, Accepted: accepted, InDoubt: !accepted && o.exec.unanswered, Err: o.err}
+	switch c := callContained(func() { w.cfg.OnAck(ack) }); {
+	case c.panicked:
+		w.log.Error("OnAck panicked; the worker carries on", "job", job.ID, "outcome", kind,
+			"panic", fmt.Sprint(c.value), "stack", string(c.stack))
+	case c.exited:
+		w.log.Error("OnAck exited its goroutine (runtime.Goexit) without returning; the worker carries on",
+			"job", job.ID, "outcome", kind)
+	}
 }
 
 // backoff returns how long the retry that follows job's failed attempt
-// waits: Config.Backoff's answer, or DefaultBackoff's if Backoff panics,
-// which is logged, so that the failure is recorded all the same. A
-// negative answer waits not at all: a run_at before the failure would put
-// the retry ahead of jobs that have waited longer.
-func (w *Worker) backoff(job Job) (d time.Duration) {
+// waits: Config.Backoff's answer, or DefaultBackoff's if Backoff panics or
+// ends its goroutine (see callContained), which is logged, so that the
+// failure is recorded all the same. A negative answer waits not at all:
+// a run_at before the failure would put the retry ahead of jobs that have
+// waited longer.
+func (w *Worker) backoff(job Job) time.Duration {
 	w.backoffMu.Lock()
 	defer w.backoffMu.Unlock()
-	defer func() {
-		if r := recover(); r != nil {
-			w.log.Error("Backoff panicked; the retry waits DefaultBackoff", "job", job.ID, "attempt", job.Attempt,
-				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			d = DefaultBackoff(job.Attempt)
-		}
+	var d time.Duration
+	switch c := callContained(func() { d = w.cfg.Backoff(job.Attempt) }); {
+	case c.panicked:
+		w.log.Error("Backoff panicked; the retry waits DefaultBackoff", "job", job.ID, "attempt", job.Attempt,
+			"panic", fmt.Sprint(c.value), "stack", string(c.stack))
+		return DefaultBackoff(job.Attempt)
+	case c.exited:
+		w.log.Error("Backoff exited its goroutine (runtime.Goexit) without returning; the retry waits DefaultBackoff",
+			"job", job.ID, "attempt", job.Attempt)
+		return DefaultBackoff(job.Attempt)
+	}
+	return max(d, 0)
+}
+
+// contained is how a call of callContained ended: with a panic, its value
+// and stack, or with runtime.Goexit, or else by returning.
+type contained struct {
+	panicked, exited bool
+	value            any
+	stack            []byte
+}
+
+// callContained calls f, a callback of the application's, on a goroutine
+// of its own, and waits for it to end. A panic in f is recovered, and an
+// f that ends its goroutine with runtime.Goexit (as testing.T.FailNow
+// does), which nothing can stop, ends that goroutine alone: called on the
+// worker's, it would end the dispatcher, or a round, and leave the leases
+// it holds renewed by heartbeats for ever. A panic(nil) under GODEBUG
+// panicnil=1 counts as a panic, its value nil.
+func callContained(f func()) (c contained) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		returned, recovered := false, false
+		defer func() { c.exited = !returned && !recovered }()
+		func() {
+			defer func() {
+				if !returned {
+					c.value, c.stack = recover(), debug.Stack()
+				}
+			}()
+			f()
+			returned = true
+		}()
+		recovered = !returned
+		c.panicked = recovered
 	}()
-	return max(w.cfg.Backoff(job.Attempt), 0)
+	<-done
+	return c
 }
 
 // notify signals c without blocking; one pending signal is enough.

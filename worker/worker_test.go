@@ -1230,6 +1230,40 @@ func TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn(t *testing.T) {
 	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
 }
 
+// TestWorker_ACallbackThatEndsItsGoroutineIsLoggedAndTheWorkerGoesOn: a
+// Backoff or an OnAck that calls runtime.Goexit, as t.FailNow does in a
+// test, ends only the goroutine it was called on: the worker goes on
+// recording, claiming and renewing, and stops when told.
+func TestWorker_ACallbackThatEndsItsGoroutineIsLoggedAndTheWorkerGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs syncBuffer
+	flaky := b.enqueue(t, "flaky", `{}`, 2)
+	_, stop := b.startWorker(t, worker.Config{
+		Slots:   1,
+		Logger:  logs.logger(),
+		Backoff: func(int) time.Duration { runtime.Goexit(); return 0 },
+		OnAck:   func(worker.Ack) { runtime.Goexit() },
+	}, func(w *worker.Worker) {
+		w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) {
+			if j.Attempt == 1 {
+				return nil, errors.New("first attempt fails")
+			}
+			return "ok", nil
+		})
+		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
+	})
+	got := b.waitForState(t, flaky.ID, db.JobStateSucceeded, 15*time.Second)
+	if got.Attempt != 2 {
+		t.Errorf("flaky succeeded at attempt %d, want 2", got.Attempt)
+	}
+	logs.waitForLog(t, 5*time.Second, "Backoff exited its goroutine")
+	logs.waitForLog(t, 5*time.Second, "OnAck exited its goroutine")
+	fine := b.enqueue(t, "fine", `{}`, 1)
+	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
+	stop()
+}
+
 // TestNew_TheDefaultIDFitsHoweverLongTheHostName: a Config without an id
 // is usable on a host whose name is as long as a system allows (255
 // bytes), or is not valid text: the id made for it stays within 128 bytes
