@@ -532,22 +532,24 @@ func (d *dispatcher) observe(ran time.Duration) {
 
 // releaseStale moves the jobs that have waited PrefetchWait for a slot
 // into the next round, to be released to the queue, and stops claiming
-// ahead until handlers are short again.
+// ahead until handlers are short again. Those that slots just started are
+// about to take are left to them, however short PrefetchWait.
 func (d *dispatcher) releaseStale() {
 	w := d.w
 	now := time.Now()
 	w.mu.Lock()
-	n := 0
+	taken := w.takenAhead()
+	n := taken
 	for n < len(w.ahead) && now.Sub(w.ahead[n].claimedAt) >= w.cfg.PrefetchWait {
 		n++
 	}
-	stale := w.ahead[:n:n]
-	w.ahead = append([]*execution(nil), w.ahead[n:]...)
+	stale := append([]*execution(nil), w.ahead[taken:n]...)
+	w.ahead = append(w.ahead[:taken:taken], w.ahead[n:]...)
 	w.mu.Unlock()
-	if n == 0 {
+	if len(stale) == 0 {
 		return
 	}
-	w.log.Info("jobs claimed ahead waited too long for a slot; releasing them", "jobs", n, "wait", w.cfg.PrefetchWait)
+	w.log.Info("jobs claimed ahead waited too long for a slot; releasing them", "jobs", len(stale), "wait", w.cfg.PrefetchWait)
 	d.release(stale, nil)
 	d.meanRun = max(d.meanRun, w.cfg.PrefetchWait)
 }
@@ -649,8 +651,9 @@ func (d *dispatcher) finish(r *round) {
 		w.ahead = append(w.ahead, claimed...)
 		// Free slots start the new jobs; slots that are busy take them as
 		// their handlers return.
-		spawn = min(w.cfg.Slots-w.slotsBusy, len(w.ahead))
+		spawn = max(min(w.cfg.Slots-w.slotsBusy, len(w.ahead)-w.slotsStarting), 0)
 		w.slotsBusy += spawn
+		w.slotsStarting += spawn
 	}
 	w.mu.Unlock()
 	if stopping {

@@ -300,3 +300,35 @@ func TestWorker_KeepsClaimingWithALeaseAndPrefetchWaitOfWeeks(t *testing.T) {
 	second := b.enqueue(t, "short", `{}`, 1)
 	b.waitForState(t, second.ID, db.JobStateSucceeded, 10*time.Second)
 }
+
+// TestWorker_ReleasesNoJobClaimedForAFreeSlotHoweverShortThePrefetchWait:
+// a job claimed for a free slot waits only for the slot's goroutine to
+// start, not for a slot: however short PrefetchWait, it is started, not
+// released.
+func TestWorker_ReleasesNoJobClaimedForAFreeSlotHoweverShortThePrefetchWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var last db.Job
+	for range 100 {
+		last = b.enqueue(t, "slow", `{}`, 1)
+	}
+	var released atomic.Int32
+	b.startWorker(t, worker.Config{
+		Slots: 4, PrefetchWait: time.Microsecond,
+		OnAck: func(a worker.Ack) {
+			if a.Outcome == worker.OutcomeReleased {
+				released.Add(1)
+			}
+		},
+	}, func(w *worker.Worker) {
+		// Longer than half the wait: the worker claims nothing ahead.
+		w.HandleFunc("slow", func(ctx context.Context, j *worker.Job) (any, error) {
+			time.Sleep(time.Millisecond)
+			return nil, nil
+		})
+	})
+	b.waitForState(t, last.ID, db.JobStateSucceeded, 30*time.Second)
+	if n := released.Load(); n > 0 {
+		t.Errorf("%d jobs claimed for free slots were released before their slots started them", n)
+	}
+}

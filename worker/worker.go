@@ -85,6 +85,10 @@ type Worker struct {
 	running map[*execution]bool
 	// slotsBusy counts the slot goroutines running; at most Slots.
 	slotsBusy int
+	// slotsStarting counts those started that have not yet taken their
+	// first job: as many of the oldest in ahead are theirs, not waiting
+	// for a slot.
+	slotsStarting int
 	// stopping keeps slots from starting jobs once shutdown began.
 	stopping bool
 }
@@ -281,15 +285,21 @@ func (w *Worker) stillHolding(execs []*execution) int {
 }
 
 // holding returns how many jobs the worker holds, how many of them wait for
-// a slot, and when the oldest of those was claimed.
+// a slot, and when the oldest of those was claimed. The jobs that slots
+// just started are about to take do not wait for one.
 func (w *Worker) holding() (held, waiting int, oldest time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.ahead) > 0 {
-		oldest = w.ahead[0].claimedAt
+	taken := w.takenAhead()
+	if len(w.ahead) > taken {
+		oldest = w.ahead[taken].claimedAt
 	}
-	return len(w.held), len(w.ahead), oldest
+	return len(w.held), len(w.ahead) - taken, oldest
 }
+
+// takenAhead counts the jobs at the head of ahead that the slots started
+// and not yet running take first. w.mu must be held.
+func (w *Worker) takenAhead() int { return min(w.slotsStarting, len(w.ahead)) }
 
 // nextForSlot marks done, the job whose handler the slot ran last (nil at
 // first), returned, and returns the next job waiting for a slot, marked
@@ -300,6 +310,8 @@ func (w *Worker) nextForSlot(done *execution) *execution {
 	defer w.mu.Unlock()
 	if done != nil {
 		done.returned = true
+	} else {
+		w.slotsStarting--
 	}
 	if w.stopping || len(w.ahead) == 0 {
 		w.slotsBusy--
