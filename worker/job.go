@@ -40,7 +40,10 @@ type Job struct {
 // after its job was cancelled, and its job ends succeeded with its result.
 // A result returned with an error is dropped, not encoded. A handler holds
 // its slot until it returns, whatever became of its lease: one that
-// ignores its cancellation leaves the worker a slot short meanwhile.
+// ignores its cancellation leaves the worker a slot short meanwhile. The
+// worker sets no time limit on a handler: its heartbeats renew the lease
+// for as long as the handler runs, so one that never returns holds its
+// job running until the worker stops.
 type Handler interface {
 	Work(ctx context.Context, job *Job) (result any, err error)
 }
