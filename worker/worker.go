@@ -187,6 +187,11 @@ func (w *Worker) handler(kind string) (Handler, bool) {
 // claiming, lets running handlers finish for up to Config.ShutdownGrace,
 // cancels the rest and releases their jobs at once, and returns nil.
 // Database errors while running are logged and retried, never returned.
+// It returns an *IDInUseError instead when another live session holds
+// the worker's id (see Config.ID): at once, having claimed nothing, or,
+// should its session find the id taken later, once it has shut down as
+// above. A Worker runs once: a second call of Run returns an error at
+// once.
 // The grace period runs from ctx's cancellation: the acknowledgements in
 // flight then (given a second at least), and those sent during it, give
 // up when it ends, so that a database that hangs does not stretch it.

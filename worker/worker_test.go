@@ -1019,6 +1019,28 @@ func TestWorker_ShutdownReportsALostAttemptWhoseHandlerStillRuns(t *testing.T) {
 // TestWorker_HandleRefusesANilHandler: a nil handler would panic at every
 // job of its kind, each panic a failed attempt retried with backoff until
 // the job died; Handle and HandleFunc refuse it where it is registered.
+func TestWorker_RunsOnceAndASecondRunReturnsAnErrorAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w, run := b.runWorker(t, b.pool, worker.Config{}, func(*worker.Worker) {})
+	second := make(chan error, 1)
+	go func() { second <- w.Run(b.ctx) }()
+	select {
+	case err := <-second:
+		if err == nil || !strings.Contains(err.Error(), "Run called more than once") {
+			t.Errorf("second Run returned %v, want an error saying it was called more than once", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("second Run did not return")
+	}
+	if err := run.stop(); err != nil {
+		t.Errorf("first Run returned %v", err)
+	}
+	if err := w.Run(b.ctx); err == nil {
+		t.Error("Run after the first returned nil, want an error")
+	}
+}
+
 func TestWorker_HandleRefusesANilHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
