@@ -159,8 +159,11 @@ type Config struct {
 	// longer, in proportion to the whole fleet: a fleet that all listens
 	// (QueueListeners negative) checks the queue 16 times per interval,
 	// and one with 16 seats, fewer. A worker without a seat checks every
-	// interval, since its polls are how it finds new jobs. At least
-	// MinInterval.
+	// interval, since its polls are how it finds new jobs. The worker's
+	// session checks its connection every PollInterval too: after a
+	// network cut long enough for the database to end the session, the
+	// worker claims nothing until that check has found the connection
+	// gone and opened another. At least MinInterval.
 	PollInterval time.Duration
 	// QueueListeners is how many workers of the queue, at most, listen for
 	// its notifications, each in a seat its session holds. PostgreSQL
