@@ -1219,71 +1219,62 @@ func TestWorker_BackoffIsAskedOneCallAtATime(t *testing.T) {
 	}
 }
 
-// TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn: a Backoff or
-// an OnAck that panics is a bug in the application's callback, not in the
-// job: the panic is logged, the failure is recorded with DefaultBackoff's
-// wait, and the worker, which holds other jobs' leases, goes on.
-func TestWorker_APanickingCallbackIsLoggedAndTheWorkerGoesOn(t *testing.T) {
+// TestWorker_ACallbackThatPanicsOrEndsItsGoroutineIsLoggedAndTheWorkerGoesOn:
+// a Backoff or an OnAck that panics, or calls runtime.Goexit as t.FailNow
+// does in a test, is a bug in the application's callback, not in the job:
+// it is logged, the failure is recorded with DefaultBackoff's wait, and
+// the worker, which holds other jobs' leases, goes on recording, claiming
+// and renewing, and stops when told.
+func TestWorker_ACallbackThatPanicsOrEndsItsGoroutineIsLoggedAndTheWorkerGoesOn(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	var logs syncBuffer
-	flaky := b.enqueue(t, "flaky", `{}`, 2)
-	b.startWorker(t, worker.Config{
-		Slots:   1,
-		Logger:  logs.logger(),
-		Backoff: func(int) time.Duration { panic("boom in Backoff") },
-		OnAck:   func(worker.Ack) { panic("boom in OnAck") },
-	}, func(w *worker.Worker) {
-		w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) {
-			if j.Attempt == 1 {
-				return nil, errors.New("first attempt fails")
+	for _, tc := range []struct {
+		name               string
+		backoff            func(int) time.Duration
+		onAck              func(worker.Ack)
+		backoffLog, ackLog []string
+	}{
+		{
+			name:       "panics",
+			backoff:    func(int) time.Duration { panic("boom in Backoff") },
+			onAck:      func(worker.Ack) { panic("boom in OnAck") },
+			backoffLog: []string{"Backoff panicked", "boom in Backoff"},
+			ackLog:     []string{"OnAck panicked", "boom in OnAck"},
+		},
+		{
+			name:       "ends its goroutine",
+			backoff:    func(int) time.Duration { runtime.Goexit(); return 0 },
+			onAck:      func(worker.Ack) { runtime.Goexit() },
+			backoffLog: []string{"Backoff exited its goroutine"},
+			ackLog:     []string{"OnAck exited its goroutine"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var logs syncBuffer
+			flaky := b.enqueue(t, "flaky", `{}`, 2)
+			_, stop := b.startWorker(t, worker.Config{
+				Slots: 1, Logger: logs.logger(), Backoff: tc.backoff, OnAck: tc.onAck,
+			}, func(w *worker.Worker) {
+				w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) {
+					if j.Attempt == 1 {
+						return nil, errors.New("first attempt fails")
+					}
+					return "ok", nil
+				})
+				w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
+			})
+			got := b.waitForState(t, flaky.ID, db.JobStateSucceeded, 15*time.Second)
+			if got.Attempt != 2 {
+				t.Errorf("flaky succeeded at attempt %d, want 2", got.Attempt)
 			}
-			return "ok", nil
+			logs.waitForLog(t, 5*time.Second, tc.backoffLog...)
+			logs.waitForLog(t, 5*time.Second, tc.ackLog...)
+			fine := b.enqueue(t, "fine", `{}`, 1)
+			b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
+			stop()
 		})
-		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
-	})
-	got := b.waitForState(t, flaky.ID, db.JobStateSucceeded, 15*time.Second)
-	if got.Attempt != 2 {
-		t.Errorf("flaky succeeded at attempt %d, want 2", got.Attempt)
 	}
-	logs.waitForLog(t, 5*time.Second, "Backoff panicked", "boom in Backoff")
-	logs.waitForLog(t, 5*time.Second, "OnAck panicked", "boom in OnAck")
-	fine := b.enqueue(t, "fine", `{}`, 1)
-	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
-}
-
-// TestWorker_ACallbackThatEndsItsGoroutineIsLoggedAndTheWorkerGoesOn: a
-// Backoff or an OnAck that calls runtime.Goexit, as t.FailNow does in a
-// test, ends only the goroutine it was called on: the worker goes on
-// recording, claiming and renewing, and stops when told.
-func TestWorker_ACallbackThatEndsItsGoroutineIsLoggedAndTheWorkerGoesOn(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	var logs syncBuffer
-	flaky := b.enqueue(t, "flaky", `{}`, 2)
-	_, stop := b.startWorker(t, worker.Config{
-		Slots:   1,
-		Logger:  logs.logger(),
-		Backoff: func(int) time.Duration { runtime.Goexit(); return 0 },
-		OnAck:   func(worker.Ack) { runtime.Goexit() },
-	}, func(w *worker.Worker) {
-		w.HandleFunc("flaky", func(ctx context.Context, j *worker.Job) (any, error) {
-			if j.Attempt == 1 {
-				return nil, errors.New("first attempt fails")
-			}
-			return "ok", nil
-		})
-		w.HandleFunc("fine", func(ctx context.Context, j *worker.Job) (any, error) { return "ok", nil })
-	})
-	got := b.waitForState(t, flaky.ID, db.JobStateSucceeded, 15*time.Second)
-	if got.Attempt != 2 {
-		t.Errorf("flaky succeeded at attempt %d, want 2", got.Attempt)
-	}
-	logs.waitForLog(t, 5*time.Second, "Backoff exited its goroutine")
-	logs.waitForLog(t, 5*time.Second, "OnAck exited its goroutine")
-	fine := b.enqueue(t, "fine", `{}`, 1)
-	b.waitForState(t, fine.ID, db.JobStateSucceeded, 10*time.Second)
-	stop()
 }
 
 // TestNew_TheDefaultIDFitsHoweverLongTheHostName: a Config without an id
