@@ -1023,6 +1023,8 @@ func TestWorker_RunsOnceAndASecondRunReturnsAnErrorAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	w, run := b.runWorker(t, b.pool, worker.Config{}, func(*worker.Worker) {})
+	// The first Run runs once its session is live.
+	waitLive(t, b, 1, 10*time.Second)
 	second := make(chan error, 1)
 	go func() { second <- w.Run(b.ctx) }()
 	select {
