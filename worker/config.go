@@ -39,8 +39,8 @@ const (
 	// worker died or whose lease expired. It bounds how long a dead
 	// worker's job waits to be taken back. In a fleet of more than 16 live
 	// workers, each waits longer in proportion, so that the fleet as a
-	// whole still looks 16 times per interval; a worker counts the live
-	// workers as it starts and every 10 seconds.
+	// whole still looks 16 times per interval; each reclaim counts the
+	// live workers for the next (JobReclaim).
 	DefaultReclaimInterval = 250 * time.Millisecond
 	// DefaultQueueListeners is how many workers of a queue listen for its
 	// notifications at most. See Config.QueueListeners.
