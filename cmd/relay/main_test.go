@@ -346,6 +346,36 @@ func TestRun_FailsClearlyWhenTheDatabaseIsUnreachable(t *testing.T) {
 	}
 }
 
+// TestRun_RefusesADatabaseURLWithWhiteSpaceAroundIt: a URL read from a
+// file or pasted with a space before or after it is a usage error that
+// shows no part of it. pgx takes a URL after a space for the keyword/value
+// form, and the server's refusal of the "parameter" named by all of it up
+// to its first '=' would show the password.
+func TestRun_RefusesADatabaseURLWithWhiteSpaceAroundIt(t *testing.T) {
+	const url = "postgres://u:s3cret@127.0.0.1:5432/x?sslmode=disable"
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		args []string
+	}{
+		{"DATABASE_URL after a space", map[string]string{"DATABASE_URL": " " + url}, []string{"migrate", "status"}},
+		{"DATABASE_URL before a newline", map[string]string{"DATABASE_URL": url + "\n"}, []string{"enqueue", "noop"}},
+		{"--database-url after a tab", nil, []string{"work", "--database-url", "\t" + url}},
+		{"RELAY_SESSION_DATABASE_URL after a space", map[string]string{"DATABASE_URL": dbtest.NewURL(t), "RELAY_SESSION_DATABASE_URL": " " + url},
+			[]string{"work"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runRelay(testContext(t, 20*time.Second), tt.env, "", tt.args...)
+			if code := cli.ExitCode(r.err); code != 2 {
+				t.Fatalf("exit status %d (error %v), want 2", code, r.err)
+			}
+			if !strings.Contains(r.err.Error(), "begins or ends with white space") || strings.Contains(r.err.Error(), "s3cret") {
+				t.Errorf("error = %q, want one saying the URL begins or ends with white space, without the password", r.err)
+			}
+		})
+	}
+}
+
 // TestRun_FailsClearlyWhenTheSessionDatabaseIsUnreachable gives a worker a
 // session database that cannot be reached, as with a mistake in
 // --session-database-url: a worker claims nothing without its session, so

@@ -110,9 +110,15 @@ func Redact(dsn string) string {
 // then ends at that '/', and the rest of the password is read as the
 // database's name, or as a port that pgx's error shows, or a fragment of
 // the password as the host, which a connection would look up and name in
-// its error. An '@' in a database's name is written as %40 as well. Run
-// it before the URL is parsed; the error shows no part of dsn.
+// its error. An '@' in a database's name is written as %40 as well. It
+// also returns an error if dsn is a URL with white space before or after
+// it, as one read from a file is: pgx takes a URL after white space for
+// the keyword/value form, and the server's error then shows it, password
+// and all. Run it before the URL is parsed; the error shows no part of dsn.
 func CheckUnescaped(dsn string) error {
+	if trimmed := strings.TrimSpace(dsn); trimmed != dsn && isURL(trimmed) {
+		return errors.New("the URL begins or ends with white space, as when read from a file that ends in a newline: remove it")
+	}
 	if !isURL(dsn) {
 		return nil
 	}

@@ -53,6 +53,9 @@ func TestCheckUnescaped_RefusesAnAtAfterTheAuthority(t *testing.T) {
 		{"postgres://u:pa/zq@word@h/db", true},
 		{"postgresql://u:pazq/word@h/db", true},
 		{"postgres://u:p@h/zq@b", true},
+		{" postgres://u:zq@h/db?sslmode=disable", true},
+		{"postgresql://u:zq@h/db\n", true},
+		{"\thost=h password=zq ", false},
 	}
 	for _, tt := range tests {
 		err := pgurl.CheckUnescaped(tt.dsn)
