@@ -173,7 +173,9 @@ func runVersion(_ context.Context, env *environment, args []string) error {
 	if len(pos) > 0 {
 		return cli.Usagef("version: unexpected argument %q", pos[0])
 	}
-	fmt.Fprintln(env.stdout, versionString())
+	if _, err := fmt.Fprintln(env.stdout, versionString()); err != nil {
+		return fmt.Errorf("print the version: %w", err)
+	}
 	return nil
 }
 

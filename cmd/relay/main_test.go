@@ -459,6 +459,32 @@ func TestMigrate_UpStatusDownOnAFreshDatabase(t *testing.T) {
 	}
 }
 
+// TestRun_FailsWhenItCannotPrintItsOutput: a command whose output cannot
+// be written, as to a full disk, fails with exit status 1, saying what it
+// did, rather than succeed with nothing printed; a script that reads the
+// output would otherwise read nothing from a success.
+func TestRun_FailsWhenItCannotPrintItsOutput(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	dsn := emptyDatabaseURL(t)
+	last := len(migrationNames)
+	for _, tt := range []struct {
+		args      []string
+		wantInErr string
+	}{
+		{[]string{"version"}, "print the version: no space left on device"},
+		{[]string{"migrate", "down"}, "print the outcome: no space left on device"},
+		{[]string{"migrate", "up"}, fmt.Sprintf("applied migrations 1 to %d, but printing it failed: no space left on device", last)},
+		{[]string{"migrate", "up"}, "print the outcome: no space left on device"},
+		{[]string{"migrate", "down"}, fmt.Sprintf("rolled back migration %d, but printing it failed: no space left on device", last)},
+	} {
+		err := run(ctx, append([]string{"relay"}, tt.args...), func(k string) string { return map[string]string{"DATABASE_URL": dsn}[k] },
+			strings.NewReader(""), failingWriter{}, io.Discard)
+		if code := cli.ExitCode(err); code != 1 || !strings.Contains(err.Error(), tt.wantInErr) {
+			t.Errorf("relay %s: exit status %d, error %v; want 1, with an error containing %q", strings.Join(tt.args, " "), code, err, tt.wantInErr)
+		}
+	}
+}
+
 // TestMigrate_StatusAndTheSchemaCheckCreateNothing looks at a database
 // that was never migrated with relay migrate status and with a command
 // that needs the schema: both only read, so the database still holds no

@@ -92,7 +92,9 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 			return err
 		}
 		if len(undone) == 0 {
-			fmt.Fprintln(env.stdout, "no migration to roll back")
+			if _, err := fmt.Fprintln(env.stdout, "no migration to roll back"); err != nil {
+				return fmt.Errorf("print the outcome: %w", err)
+			}
 			return nil
 		}
 		return printVersions(ctx, env, m, "rolled back", undone)
@@ -125,26 +127,35 @@ func printUpToDate(ctx context.Context, env *environment, m *migrations.Migrator
 	if err != nil {
 		return err
 	}
+	msg := "no migrations to apply: the database is up to date"
 	if ahead := s.Ahead(); ahead != "" {
-		fmt.Fprintf(env.stdout, "no migrations to apply: the database also holds %s\n", ahead)
-		return nil
+		msg = "no migrations to apply: the database also holds " + ahead
 	}
-	fmt.Fprintln(env.stdout, "no migrations to apply: the database is up to date")
+	if _, err := fmt.Fprintln(env.stdout, msg); err != nil {
+		return fmt.Errorf("print the outcome: %w", err)
+	}
 	return nil
 }
 
-// printVersions prints one line per migration version, with its file name.
+// printVersions prints one line per migration version, with its file
+// name. The migrations are done: an error says so.
 func printVersions(ctx context.Context, env *environment, m *migrations.Migrator, verb string, versions []int64) error {
+	done := fmt.Sprintf("%s migration %d", verb, versions[0])
+	if len(versions) > 1 {
+		done = fmt.Sprintf("%s migrations %d to %d", verb, versions[0], versions[len(versions)-1])
+	}
 	statuses, err := m.Status(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s, but listing the migrations failed: %w", done, err)
 	}
 	source := make(map[int64]string, len(statuses))
 	for _, s := range statuses {
 		source[s.Version] = s.Source
 	}
 	for _, v := range versions {
-		fmt.Fprintf(env.stdout, "%s migration %d %s\n", verb, v, source[v])
+		if _, err := fmt.Fprintf(env.stdout, "%s migration %d %s\n", verb, v, source[v]); err != nil {
+			return fmt.Errorf("%s, but printing it failed: %w", done, err)
+		}
 	}
 	return nil
 }
