@@ -707,6 +707,14 @@ func TestEnqueue_InsertsTheJobAndPrintsItWithoutTheLeaseToken(t *testing.T) {
 	}
 	keys := []string{"queue", "kind", "payload", "priority", "state", "attempt", "max_attempts"}
 
+	t.Run("a flag's value that is a double dash", func(t *testing.T) {
+		job := enqueue(t, "", "--idempotency-key", "--", "noop", "--priority", "5")
+		want := map[string]any{"kind": "noop", "priority": 5.0, "idempotency_key": "--"}
+		if diff := cmp.Diff(want, pick(job, "kind", "priority", "idempotency_key")); diff != "" {
+			t.Errorf("job (-want +got):\n%s", diff)
+		}
+	})
+
 	t.Run("flags before and after the kind", func(t *testing.T) {
 		job := enqueue(t, "", "--queue", "q1", "hash", "--payload", `{"iterations": 5}`, "--priority", "-3", "--max-attempts", "2")
 		want := map[string]any{"queue": "q1", "kind": "hash", "payload": map[string]any{"iterations": 5.0},

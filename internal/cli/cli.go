@@ -119,12 +119,35 @@ func (fs *FlagSet) Parse(args []string, stderr io.Writer) ([]string, error) {
 		if len(rest) == 0 {
 			return positional, nil
 		}
-		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+		if fs.endedAtDoubleDash(args[:len(args)-len(rest)]) {
 			return append(positional, rest...), nil
 		}
 		positional = append(positional, rest[0])
 		args = rest[1:]
 	}
+}
+
+// endedAtDoubleDash reports whether the flag package's Parse, having
+// consumed these arguments, stopped at a "--" that ends the flags, not at
+// one that is a flag's value ("--queue --"). It reads them as Parse did.
+func (fs *FlagSet) endedAtDoubleDash(consumed []string) bool {
+	for i := 0; i < len(consumed); i++ {
+		arg := consumed[i]
+		if arg == "--" {
+			return true
+		}
+		name := strings.TrimPrefix(strings.TrimPrefix(arg, "-"), "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		if f := fs.Lookup(name); f != nil {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				continue
+			}
+		}
+		i++ // the flag's value
+	}
+	return false
 }
 
 // explain returns err, an error of the flag package's Parse, with the

@@ -36,6 +36,36 @@ func TestParse_MixesFlagsAndArgumentsAndStopsAtDoubleDash(t *testing.T) {
 	}
 }
 
+// TestParse_TakesDoubleDashAsAFlagsValue: a "--" that a flag takes as its
+// value ends nothing, and the flags after it are flags; one after a flag
+// that takes no value, or after a flag's value, ends the flags.
+func TestParse_TakesDoubleDashAsAFlagsValue(t *testing.T) {
+	for _, tt := range []struct {
+		args         []string
+		wantPos      string
+		wantQueue    string
+		wantPriority int
+		wantInsecure bool
+	}{
+		{[]string{"--queue", "--", "hash", "--priority", "5"}, "hash", "--", 5, false},
+		{[]string{"-queue", "--", "--priority", "5", "hash"}, "hash", "--", 5, false},
+		{[]string{"--queue", "--queue", "--", "hash", "--priority"}, "hash --priority", "--queue", 0, false},
+		{[]string{"--queue=q", "--", "hash", "--priority"}, "hash --priority", "q", 0, false},
+		{[]string{"--insecure", "--", "hash", "--priority"}, "hash --priority", "default", 0, true},
+		{[]string{"hash", "--queue", "--", "--priority", "5"}, "hash", "--", 5, false},
+	} {
+		fs := NewFlagSet("enqueue", "relay enqueue KIND [flags]", "")
+		queue := fs.String("queue", "default", "")
+		priority := fs.Int("priority", 0, "")
+		insecure := fs.Bool("insecure", false, "")
+		pos, err := fs.Parse(tt.args, io.Discard)
+		if err != nil || strings.Join(pos, " ") != tt.wantPos || *queue != tt.wantQueue || *priority != tt.wantPriority || *insecure != tt.wantInsecure {
+			t.Errorf("Parse(%q) = %q, %v with --queue %q, --priority %d, --insecure %v; want %q, --queue %q, --priority %d, --insecure %v",
+				tt.args, pos, err, *queue, *priority, *insecure, tt.wantPos, tt.wantQueue, tt.wantPriority, tt.wantInsecure)
+		}
+	}
+}
+
 // TestParse_ADurationTooLongSaysHowLongADurationMayBe gives --retain-dead
 // values written with units as they should be, but longer than a
 // time.Duration holds (about 292 years), as one who means to keep dead
