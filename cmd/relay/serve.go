@@ -110,6 +110,12 @@ func (s *serveFlags) announceEveryConfig() time.Duration {
 // reach, unless --insecure-no-auth allows it. lookupHost resolves a host
 // name to its addresses.
 func (s *serveFlags) requireTokenOffLoopback(ctx context.Context, lookupHost func(context.Context, string) ([]string, error)) error {
+	if strings.TrimSpace(s.addr) != s.addr {
+		// Listen would look the host up with the space and fail, after
+		// the database was reached; unchecked, a lookup for the loopback
+		// check fails the same way, blamed on the host.
+		return cli.Usagef("%s: invalid address %q (--addr or RELAY_ADDR): begins or ends with white space", s.command, s.addr)
+	}
 	host, port, err := net.SplitHostPort(s.addr)
 	if err == nil {
 		// As Listen reads it: a number up to 65535 or a service name,
