@@ -807,9 +807,11 @@ type JobReclaimRow struct {
 // long ago its lease expired, until it is taken or no longer abandoned.
 // Every row also says when the statement ran (reclaimed_at, the
 // database's now()), and how many worker sessions were live then (live),
-// and how many of those work on queue (live_in_queue), as WorkerFleetCount
-// counts them: a worker spaces its reclaims by that count (fleetInterval),
-// and learns it at every reclaim without a statement of its own.
+// and how many of those work on queue (live_in_queue), read from the
+// locks of the sessions as the ended ones are: a worker spaces its
+// reclaims, its looks at the planner's statistics and its polls by that
+// count (fleetInterval), and learns it at every reclaim without a
+// statement of its own.
 //
 // Whether a session ended is read from one scan of pg_locks per statement,
 // which the count reads too. A session counts as ended only if it was

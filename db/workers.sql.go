@@ -26,29 +26,6 @@ func (q *Queries) WorkerDrawSessionKey(ctx context.Context) (int32, error) {
 	return session_key, err
 }
 
-const workerFleetCount = `-- name: WorkerFleetCount :one
-SELECT count(*)::integer AS live,
-       count(*) FILTER (WHERE s.queue = $1::text)::integer AS live_in_queue
-FROM worker_sessions_live AS l
-LEFT JOIN worker_sessions AS s ON s.session_key = l.session_key
-`
-
-type WorkerFleetCountRow struct {
-	Live        int32
-	LiveInQueue int32
-}
-
-// Counts the worker sessions alive now, from one scan of pg_locks: all of
-// them, which share the reclaims and the look at the planner's
-// statistics, and those working on queue, which share its polls. A
-// worker counts them as JobReclaim does, in its reclaims.
-func (q *Queries) WorkerFleetCount(ctx context.Context, queue string) (WorkerFleetCountRow, error) {
-	row := q.db.QueryRow(ctx, workerFleetCount, queue)
-	var i WorkerFleetCountRow
-	err := row.Scan(&i.Live, &i.LiveInQueue)
-	return i, err
-}
-
 const workerForgetEnded = `-- name: WorkerForgetEnded :execrows
 WITH freed AS (
     DELETE FROM workers AS w

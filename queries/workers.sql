@@ -176,16 +176,6 @@ SELECT worker_session_alive(@session_key::integer)::boolean AS alive;
 -- included until WorkerForgetEnded removes them.
 SELECT s.session_key FROM worker_sessions AS s ORDER BY s.session_key;
 
--- name: WorkerFleetCount :one
--- Counts the worker sessions alive now, from one scan of pg_locks: all of
--- them, which share the reclaims and the look at the planner's
--- statistics, and those working on queue, which share its polls. A
--- worker counts them as JobReclaim does, in its reclaims.
-SELECT count(*)::integer AS live,
-       count(*) FILTER (WHERE s.queue = @queue::text)::integer AS live_in_queue
-FROM worker_sessions_live AS l
-LEFT JOIN worker_sessions AS s ON s.session_key = l.session_key;
-
 -- name: WorkerList :many
 -- Lists the worker ids registered, each with the session that holds it and
 -- whether that session is alive.

@@ -13,6 +13,7 @@ import (
 	"github.com/relayq/relay/client"
 	"github.com/relayq/relay/db"
 	"github.com/relayq/relay/experiment/harness"
+	"github.com/relayq/relay/experiment/labdb"
 	"github.com/relayq/relay/internal/builtin"
 	"github.com/relayq/relay/worker"
 )
@@ -536,10 +537,10 @@ func trialProcs(ctx context.Context, cfg Config, d *harness.Database, logDir str
 
 // liveWorkers counts the live worker sessions of the database, as a
 // worker of queue counts them.
-func liveWorkers(ctx context.Context, q *db.Queries, queue string) (int64, error) {
+func liveWorkers(ctx context.Context, q *labdb.Queries, queue string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n, err := q.WorkerFleetCount(ctx, queue)
+	n, err := q.ExperimentFleetCount(ctx, queue)
 	if err != nil {
 		return 0, fmt.Errorf("count the live workers: %w", err)
 	}
@@ -579,7 +580,7 @@ func killTrial(ctx context.Context, cfg Config, d *harness.Database, logDir stri
 		return nil, err
 	}
 	prog.Update(n-1, fmt.Sprintf("kill trial %d: SIGKILL %s (pid %d)", n, victim.Name, victim.PID()))
-	if t.LiveWorkers, err = liveWorkers(ctx, d.Q, queue); err != nil {
+	if t.LiveWorkers, err = liveWorkers(ctx, d.Lab, queue); err != nil {
 		return nil, err
 	}
 	// The clock is read before the signal: the victim's session ends, and

@@ -223,7 +223,7 @@ func Run(ctx context.Context, cfg Config) (_ *Result, err error) {
 		return nil, err
 	}
 	if cfg.Fleet > 0 {
-		n, err := d.Q.WorkerFleetCount(ctx, fleetQueue)
+		n, err := d.Lab.ExperimentFleetCount(ctx, fleetQueue)
 		if err != nil {
 			return nil, fmt.Errorf("count the fleet's live workers: %w", err)
 		}

@@ -43,6 +43,28 @@ func (q *Queries) ExperimentClock(ctx context.Context) (time.Time, error) {
 	return now, err
 }
 
+const experimentFleetCount = `-- name: ExperimentFleetCount :one
+SELECT count(*)::integer AS live,
+       count(*) FILTER (WHERE s.queue = $1::text)::integer AS live_in_queue
+FROM worker_sessions_live AS l
+LEFT JOIN worker_sessions AS s ON s.session_key = l.session_key
+`
+
+type ExperimentFleetCountRow struct {
+	Live        int32
+	LiveInQueue int32
+}
+
+// Counts the worker sessions alive now, as a worker's reclaim does
+// (JobReclaim's live and live_in_queue): all of them, and those working
+// on queue.
+func (q *Queries) ExperimentFleetCount(ctx context.Context, queue string) (ExperimentFleetCountRow, error) {
+	row := q.db.QueryRow(ctx, experimentFleetCount, queue)
+	var i ExperimentFleetCountRow
+	err := row.Scan(&i.Live, &i.LiveInQueue)
+	return i, err
+}
+
 const experimentFleetLoad = `-- name: ExperimentFleetLoad :one
 SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint           AS succeeded,
        count(*) FILTER (WHERE j.state = 'running')::bigint             AS running,

@@ -172,3 +172,12 @@ SELECT count(*) FILTER (WHERE j.state = 'succeeded')::bigint           AS succee
                 '{}')::float8[]                                         AS pickup_ms
 FROM jobs AS j
 WHERE j.queue = @queue;
+
+-- name: ExperimentFleetCount :one
+-- Counts the worker sessions alive now, as a worker's reclaim does
+-- (JobReclaim's live and live_in_queue): all of them, and those working
+-- on queue.
+SELECT count(*)::integer AS live,
+       count(*) FILTER (WHERE s.queue = @queue::text)::integer AS live_in_queue
+FROM worker_sessions_live AS l
+LEFT JOIN worker_sessions AS s ON s.session_key = l.session_key;
