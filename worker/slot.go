@@ -116,38 +116,23 @@ const errResultNotStorable = "result is not storable as jsonb"
 // json.Marshal passes its panics on: one fails the job permanently, since
 // the same result would panic again. A handler, or a marshaler, that ends
 // its goroutine with runtime.Goexit (as testing.T.FailNow does) rather
-// than returning cannot be stopped from ending it: its attempt fails with
-// errHandlerExited, and a new goroutine hands that outcome over and carries
-// on the slot's work. recover returns nil while a goroutine ends so, and,
-// under GODEBUG panicnil=1, for a panic(nil) too, which it stops all the
-// same: the panic is told from the Goexit by call's going on once run
-// comes back.
+// than returning cannot be stopped from ending it (see protect): its
+// attempt fails with errHandlerExited, and a new goroutine hands that
+// outcome over and carries on the slot's work.
 func (s slot) call(e *execution, began time.Time) (result json.RawMessage, err error) {
 	h, ok := s.w.handler(e.job.Kind)
 	if !ok {
 		return nil, Permanent(fmt.Errorf("no handler registered for kind %q", e.job.Kind))
 	}
-	returned, recovered := false, false
+	protected := false
 	defer func() {
-		if !returned && !recovered {
+		if !protected {
 			o := outcome{exec: e, err: errHandlerExited, ran: time.Since(began)}
 			go func() { s.runFrom(s.handOver(o)) }()
 		}
 	}()
 	encoding := false
-	run := func() {
-		defer func() {
-			if returned {
-				return
-			}
-			r := recover()
-			result = nil
-			if encoding {
-				err = Permanent(fmt.Errorf("encode result: result marshaler panicked: %v\n%s", r, debug.Stack()))
-			} else {
-				err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
-			}
-		}()
+	p := protect(func() {
 		job := e.job
 		v, herr := h.Work(e.ctx, &job)
 		if herr != nil {
@@ -157,11 +142,42 @@ func (s slot) call(e *execution, began time.Time) (result json.RawMessage, err e
 			encoding = true
 			result, err = s.encodeResult(v)
 		}
-		returned = true
+	})
+	protected = true
+	switch {
+	case p != nil && encoding:
+		return nil, Permanent(fmt.Errorf("encode result: result marshaler panicked: %v\n%s", p.value, p.stack))
+	case p != nil:
+		return nil, fmt.Errorf("handler panicked: %v\n%s", p.value, p.stack)
 	}
-	run()
-	recovered = !returned
 	return result, err
+}
+
+// caught is a panic that protect recovered: its value, nil for a
+// panic(nil) under GODEBUG panicnil=1, and the stack that raised it.
+type caught struct {
+	value any
+	stack []byte
+}
+
+// protect calls f, code of the application's, and returns the panic f
+// raised, recovered, or nil if f returned. recover returns nil for a
+// panic(nil) under GODEBUG panicnil=1, and stops it all the same: such a
+// panic is told from a return by f's not having returned. An f that ends
+// its goroutine with runtime.Goexit, which nothing can stop, ends
+// protect's too: protect does not return, and its caller's deferred
+// functions run, which tell that case from the others by protect's not
+// having returned.
+func protect(f func()) (p *caught) {
+	returned := false
+	defer func() {
+		if !returned {
+			p = &caught{value: recover(), stack: debug.Stack()}
+		}
+	}()
+	f()
+	returned = true
+	return nil
 }
 
 // checkedError returns a handler's error err, or, if asking it its message

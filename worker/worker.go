@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -349,9 +348,9 @@ func (w *Worker) report(o outcome, kind Outcome, accepted bool) {
 	job := o.exec.job
 	ack := Ack{Job: &job, Outcome: kind, Accepted: accepted, InDoubt: !accepted && o.exec.unanswered, Err: o.err}
 	switch c := callContained(func() { w.cfg.OnAck(ack) }); {
-	case c.panicked:
+	case c.panic != nil:
 		w.log.Error("OnAck panicked; the worker carries on", "job", job.ID, "outcome", kind,
-			"panic", fmt.Sprint(c.value), "stack", string(c.stack))
+			"panic", fmt.Sprint(c.panic.value), "stack", string(c.panic.stack))
 	case c.exited:
 		w.log.Error("OnAck exited its goroutine (runtime.Goexit) without returning; the worker carries on",
 			"job", job.ID, "outcome", kind)
@@ -369,9 +368,9 @@ func (w *Worker) backoff(job Job) time.Duration {
 	defer w.backoffMu.Unlock()
 	var d time.Duration
 	switch c := callContained(func() { d = w.cfg.Backoff(job.Attempt) }); {
-	case c.panicked:
+	case c.panic != nil:
 		w.log.Error("Backoff panicked; the retry waits DefaultBackoff", "job", job.ID, "attempt", job.Attempt,
-			"panic", fmt.Sprint(c.value), "stack", string(c.stack))
+			"panic", fmt.Sprint(c.panic.value), "stack", string(c.panic.stack))
 		return DefaultBackoff(job.Attempt)
 	case c.exited:
 		w.log.Error("Backoff exited its goroutine (runtime.Goexit) without returning; the retry waits DefaultBackoff",
@@ -381,38 +380,27 @@ func (w *Worker) backoff(job Job) time.Duration {
 	return max(d, 0)
 }
 
-// contained is how a call of callContained ended: with a panic, its value
-// and stack, or with runtime.Goexit, or else by returning.
+// contained is how a call of callContained ended: with a panic, or with
+// runtime.Goexit, or else, both zero, by returning.
 type contained struct {
-	panicked, exited bool
-	value            any
-	stack            []byte
+	panic  *caught
+	exited bool
 }
 
 // callContained calls f, a callback of the application's, on a goroutine
-// of its own, and waits for it to end. A panic in f is recovered, and an
-// f that ends its goroutine with runtime.Goexit (as testing.T.FailNow
-// does), which nothing can stop, ends that goroutine alone: called on the
-// worker's, it would end the dispatcher, or a round, and leave the leases
-// it holds renewed by heartbeats for ever. A panic(nil) under GODEBUG
-// panicnil=1 counts as a panic, its value nil.
+// of its own, and waits for it to end. A panic in f is recovered (see
+// protect), and an f that ends its goroutine with runtime.Goexit (as
+// testing.T.FailNow does), which nothing can stop, ends that goroutine
+// alone: called on the worker's, it would end the dispatcher, or a round,
+// and leave the leases it holds renewed by heartbeats for ever.
 func callContained(f func()) (c contained) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		returned, recovered := false, false
-		defer func() { c.exited = !returned && !recovered }()
-		func() {
-			defer func() {
-				if !returned {
-					c.value, c.stack = recover(), debug.Stack()
-				}
-			}()
-			f()
-			returned = true
-		}()
-		recovered = !returned
-		c.panicked = recovered
+		protected := false
+		defer func() { c.exited = !protected }()
+		c.panic = protect(f)
+		protected = true
 	}()
 	<-done
 	return c
