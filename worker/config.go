@@ -353,9 +353,9 @@ func (c Config) Validate() error {
 // parseSessionURL parses Config.SessionDatabaseURL, or returns the error
 // New and Validate return for it. A URL whose password holds an unescaped
 // '@', or a '/' and an '@', is refused before it is parsed, with an error
-// that shows no part of it (pgurl.CheckUnescaped, pgurl.CheckHosts).
+// that shows no part of it (pgurl.CheckURLText, pgurl.CheckHosts).
 func parseSessionURL(url string) (*pgx.ConnConfig, error) {
-	if err := pgurl.CheckUnescaped(url); err != nil {
+	if err := pgurl.CheckURLText(url); err != nil {
 		return nil, fmt.Errorf("worker config: invalid session database URL: %w", err)
 	}
 	c, err := pgx.ParseConfig(url)

@@ -33,7 +33,7 @@ const servingMinConns = 3
 // minConns connections open unless the URL sets pool_min_conns. A dsn
 // that does not parse is a usage error.
 func poolConfig(dsn, appName string, minConns int32) (*pgxpool.Config, error) {
-	if err := pgurl.CheckUnescaped(dsn); err != nil {
+	if err := pgurl.CheckURLText(dsn); err != nil {
 		return nil, cli.Usagef("invalid database URL: %v", err)
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
@@ -149,18 +149,14 @@ func adaptToPooler(ctx context.Context, logger *slog.Logger, cfg *pgxpool.Config
 // reachSession checks that a worker's session database, --session-database-url
 // when given, answers, as connect checks the database: a worker claims
 // nothing without its session, and would otherwise run waiting for one.
+// dsn is a worker.Config's, which Validate has checked, as the URL of the
+// database is in poolConfig (see pgurl).
 func reachSession(ctx context.Context, dsn string) error {
 	if dsn == "" {
 		return nil // the session opens on the database, already reached
 	}
-	if err := pgurl.CheckUnescaped(dsn); err != nil {
-		return cli.Usagef("invalid session database URL: %v", err)
-	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return cli.Usagef("invalid session database URL: %v", err)
-	}
-	if err := pgurl.CheckHosts(&cfg.Config); err != nil {
 		return cli.Usagef("invalid session database URL: %v", err)
 	}
 	if cfg.ConnectTimeout == 0 {

@@ -104,8 +104,9 @@ func Redact(dsn string) string {
 	return u.Redacted()
 }
 
-// CheckUnescaped returns an error if dsn, in the URL form, holds an '@'
-// after a '/' that follows its "//", as when a password holding a '/' and
+// CheckURLText checks the text of dsn before it is parsed. It returns an
+// error if dsn, in the URL form, holds an '@' after a '/' that follows its
+// "//", as when a password holding a '/' and
 // an '@' is not escaped: the URL's authority, user information and host,
 // then ends at that '/', and the rest of the password is read as the
 // database's name, or as a port that pgx's error shows, or a fragment of
@@ -115,7 +116,7 @@ func Redact(dsn string) string {
 // it, as one read from a file is: pgx takes a URL after white space for
 // the keyword/value form, and the server's error then shows it, password
 // and all. Run it before the URL is parsed; the error shows no part of dsn.
-func CheckUnescaped(dsn string) error {
+func CheckURLText(dsn string) error {
 	if trimmed := strings.TrimSpace(dsn); trimmed != dsn && isURL(trimmed) {
 		return errors.New("the URL begins or ends with white space, as when read from a file that ends in a newline: remove it")
 	}

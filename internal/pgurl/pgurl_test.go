@@ -38,7 +38,7 @@ func TestRedact_NeverShowsAPassword(t *testing.T) {
 	}
 }
 
-func TestCheckUnescaped_RefusesAnAtAfterTheAuthority(t *testing.T) {
+func TestCheckURLText_RefusesAnAtAfterTheAuthority(t *testing.T) {
 	tests := []struct {
 		dsn  string
 		want bool // refused
@@ -58,12 +58,12 @@ func TestCheckUnescaped_RefusesAnAtAfterTheAuthority(t *testing.T) {
 		{"\thost=h password=zq ", false},
 	}
 	for _, tt := range tests {
-		err := pgurl.CheckUnescaped(tt.dsn)
+		err := pgurl.CheckURLText(tt.dsn)
 		if (err != nil) != tt.want {
-			t.Errorf("CheckUnescaped(%q) = %v, want refused %v", tt.dsn, err, tt.want)
+			t.Errorf("CheckURLText(%q) = %v, want refused %v", tt.dsn, err, tt.want)
 		}
 		if err != nil && strings.Contains(err.Error(), "zq") {
-			t.Errorf("CheckUnescaped(%q) = %v, shows part of the URL", tt.dsn, err)
+			t.Errorf("CheckURLText(%q) = %v, shows part of the URL", tt.dsn, err)
 		}
 	}
 }
