@@ -87,29 +87,49 @@ func TestClaim_FromCursorsTakesWhatLiesAheadOfThemInPriorityOrder(t *testing.T) 
 	}
 }
 
+// TestWorker_FindsAJobThatBecameReadyBehindItsCursor: a job inserted with
+// a run_at behind the cursor a worker's claims start from, as by a
+// transaction that began long before it committed, is run, by a worker
+// that polls often and by one that polls once an hour. The job is
+// announced as it is inserted, and the claim that announcement causes,
+// made from the cursors less than a second after the claim from the head,
+// steps over it: the worker must still look from the head once that is
+// due, a second after the last, as every worker does, and not wait for
+// its next poll.
 func TestWorker_FindsAJobThatBecameReadyBehindItsCursor(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	done := make(chan int64, 8)
-	b.startWorker(t, worker.Config{Slots: 2}, func(w *worker.Worker) {
-		w.HandleFunc("noop", func(ctx context.Context, j *worker.Job) (any, error) {
-			done <- j.ID
-			return nil, nil
+	for _, tc := range []struct {
+		name string
+		poll time.Duration // 0: the tests' 50 ms
+	}{
+		{"polling often", 0},
+		{"polling once an hour", time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			// Claimed from the head as the worker starts, which moves its
+			// cursor there.
+			first := b.enqueue(t, "noop", `{}`, 1)
+			done := make(chan int64, 8)
+			b.startWorker(t, worker.Config{Slots: 2, PollInterval: tc.poll}, func(w *worker.Worker) {
+				w.HandleFunc("noop", func(ctx context.Context, j *worker.Job) (any, error) {
+					done <- j.ID
+					return nil, nil
+				})
+			})
+			waitDone(t, done, first.ID)
+			// A job of the same priority whose run_at is an hour behind.
+			past := time.Now().Add(-time.Hour)
+			behind, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
+				Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1, RunAt: &past,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitDone(t, done, behind.ID)
 		})
-	})
-	// The worker claims a job ready now, and moves its cursor there.
-	first := b.enqueue(t, "noop", `{}`, 1)
-	waitDone(t, done, first.ID)
-	// A job of the same priority whose run_at is an hour behind: a job
-	// inserted by a transaction that began long ago looks like this.
-	past := time.Now().Add(-time.Hour)
-	behind, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
-		Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1, RunAt: &past,
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	waitDone(t, done, behind.ID)
 }
 
 // waitDone waits for the job id among the handled ones, for up to 10 s.
@@ -343,35 +363,4 @@ func TestWorker_DrainsABacklogBehindItsCursorAsFastAsAnyOther(t *testing.T) {
 			t.Fatalf("%d of the %d jobs behind the cursor not run within %d s", len(left), backlog, backlog/2)
 		}
 	}
-}
-
-// TestWorker_FindsAJobBehindItsCursorWithoutWaitingForItsPoll is
-// TestWorker_FindsAJobThatBecameReadyBehindItsCursor for a worker that
-// polls once an hour: the job is announced as it is inserted, and the
-// claim that announcement causes, made from the cursors less than a
-// second after the claim from the head, steps over it. The worker must
-// still look from the head once that is due, a second after the last, as
-// every worker does, and not at its next poll.
-func TestWorker_FindsAJobBehindItsCursorWithoutWaitingForItsPoll(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	// Claimed from the head as the worker starts, which moves its cursor
-	// there.
-	first := b.enqueue(t, "noop", `{}`, 1)
-	done := make(chan int64, 8)
-	b.startWorker(t, worker.Config{Slots: 2, PollInterval: time.Hour}, func(w *worker.Worker) {
-		w.HandleFunc("noop", func(ctx context.Context, j *worker.Job) (any, error) {
-			done <- j.ID
-			return nil, nil
-		})
-	})
-	waitDone(t, done, first.ID)
-	past := time.Now().Add(-time.Hour)
-	behind, err := b.q.JobInsert(b.ctx, db.JobInsertParams{
-		Queue: "default", Kind: "noop", Payload: json.RawMessage(`{}`), MaxAttempts: 1, RunAt: &past,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, done, behind.ID)
 }
