@@ -964,7 +964,7 @@ func TestInsert_WaitsForATransactionStoringAJobUnderItsKey(t *testing.T) {
 				job, replayed, err := client.Insert(insertCtx, pool, newJob(t, client.Request{Kind: tc.kind, IdempotencyKey: key}))
 				done <- result{job, replayed, err}
 			}()
-			dbtest.WaitForALockWaiter(t, pool)
+			dbtest.WaitBlocks(t, pool, tx, "Insert")
 			select {
 			case r := <-done:
 				t.Fatalf("Insert returned job %d, replayed %t, error %v before the transaction holding its key ended", r.job.ID, r.replayed, r.err)

@@ -701,7 +701,7 @@ func TestEnqueue_ARequestWaitsForTheJobBeingStoredUnderItsKey(t *testing.T) {
 	}
 	answered := make(chan *httptest.ResponseRecorder, 1)
 	go func() { answered <- e.do(t, "POST", "/v1/jobs", `{"kind":"a"}`, "Idempotency-Key", "held") }()
-	dbtest.WaitForALockWaiter(t, e.pool)
+	dbtest.WaitBlocks(t, e.pool, tx, "the request")
 	select {
 	case rec := <-answered:
 		t.Fatalf("answered %d before the job holding its key was committed: %s", rec.Code, rec.Body)

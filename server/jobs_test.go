@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/db"
+	"github.com/relayq/relay/internal/dbtest"
 )
 
 func TestGetJob_ReturnsTheJob(t *testing.T) {
@@ -970,13 +971,7 @@ func waitBlocks(t *testing.T, pool *pgxpool.Pool, tx pgx.Tx, answered <-chan *ht
 		if len(answered) > 0 {
 			return // it did not wait: what it answered is checked
 		}
-		var waiting bool
-		if err := pool.QueryRow(context.Background(),
-			"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid)))",
-			tx.Conn().PgConn().PID()).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
+		if dbtest.Blocks(t, pool, tx) {
 			return
 		}
 		if time.Now().After(deadline) {

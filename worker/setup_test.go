@@ -409,24 +409,14 @@ func (b *bundle) holdRowFor(t *testing.T, id int64, d time.Duration) {
 // blocks reports whether a session waits for a lock that tx holds.
 func (b *bundle) blocks(t *testing.T, tx pgx.Tx) bool {
 	t.Helper()
-	var waiting bool
-	if err := b.pool.QueryRow(b.ctx,
-		"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::integer = ANY (pg_blocking_pids(pid)))",
-		tx.Conn().PgConn().PID()).Scan(&waiting); err != nil {
-		t.Fatal(err)
-	}
-	return waiting
+	return dbtest.Blocks(t, b.pool, tx)
 }
 
 // waitBlocks waits up to 10 s for tx to hold up another session, what
 // names, and fails the test if it never does.
 func (b *bundle) waitBlocks(t *testing.T, tx pgx.Tx, what string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !b.blocks(t, tx); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not wait for its row within 10s", what)
-		}
-	}
+	dbtest.WaitBlocks(t, b.pool, tx, what)
 }
 
 // claimedIDs lists the jobs a round's rows claimed, in the order of the rows.

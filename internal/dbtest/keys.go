@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -63,26 +62,4 @@ func FreeKeyAfterEachInsert(t testing.TB, pool *pgxpool.Pool, key, kind string) 
 // which takes no parameters.
 func literal(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
-}
-
-// WaitForALockWaiter waits until a session of pool's database waits for
-// a lock another holds, as an insert does for the transaction that
-// stores a job under the same idempotency key, and fails the test if
-// none does within 30 s.
-func WaitForALockWaiter(t testing.TB, pool *pgxpool.Pool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var waiting int
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
-		if err != nil {
-			t.Fatalf("dbtest: look for sessions waiting for a lock: %v", err)
-		}
-		if waiting > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("dbtest: no session waited for a lock within 30s")
-		}
-	}
 }
